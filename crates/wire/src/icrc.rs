@@ -1,0 +1,186 @@
+//! The RoCEv2 invariant CRC (IBTA Annex A17.3.3), exactly as Linux rxe
+//! computes it (`rxe_icrc.c`).
+//!
+//! CRC-32 (IEEE 802.3, reflected) over, in order:
+//! 1. 8 bytes of 0xff standing for the InfiniBand LRH that RoCEv2 lacks;
+//! 2. the IP header with its variant fields set to ones: IPv4 TOS, TTL and
+//!    header checksum; IPv6 traffic class, flow label and hop limit;
+//! 3. the UDP header with its checksum set to 0xffff;
+//! 4. the BTH with byte 4 (FECN, BECN, reserved) set to 0xff;
+//! 5. the remaining headers, the payload and the pad.
+//!
+//! The result is stored in the packet's last 4 bytes in little-endian order
+//! (rxe writes the CPU-order `u32` on a little-endian host). Everything else
+//! in the IPv4 header is covered, the identification field included, which is
+//! why a receiver that sees only UDP payloads must know or recover the IP ID.
+
+use crc32fast::Hasher;
+
+use crate::ipv4::IPV4_HEADER_LEN;
+use crate::ipv6::IPV6_HEADER_LEN;
+use crate::udp::UDP_HEADER_LEN;
+use crate::{BTH_LEN, Result, RocePacket, WireError};
+
+/// CRC state after the 8 masked LRH bytes: `crc32(ff × 8)`. Starting from it
+/// saves hashing them for every packet (checked in the tests).
+const AFTER_LRH: u32 = 0x2144_df1c;
+
+/// The IP header as the ICRC sees it.
+#[derive(Debug, Clone, Copy)]
+pub enum IcrcIp<'a> {
+    /// The 20-byte IPv4 fixed header (options are not covered, as in rxe).
+    V4(&'a [u8; IPV4_HEADER_LEN]),
+    /// The 40-byte IPv6 fixed header.
+    V6(&'a [u8; IPV6_HEADER_LEN]),
+}
+
+impl<'a> IcrcIp<'a> {
+    /// From the first bytes of an IP header, by its version nibble.
+    ///
+    /// # Errors
+    /// [`WireError::Truncated`] or [`WireError::BadVersion`].
+    pub fn from_header(ip: &'a [u8]) -> Result<Self> {
+        match ip.first().map(|b| b >> 4) {
+            Some(4) => ip
+                .get(..IPV4_HEADER_LEN)
+                .and_then(|s| s.try_into().ok())
+                .map(IcrcIp::V4)
+                .ok_or(WireError::Truncated),
+            Some(6) => ip
+                .get(..IPV6_HEADER_LEN)
+                .and_then(|s| s.try_into().ok())
+                .map(IcrcIp::V6)
+                .ok_or(WireError::Truncated),
+            Some(_) => Err(WireError::BadVersion),
+            None => Err(WireError::Truncated),
+        }
+    }
+}
+
+/// An incremental ICRC computation, for callers that assemble a packet from
+/// pieces (a header template and a payload in registered memory).
+#[derive(Clone)]
+pub struct IcrcHasher(Hasher);
+
+impl Default for IcrcHasher {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl IcrcHasher {
+    /// A hasher that has consumed the masked LRH.
+    pub fn new() -> Self {
+        Self(Hasher::new_with_initial(AFTER_LRH))
+    }
+
+    /// Consumes an IP header, masking its variant fields.
+    pub fn ip(&mut self, ip: IcrcIp<'_>) {
+        match ip {
+            IcrcIp::V4(h) => {
+                let mut m = *h;
+                m[1] = 0xff; // TOS
+                m[8] = 0xff; // TTL
+                m[10] = 0xff; // header checksum
+                m[11] = 0xff;
+                self.0.update(&m);
+            }
+            IcrcIp::V6(h) => {
+                let mut m = *h;
+                m[0] |= 0x0f; // traffic class, low nibble of byte 0 …
+                m[1] = 0xff; // … the rest of it, and the flow label
+                m[2] = 0xff;
+                m[3] = 0xff;
+                m[7] = 0xff; // hop limit
+                self.0.update(&m);
+            }
+        }
+    }
+
+    /// Consumes the UDP header with its checksum masked.
+    pub fn udp(&mut self, udp: &[u8; UDP_HEADER_LEN]) {
+        let mut m = *udp;
+        m[6] = 0xff;
+        m[7] = 0xff;
+        self.0.update(&m);
+    }
+
+    /// Consumes the start of the transport packet: the BTH (byte 4 masked)
+    /// and whatever follows it in `bytes`. `bytes` must begin with the BTH.
+    pub fn bth_and_rest(&mut self, bytes: &[u8]) {
+        if bytes.len() < BTH_LEN {
+            self.0.update(bytes);
+            return;
+        }
+        let mut bth = [0u8; BTH_LEN];
+        bth.copy_from_slice(&bytes[..BTH_LEN]);
+        bth[4] = 0xff;
+        self.0.update(&bth);
+        self.0.update(&bytes[BTH_LEN..]);
+    }
+
+    /// Consumes further bytes (headers after the BTH, payload, pad).
+    pub fn update(&mut self, bytes: &[u8]) {
+        self.0.update(bytes);
+    }
+
+    /// The ICRC value (store with `to_le_bytes`).
+    pub fn finish(self) -> u32 {
+        self.0.finalize()
+    }
+}
+
+/// The ICRC of a packet given its IP header, UDP header and the transport
+/// bytes it covers (BTH through pad, no ICRC).
+pub fn compute(ip: IcrcIp<'_>, udp: &[u8; UDP_HEADER_LEN], covered: &[u8]) -> u32 {
+    let mut h = IcrcHasher::new();
+    h.ip(ip);
+    h.udp(udp);
+    h.bth_and_rest(covered);
+    h.finish()
+}
+
+/// Checks a packet's ICRC.
+///
+/// # Errors
+/// [`WireError::IcrcMismatch`].
+pub fn verify<T: AsRef<[u8]>>(
+    ip: IcrcIp<'_>,
+    udp: &[u8; UDP_HEADER_LEN],
+    packet: &RocePacket<T>,
+) -> Result<()> {
+    if compute(ip, udp, packet.covered()) == packet.icrc() {
+        Ok(())
+    } else {
+        Err(WireError::IcrcMismatch)
+    }
+}
+
+/// Computes and stores a packet's ICRC.
+pub fn fill<T: AsRef<[u8]> + AsMut<[u8]>>(
+    ip: IcrcIp<'_>,
+    udp: &[u8; UDP_HEADER_LEN],
+    packet: &mut RocePacket<T>,
+) {
+    let c = compute(ip, udp, packet.covered());
+    packet.set_icrc(c);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lrh_constant() {
+        let mut h = Hasher::new();
+        h.update(&[0xff; 8]);
+        assert_eq!(h.finalize(), AFTER_LRH);
+        // Continuing from the constant equals hashing the bytes.
+        let mut a = Hasher::new();
+        a.update(&[0xff; 8]);
+        a.update(b"roce");
+        let mut b = Hasher::new_with_initial(AFTER_LRH);
+        b.update(b"roce");
+        assert_eq!(a.finalize(), b.finalize());
+    }
+}
