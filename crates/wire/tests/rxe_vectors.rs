@@ -133,7 +133,7 @@ fn masked(is_v4: bool, ip_hl: usize, off: usize) -> bool {
     let in_ip = if is_v4 { matches!(off, 1 | 8 | 10 | 11) } else { off < 4 || off == 7 };
     let udp_ck = off == ip_hl + 6 || off == ip_hl + 7;
     let bth4 = off == ip_hl + 8 + 4;
-    (in_ip && !(!is_v4 && off == 0)) || udp_ck || bth4
+    in_ip || udp_ck || bth4
 }
 
 fn verdict(ip: &[u8]) -> bool {
