@@ -64,7 +64,9 @@ fn line_format() {
     let (_, out, _) = decode(&["-t", "none"], &[vectors().join("rping_cm.pcap")]);
     assert!(out.lines().next().unwrap().contains("MAD CM REQ"));
     let (_, out, _) = decode(&["-t", "none", "-v"], &[vectors().join("rc_send_ipv6.pcap")]);
-    assert!(out.starts_with("IP6 fe80::5054:ff:fe52:2.49476 > fe80::5054:ff:fe52:1.4791: (hlim 64"));
+    assert!(
+        out.starts_with("IP6 fe80::5054:ff:fe52:2.49476 > fe80::5054:ff:fe52:1.4791: (hlim 64")
+    );
 }
 
 #[test]

@@ -22,7 +22,8 @@ fn replay_wire_packet_corpus() {
 
 /// FNV-1a, to name corpus files by content without a hashing dependency.
 fn fnv(data: &[u8]) -> u64 {
-    data.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
+    data.iter()
+        .fold(0xcbf2_9ce4_8422_2325u64, |h, &b| (h ^ u64::from(b)).wrapping_mul(0x100_0000_01b3))
 }
 
 /// Regenerates the seed part of the corpus from the rxe captures: for each

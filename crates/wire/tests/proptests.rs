@@ -46,31 +46,49 @@ fn packet_strategy(info: &'static OpcodeInfo) -> impl Strategy<Value = (RocePack
         any::<(u8, u8)>(),
         payload,
     )
-        .prop_map(move |(mut bth, (eecn, qkey, sqp, xrc, inv), reth, atomic, (syn, msn, orig), feth, payload)| {
-            bth.pad = BthRepr::pad_for(payload.len());
-            let pick = |bit: Headers| h.contains(bit);
-            let repr = RocePacketRepr {
-                bth,
-                rdeth: pick(Headers::RDETH).then_some(eecn & 0xff_ffff),
-                deth: pick(Headers::DETH).then_some(DethRepr { qkey, src_qpn: sqp & 0xff_ffff }),
-                xrceth: pick(Headers::XRCETH).then_some(xrc & 0xff_ffff),
-                feth: pick(Headers::FETH)
-                    .then_some(FethRepr { selectivity: feth.0 & 3, placement: feth.1 & 0xf }),
-                reth: pick(Headers::RETH).then_some(RethRepr { va: reth.0, rkey: reth.1, dma_len: reth.2 }),
-                atomic_eth: pick(Headers::ATOMIC_ETH).then_some(AtomicEthRepr {
-                    va: atomic.0,
-                    rkey: atomic.1,
-                    swap_add: atomic.2,
-                    compare: atomic.3,
-                }),
-                aeth: pick(Headers::AETH)
-                    .then_some(AethRepr { syndrome: Syndrome::from_byte(syn), msn: msn & 0xff_ffff }),
-                atomic_ack_eth: pick(Headers::ATOMIC_ACK_ETH).then_some(AtomicAckEthRepr { orig }),
-                immdt: pick(Headers::IMMDT).then_some(msn),
-                ieth: pick(Headers::IETH).then_some(inv),
-            };
-            (repr, payload)
-        })
+        .prop_map(
+            move |(
+                mut bth,
+                (eecn, qkey, sqp, xrc, inv),
+                reth,
+                atomic,
+                (syn, msn, orig),
+                feth,
+                payload,
+            )| {
+                bth.pad = BthRepr::pad_for(payload.len());
+                let pick = |bit: Headers| h.contains(bit);
+                let repr = RocePacketRepr {
+                    bth,
+                    rdeth: pick(Headers::RDETH).then_some(eecn & 0xff_ffff),
+                    deth: pick(Headers::DETH)
+                        .then_some(DethRepr { qkey, src_qpn: sqp & 0xff_ffff }),
+                    xrceth: pick(Headers::XRCETH).then_some(xrc & 0xff_ffff),
+                    feth: pick(Headers::FETH)
+                        .then_some(FethRepr { selectivity: feth.0 & 3, placement: feth.1 & 0xf }),
+                    reth: pick(Headers::RETH).then_some(RethRepr {
+                        va: reth.0,
+                        rkey: reth.1,
+                        dma_len: reth.2,
+                    }),
+                    atomic_eth: pick(Headers::ATOMIC_ETH).then_some(AtomicEthRepr {
+                        va: atomic.0,
+                        rkey: atomic.1,
+                        swap_add: atomic.2,
+                        compare: atomic.3,
+                    }),
+                    aeth: pick(Headers::AETH).then_some(AethRepr {
+                        syndrome: Syndrome::from_byte(syn),
+                        msn: msn & 0xff_ffff,
+                    }),
+                    atomic_ack_eth: pick(Headers::ATOMIC_ACK_ETH)
+                        .then_some(AtomicAckEthRepr { orig }),
+                    immdt: pick(Headers::IMMDT).then_some(msn),
+                    ieth: pick(Headers::IETH).then_some(inv),
+                };
+                (repr, payload)
+            },
+        )
 }
 
 fn any_opcode_info() -> impl Strategy<Value = &'static OpcodeInfo> {
