@@ -3,15 +3,32 @@
 //!
 //! The rules of this crate: it never reads a clock, opens a socket or spawns
 //! a thread. Time is passed in as [`Instant`]; every timer is a deadline the
-//! caller is told about. The same inputs give the same outputs, bit for bit,
-//! which is what makes seeded fault simulation possible.
+//! caller is told about ([`Qp::poll_timeout`]). The same inputs give the
+//! same outputs, bit for bit, which is what makes seeded fault simulation
+//! possible. Memory is reached only through the [`Memory`] trait, which
+//! checks keys, protection domains, rights and bounds before a byte moves.
 //!
-//! Status: only the time base exists so far; the engines land with issue 3
-//! (see the README's status table).
+//! Status: RC is implemented (SEND, SEND with immediate, RDMA WRITE with and
+//! without immediate, RDMA READ, both atomics, retransmission, RNR,
+//! go-back-N). UC and UD, SRQs and memory windows come with issue 4.
 
 #![forbid(unsafe_code)]
 
+pub mod memory;
+pub mod qp;
+mod queue;
+pub mod stats;
 mod time;
+pub mod wqe;
 
+pub use memory::{AccessError, AtomicOp, Key, Memory};
+pub use qp::attr::{Access, AttrMask, ModifyError, Path, QpAttr, QpState, QpType};
+pub use qp::{AsyncEvent, PostError, Qp, QpCaps, QpInit, Transmit};
+pub use stats::{DropReason, Stats};
 pub use time::Instant;
 pub use uroce_wire as wire;
+pub use wqe::{Completion, RecvWr, SendFlags, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WrOpcode};
+
+/// The deepest READ/atomic queue a QP may ask for, in either direction
+/// (`max_qp_rd_atom`, `max_qp_init_rd_atom`; rxe allows 128, mlx5 16).
+pub const RC_MAX_RD_ATOMIC: u32 = 16;

@@ -47,6 +47,11 @@ impl LocalAckTimeout {
         if exp > Self::MAX { None } else { Some(Self(exp)) }
     }
 
+    /// A timeout from its exponent, clamped to 31.
+    pub const fn saturating(exp: u8) -> Self {
+        Self(if exp > Self::MAX { Self::MAX } else { exp })
+    }
+
     /// The exponent.
     pub const fn exponent(self) -> u8 {
         self.0

@@ -1,0 +1,255 @@
+//! Two RC QPs connected over a [`SimNet`]: the transport's test bench.
+//! Each node has its own [`TestMemory`]; [`RcPair::run_until`] steps the
+//! virtual clock from event to event (packet arrivals and QP deadlines).
+
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::Duration;
+
+use uroce_transport::{
+    Access, AttrMask, Completion, Instant, Path, Qp, QpAttr, QpCaps, QpInit, QpState, QpType,
+};
+use uroce_wire::udp::ROCE_V2_PORT;
+use uroce_wire::{LocalAckTimeout, Mtu, Psn, RnrTimer, UdpDatagram};
+
+use crate::net::encapsulate;
+use crate::{LinkConfig, SimNet, SplitMix64, TestMemory};
+
+/// One side of the pair.
+pub struct Node {
+    /// The node's address.
+    pub addr: IpAddr,
+    /// Its QP.
+    pub qp: Qp,
+    /// Its memory.
+    pub mem: TestMemory,
+    /// Completions polled so far.
+    pub completions: Vec<Completion>,
+    /// Datagrams whose ICRC failed (corrupted in flight).
+    pub icrc_drops: u64,
+}
+
+/// Connection parameters for both QPs.
+#[derive(Debug, Clone, Copy)]
+pub struct PairConfig {
+    /// Path MTU.
+    pub mtu: Mtu,
+    /// Local ACK timeout exponent.
+    pub timeout: u8,
+    /// Transport retries.
+    pub retry_cnt: u8,
+    /// RNR retries (7 = infinite).
+    pub rnr_retry: u8,
+    /// RNR timer the responders send.
+    pub min_rnr_timer: u8,
+    /// READ/atomic depth both ways.
+    pub rd_atomic: u8,
+    /// Queue sizes.
+    pub caps: QpCaps,
+    /// Send window in PSNs.
+    pub max_unacked_psns: u32,
+    /// Every WR signaled.
+    pub sq_sig_all: bool,
+}
+
+impl Default for PairConfig {
+    fn default() -> Self {
+        Self {
+            mtu: Mtu::Mtu1024,
+            timeout: 10, // 4.2 ms
+            retry_cnt: 7,
+            rnr_retry: 7,
+            min_rnr_timer: 1, // 10 µs
+            rd_atomic: 4,
+            caps: QpCaps {
+                max_send_wr: 256,
+                max_recv_wr: 256,
+                max_send_sge: 4,
+                max_recv_sge: 4,
+                max_inline_data: 256,
+            },
+            max_unacked_psns: 512,
+            sq_sig_all: false,
+        }
+    }
+}
+
+/// Two connected RC QPs over a simulated network.
+pub struct RcPair {
+    /// Node A (10.0.0.1, QPN 0x11).
+    pub a: Node,
+    /// Node B (10.0.0.2, QPN 0x22).
+    pub b: Node,
+    /// The network.
+    pub net: SimNet,
+    /// Virtual time.
+    pub now: Instant,
+    buf: Vec<u8>,
+}
+
+/// The PD handle both sides use.
+pub const PD: u32 = 1;
+
+impl RcPair {
+    /// A connected pair; the starting PSNs come from `seed`, as does every
+    /// fault of `link` (used in both directions).
+    pub fn new(seed: u64, link: LinkConfig, cfg: PairConfig) -> Self {
+        let mut rng = SplitMix64::new(seed ^ 0x5eed);
+        let a_addr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
+        let b_addr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
+        let mk = |qpn| {
+            Qp::new(QpInit {
+                qpn,
+                qp_type: QpType::Rc,
+                pd: PD,
+                caps: cfg.caps,
+                sq_sig_all: cfg.sq_sig_all,
+                max_unacked_psns: cfg.max_unacked_psns,
+            })
+        };
+        let mut a = Node {
+            addr: a_addr,
+            qp: mk(0x11),
+            mem: TestMemory::new(),
+            completions: vec![],
+            icrc_drops: 0,
+        };
+        let mut b = Node {
+            addr: b_addr,
+            qp: mk(0x22),
+            mem: TestMemory::new(),
+            completions: vec![],
+            icrc_drops: 0,
+        };
+        let psn_a = Psn::new(rng.next_u64() as u32);
+        let psn_b = Psn::new(rng.next_u64() as u32);
+        connect(&mut a.qp, b_addr, 0x22, psn_a, psn_b, &cfg);
+        connect(&mut b.qp, a_addr, 0x11, psn_b, psn_a, &cfg);
+        Self { a, b, net: SimNet::new(seed, link), now: Instant::from_nanos(1), buf: vec![0; 8192] }
+    }
+
+    /// Runs everything due at the current time: deliveries, then expired
+    /// timers, then every packet the QPs are ready to send.
+    pub fn pump(&mut self) {
+        while let Some((src, dst, bytes)) = self.net.pop_due(self.now) {
+            let node = if dst == self.a.addr { &mut self.a } else { &mut self.b };
+            let Ok(d) = UdpDatagram::parse(&bytes) else {
+                node.icrc_drops += 1;
+                continue;
+            };
+            let Ok(pkt) = d.verify_icrc() else {
+                node.icrc_drops += 1;
+                continue;
+            };
+            if d.udp.dst_port() != ROCE_V2_PORT || pkt.bth().dest_qpn() != node.qp.qpn() {
+                node.icrc_drops += 1;
+                continue;
+            }
+            node.qp.handle_packet(self.now, src, &pkt, &node.mem);
+        }
+        for node in [&mut self.a, &mut self.b] {
+            if node.qp.poll_timeout().is_some_and(|t| t <= self.now) {
+                node.qp.handle_timeout(self.now);
+            }
+            for _ in 0..1_000_000 {
+                let Some(t) = node.qp.poll_transmit(self.now, &node.mem, &mut self.buf) else {
+                    break;
+                };
+                let dg = encapsulate(node.addr, t.dst, t.src_port, t.dst_port, &self.buf[..t.len]);
+                self.net.send(self.now, node.addr, t.dst, dg);
+            }
+            while let Some(c) = node.qp.poll_completion() {
+                node.completions.push(c);
+            }
+        }
+    }
+
+    /// The next event time, if anything is pending.
+    fn next_event(&self) -> Option<Instant> {
+        [self.net.next_delivery(), self.a.qp.poll_timeout(), self.b.qp.poll_timeout()]
+            .into_iter()
+            .flatten()
+            .min()
+    }
+
+    /// Steps until `done` holds or the clock passes `limit`; returns whether
+    /// `done` held.
+    pub fn run_until(&mut self, limit: Duration, mut done: impl FnMut(&Self) -> bool) -> bool {
+        let end = self.now.saturating_add(limit);
+        loop {
+            self.pump();
+            if done(self) {
+                return true;
+            }
+            match self.next_event() {
+                Some(t) if t <= end => self.now = t.max(self.now),
+                _ => return false,
+            }
+        }
+    }
+
+    /// Runs until nothing is in flight and no timer is armed (or `limit`).
+    pub fn run_until_idle(&mut self, limit: Duration) -> bool {
+        self.run_until(limit, |p| p.next_event().is_none())
+    }
+}
+
+fn connect(qp: &mut Qp, peer: IpAddr, peer_qpn: u32, sq_psn: Psn, rq_psn: Psn, cfg: &PairConfig) {
+    let now = Instant::ZERO;
+    let mut attr = QpAttr {
+        state: QpState::Init,
+        access: Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC,
+        ..QpAttr::default()
+    };
+    qp.modify(
+        now,
+        &attr,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+    )
+    .expect("INIT");
+    attr.state = QpState::ReadyToReceive;
+    attr.path = Some(Path {
+        dst: peer,
+        dst_port: ROCE_V2_PORT,
+        sgid_index: 0,
+        flow_label: 0,
+        hop_limit: 64,
+        traffic_class: 0,
+    });
+    attr.path_mtu = cfg.mtu;
+    attr.dest_qpn = peer_qpn;
+    attr.rq_psn = rq_psn;
+    attr.max_dest_rd_atomic = cfg.rd_atomic;
+    attr.min_rnr_timer = RnrTimer::from_code(cfg.min_rnr_timer);
+    qp.modify(
+        now,
+        &attr,
+        AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER,
+    )
+    .expect("RTR");
+    attr.state = QpState::ReadyToSend;
+    attr.timeout = LocalAckTimeout::saturating(cfg.timeout);
+    attr.retry_cnt = cfg.retry_cnt;
+    attr.rnr_retry = cfg.rnr_retry;
+    attr.sq_psn = sq_psn;
+    attr.max_rd_atomic = cfg.rd_atomic;
+    qp.modify(
+        now,
+        &attr,
+        AttrMask::STATE
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::SQ_PSN
+            | AttrMask::MAX_QP_RD_ATOMIC,
+    )
+    .expect("RTS");
+}

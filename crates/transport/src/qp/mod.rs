@@ -1,0 +1,669 @@
+//! A queue pair: its state machine, work queues, and the three engines
+//! that drive it (requester, responder, completer), after rxe's split.
+//!
+//! The QP is sans-IO: [`Qp::handle_packet`] takes a received packet,
+//! [`Qp::poll_transmit`] writes the next packet to send into a caller's
+//! buffer, [`Qp::poll_timeout`] / [`Qp::handle_timeout`] run the timers, and
+//! [`Qp::poll_completion`] hands out completions in order.
+
+pub mod attr;
+mod completer;
+mod requester;
+mod responder;
+
+use std::collections::VecDeque;
+
+use core::net::IpAddr;
+
+use uroce_wire::udp::{ROCE_V2_PORT, rxe_connected_sport};
+use uroce_wire::{Psn, RocePacket, Transport};
+
+use crate::memory::Memory;
+use crate::queue::{RecvQueue, SendQueue, SendWqe};
+use crate::stats::{DropReason, Stats};
+use crate::wqe::{Completion, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WrOpcode};
+use crate::{Instant, RC_MAX_RD_ATOMIC};
+use attr::{AttrMask, ModifyError, QpAttr, QpState, QpType, check_transition};
+
+pub(crate) use responder::RespState;
+
+/// The partition key every uroce port has at index 0 (full membership
+/// default P_Key, as rxe).
+pub const DEFAULT_PKEY: u16 = 0xffff;
+
+/// How many packets a requester sends without asking for an ACK (rxe's
+/// `RXE_MAX_PKT_PER_ACK`).
+const MAX_PKTS_PER_ACK: u32 = 64;
+
+/// Queue sizes fixed at creation (`ibv_qp_cap`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpCaps {
+    /// Send queue depth.
+    pub max_send_wr: u32,
+    /// Receive queue depth.
+    pub max_recv_wr: u32,
+    /// SGEs per send WR.
+    pub max_send_sge: u32,
+    /// SGEs per receive WR.
+    pub max_recv_sge: u32,
+    /// Inline bytes per send WR.
+    pub max_inline_data: u32,
+}
+
+/// Everything fixed when a QP is created.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpInit {
+    /// QP number (24 bits).
+    pub qpn: u32,
+    /// Transport type.
+    pub qp_type: QpType,
+    /// Protection domain handle, passed back to [`Memory`].
+    pub pd: u32,
+    /// Queue sizes.
+    pub caps: QpCaps,
+    /// Every send WR generates a completion (`sq_sig_all`).
+    pub sq_sig_all: bool,
+    /// The largest number of PSNs in flight before the requester waits for
+    /// ACKs (a send window; rxe uses 128).
+    pub max_unacked_psns: u32,
+}
+
+/// A packet [`Qp::poll_transmit`] produced: `len` bytes at the start of the
+/// caller's buffer, from BTH to ICRC. The ICRC field is zero: the I/O layer
+/// fills it once the IP and UDP headers are known.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Transmit {
+    /// Packet length.
+    pub len: usize,
+    /// Destination address.
+    pub dst: IpAddr,
+    /// Destination UDP port.
+    pub dst_port: u16,
+    /// UDP source port (rxe's rule, so that ECMP hashes per QP pair).
+    pub src_port: u16,
+}
+
+/// Asynchronous events a QP raises (`ibv_event_type`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// The QP moved to the error state on a local or transport error.
+    QpFatal,
+    /// The responder detected an invalid request.
+    QpRequestError,
+    /// The responder detected an access violation.
+    QpAccessError,
+    /// The send queue drained (SQD with notification asked).
+    SqDrained,
+}
+
+/// Why a post was refused. `errno()` gives what rdma-core returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostError {
+    /// The QP state does not allow posting (RESET, INIT and RTR for sends;
+    /// RESET for receives).
+    InvalidState,
+    /// The queue is full.
+    QueueFull,
+    /// More SGEs than the QP was created for.
+    TooManySge,
+    /// Inline data longer than `max_inline_data`, or inline on a READ or
+    /// atomic.
+    InlineTooLong,
+    /// The opcode is not supported on this QP type.
+    InvalidOpcode,
+    /// A length the operation cannot take (an atomic not of 8 bytes, a
+    /// message over 2^31).
+    InvalidLength,
+}
+
+impl PostError {
+    /// The errno: `ENOMEM` for a full queue, `EINVAL` otherwise.
+    pub const fn errno(self) -> i32 {
+        match self {
+            Self::QueueFull => 12,
+            _ => 22,
+        }
+    }
+}
+
+impl core::fmt::Display for PostError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Self::InvalidState => "QP state does not allow posting",
+            Self::QueueFull => "work queue full",
+            Self::TooManySge => "too many scatter/gather elements",
+            Self::InlineTooLong => "inline data too long or not allowed",
+            Self::InvalidOpcode => "opcode not supported on this QP",
+            Self::InvalidLength => "invalid message length",
+        })
+    }
+}
+
+impl core::error::Error for PostError {}
+
+/// Requester state (rxe `qp->req`).
+#[derive(Debug)]
+pub(crate) struct ReqState {
+    /// Next PSN to assign to a new WQE.
+    pub(crate) next_psn: Psn,
+    /// One past the highest PSN ever sent (to count retransmissions).
+    pub(crate) sent_high: Psn,
+    /// READ/atomic WQEs started and not completed.
+    pub(crate) rd_atomic_inflight: u32,
+    /// Packets sent since the last AckReq.
+    pub(crate) noack_pkts: u32,
+    /// Send nothing before this (RNR NAK timer).
+    pub(crate) rnr_wait_until: Option<Instant>,
+    /// Retransmission deadline, armed while packets are unacknowledged.
+    pub(crate) timer: Option<Instant>,
+    /// Transport retries left.
+    pub(crate) retry_left: u8,
+    /// RNR retries left (ignored when `rnr_retry` is 7).
+    pub(crate) rnr_left: u8,
+}
+
+/// Completer state (rxe `qp->comp`).
+#[derive(Debug)]
+pub(crate) struct CompState {
+    /// The oldest PSN not yet acknowledged.
+    pub(crate) psn: Psn,
+    /// A go-back-N restart was asked for by an out-of-order response and
+    /// has not made progress yet (ask only once).
+    pub(crate) gap_retry_pending: bool,
+}
+
+/// A queue pair.
+#[derive(Debug)]
+pub struct Qp {
+    pub(crate) init: QpInit,
+    pub(crate) attr: QpAttr,
+    pub(crate) state: QpState,
+    pub(crate) sq: SendQueue,
+    pub(crate) rq: RecvQueue,
+    pub(crate) req: ReqState,
+    pub(crate) comp: CompState,
+    pub(crate) resp: RespState,
+    completions: VecDeque<Completion>,
+    events: VecDeque<AsyncEvent>,
+    pub(crate) stats: Stats,
+    pub(crate) src_port: u16,
+}
+
+impl Qp {
+    /// A QP in the RESET state.
+    pub fn new(init: QpInit) -> Self {
+        let c = init.caps;
+        let sq_depth = c.max_send_wr.max(1) as usize;
+        let rq_depth = c.max_recv_wr.max(1) as usize;
+        Self {
+            init,
+            attr: QpAttr::default(),
+            state: QpState::Reset,
+            sq: SendQueue::new(
+                sq_depth,
+                c.max_send_sge.max(1) as usize,
+                c.max_inline_data as usize,
+            ),
+            rq: RecvQueue::new(rq_depth, c.max_recv_sge.max(1) as usize),
+            req: ReqState {
+                next_psn: Psn::new(0),
+                sent_high: Psn::new(0),
+                rd_atomic_inflight: 0,
+                noack_pkts: 0,
+                rnr_wait_until: None,
+                timer: None,
+                retry_left: 0,
+                rnr_left: 0,
+            },
+            comp: CompState { psn: Psn::new(0), gap_retry_pending: false },
+            resp: RespState::new(RC_MAX_RD_ATOMIC as usize),
+            completions: VecDeque::with_capacity(sq_depth + rq_depth + 4),
+            events: VecDeque::with_capacity(4),
+            stats: Stats::default(),
+            src_port: 0,
+        }
+    }
+
+    /// QP number.
+    pub fn qpn(&self) -> u32 {
+        self.init.qpn
+    }
+
+    /// Current state.
+    pub fn state(&self) -> QpState {
+        self.state
+    }
+
+    /// Current attributes (`ibv_query_qp`).
+    pub fn attr(&self) -> QpAttr {
+        let mut a = self.attr;
+        a.state = self.state;
+        a.cur_state = self.state;
+        a
+    }
+
+    /// Creation parameters.
+    pub fn init(&self) -> &QpInit {
+        &self.init
+    }
+
+    /// Counters.
+    pub fn stats(&self) -> &Stats {
+        &self.stats
+    }
+
+    /// The peer's address, once the QP has a path.
+    pub fn peer(&self) -> Option<IpAddr> {
+        self.attr.path.map(|p| p.dst)
+    }
+
+    /// Posted send WRs not yet completed.
+    pub fn send_queue_len(&self) -> usize {
+        self.sq.len()
+    }
+
+    /// Posted receive WRs not yet completed.
+    pub fn recv_queue_len(&self) -> usize {
+        self.rq.len()
+    }
+
+    /// Modifies attributes and state (`ibv_modify_qp`).
+    ///
+    /// # Errors
+    /// [`ModifyError`] when the mask or a value is not allowed; the QP is
+    /// then unchanged.
+    pub fn modify(
+        &mut self,
+        now: Instant,
+        attr: &QpAttr,
+        mask: AttrMask,
+    ) -> Result<(), ModifyError> {
+        let cur = self.state;
+        let next = if mask.contains(AttrMask::STATE) { attr.state } else { cur };
+        if mask.contains(AttrMask::CUR_STATE) && attr.cur_state != cur {
+            return Err(ModifyError::CurState);
+        }
+        check_transition(self.init.qp_type, cur, next, mask)?;
+        validate_values(attr, mask)?;
+
+        let a = &mut self.attr;
+        if mask.contains(AttrMask::ACCESS_FLAGS) {
+            a.access = attr.access;
+        }
+        if mask.contains(AttrMask::PKEY_INDEX) {
+            a.pkey_index = attr.pkey_index;
+        }
+        if mask.contains(AttrMask::PORT) {
+            a.port = attr.port;
+        }
+        if mask.contains(AttrMask::QKEY) {
+            a.qkey = attr.qkey;
+        }
+        if mask.contains(AttrMask::AV) {
+            a.path = attr.path;
+        }
+        if mask.contains(AttrMask::PATH_MTU) {
+            a.path_mtu = attr.path_mtu;
+        }
+        if mask.contains(AttrMask::TIMEOUT) {
+            a.timeout = attr.timeout;
+        }
+        if mask.contains(AttrMask::RETRY_CNT) {
+            a.retry_cnt = attr.retry_cnt;
+        }
+        if mask.contains(AttrMask::RNR_RETRY) {
+            a.rnr_retry = attr.rnr_retry;
+        }
+        if mask.contains(AttrMask::RQ_PSN) {
+            a.rq_psn = attr.rq_psn;
+        }
+        if mask.contains(AttrMask::MAX_QP_RD_ATOMIC) {
+            a.max_rd_atomic = attr.max_rd_atomic;
+        }
+        if mask.contains(AttrMask::MIN_RNR_TIMER) {
+            a.min_rnr_timer = attr.min_rnr_timer;
+        }
+        if mask.contains(AttrMask::SQ_PSN) {
+            a.sq_psn = attr.sq_psn;
+        }
+        if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC) {
+            a.max_dest_rd_atomic = attr.max_dest_rd_atomic;
+        }
+        if mask.contains(AttrMask::DEST_QPN) {
+            a.dest_qpn = attr.dest_qpn;
+        }
+        if mask.contains(AttrMask::EN_SQD_ASYNC_NOTIFY) {
+            a.sq_draining_notify = attr.sq_draining_notify;
+        }
+        if mask.intersects(AttrMask::AV | AttrMask::DEST_QPN) {
+            let fl = a.path.map_or(0, |p| p.flow_label);
+            self.src_port = rxe_connected_sport(fl, self.init.qpn, a.dest_qpn);
+        }
+        if mask.contains(AttrMask::RETRY_CNT) {
+            self.req.retry_left = a.retry_cnt;
+        }
+        if mask.contains(AttrMask::RNR_RETRY) {
+            self.req.rnr_left = a.rnr_retry;
+        }
+        if mask.contains(AttrMask::RQ_PSN) {
+            self.resp.reset(a.rq_psn);
+        }
+        if mask.contains(AttrMask::SQ_PSN) {
+            self.req.next_psn = a.sq_psn;
+            self.req.sent_high = a.sq_psn;
+            self.comp.psn = a.sq_psn;
+        }
+        if next != cur {
+            self.enter_state(now, next);
+        }
+        Ok(())
+    }
+
+    fn enter_state(&mut self, now: Instant, next: QpState) {
+        match next {
+            QpState::Reset => self.reset(),
+            QpState::Error => {
+                self.state = QpState::Error;
+                self.flush_all();
+            }
+            QpState::SendQueueDrain => {
+                self.state = next;
+                self.check_drained();
+            }
+            _ => self.state = next,
+        }
+        let _ = now;
+    }
+
+    /// Back to RESET: queues emptied without completions, as the verbs
+    /// spec says.
+    fn reset(&mut self) {
+        let init = self.init;
+        *self = Self::new(init);
+    }
+
+    /// Posts send WRs, stopping at the first bad one (`ibv_post_send`).
+    ///
+    /// # Errors
+    /// The index of the WR that failed and why; earlier WRs were posted.
+    pub fn post_send(
+        &mut self,
+        now: Instant,
+        wrs: &[SendWr<'_>],
+    ) -> Result<(), (usize, PostError)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.post_one_send(now, wr).map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
+    fn post_one_send(&mut self, _now: Instant, wr: &SendWr<'_>) -> Result<(), PostError> {
+        if matches!(self.state, QpState::Reset | QpState::Init | QpState::ReadyToReceive) {
+            return Err(PostError::InvalidState);
+        }
+        if self.sq.len() >= self.sq.capacity() {
+            return Err(PostError::QueueFull);
+        }
+        let supported = match self.init.qp_type {
+            QpType::Rc => matches!(
+                wr.opcode,
+                WrOpcode::Send
+                    | WrOpcode::SendWithImm
+                    | WrOpcode::RdmaWrite
+                    | WrOpcode::RdmaWriteWithImm
+                    | WrOpcode::RdmaRead
+                    | WrOpcode::AtomicCmpAndSwp
+                    | WrOpcode::AtomicFetchAndAdd
+            ),
+            QpType::Uc | QpType::Ud => false,
+        };
+        if !supported {
+            return Err(PostError::InvalidOpcode);
+        }
+        let inline = wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic();
+        let (length, num_sge, data) = if inline {
+            let data = wr.inline_data.unwrap_or(&[]);
+            if data.len() > self.sq.max_inline {
+                return Err(PostError::InlineTooLong);
+            }
+            (data.len() as u64, 0, Some(data))
+        } else {
+            if wr.sgl.len() > self.sq.max_sge {
+                return Err(PostError::TooManySge);
+            }
+            (wr.sgl.iter().map(|s| u64::from(s.length)).sum::<u64>(), wr.sgl.len(), None)
+        };
+        if length > 1 << 31 || (wr.opcode.is_atomic() && length != 8) {
+            return Err(PostError::InvalidLength);
+        }
+        let wqe = SendWqe {
+            wr_id: wr.wr_id,
+            opcode: wr.opcode,
+            flags: wr.flags,
+            imm_or_inv: wr.imm_or_inv,
+            remote_addr: wr.remote_addr,
+            rkey: wr.rkey,
+            compare_add: wr.compare_add,
+            swap: wr.swap,
+            length: length as u32,
+            num_sge: num_sge as u32,
+            inline,
+            signaled: self.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
+            ..SendWqe::EMPTY
+        };
+        self.sq.push(wqe, if inline { &[] } else { wr.sgl }, data);
+        if self.state == QpState::Error {
+            self.flush_all();
+        }
+        Ok(())
+    }
+
+    /// Posts receive WRs (`ibv_post_recv`).
+    ///
+    /// # Errors
+    /// The index of the WR that failed and why; earlier WRs were posted.
+    pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            if self.state == QpState::Reset {
+                return Err((i, PostError::InvalidState));
+            }
+            if self.rq.len() >= self.rq.capacity() {
+                return Err((i, PostError::QueueFull));
+            }
+            if wr.sgl.len() > self.rq.max_sge {
+                return Err((i, PostError::TooManySge));
+            }
+            self.rq.push(wr.wr_id, wr.sgl);
+            if self.state == QpState::Error {
+                self.flush_all();
+            }
+        }
+        Ok(())
+    }
+
+    /// The next completion, in the order the spec requires (per queue, WR
+    /// order).
+    pub fn poll_completion(&mut self) -> Option<Completion> {
+        self.completions.pop_front()
+    }
+
+    /// Completions waiting.
+    pub fn pending_completions(&self) -> usize {
+        self.completions.len()
+    }
+
+    /// The next asynchronous event.
+    pub fn poll_event(&mut self) -> Option<AsyncEvent> {
+        self.events.pop_front()
+    }
+
+    pub(crate) fn push_completion(&mut self, c: Completion) {
+        self.completions.push_back(c);
+    }
+
+    pub(crate) fn push_event(&mut self, e: AsyncEvent) {
+        if !self.events.contains(&e) {
+            self.events.push_back(e);
+        }
+    }
+
+    /// Handles a received packet addressed to this QP. The ICRC has been
+    /// checked by the caller.
+    pub fn handle_packet(
+        &mut self,
+        now: Instant,
+        src: IpAddr,
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+    ) {
+        self.stats.rcvd_pkts += 1;
+        let info = pkt.info();
+        if info.transport != Transport::Rc || self.init.qp_type != QpType::Rc {
+            self.stats.drop(DropReason::WrongTransport);
+            return;
+        }
+        if pkt.bth().pkey() != DEFAULT_PKEY {
+            self.stats.drop(DropReason::BadPkey);
+            return;
+        }
+        if self.attr.path.is_some_and(|p| p.dst != src) {
+            self.stats.drop(DropReason::WrongPeer);
+            return;
+        }
+        if info.is_request {
+            self.responder_handle(now, pkt, mem);
+        } else {
+            self.completer_handle(now, pkt, mem);
+        }
+    }
+
+    /// Writes the next packet to send into `buf` (at least path MTU + 64
+    /// bytes), or returns `None` when nothing is due. Responses go first, so
+    /// a peer's requests are never starved by our own.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        let path = self.attr.path?;
+        let len = match self.responder_poll(mem, buf) {
+            Some(n) => Some(n),
+            None => self.requester_poll(now, mem, buf),
+        }?;
+        self.stats.sent_pkts += 1;
+        Some(Transmit { len, dst: path.dst, dst_port: path.dst_port, src_port: self.src_port })
+    }
+
+    /// The earliest deadline at which [`Qp::handle_timeout`] must run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        match (self.req.timer, self.req.rnr_wait_until) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        }
+    }
+
+    /// Runs expired timers.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        if self.req.rnr_wait_until.is_some_and(|t| t <= now) {
+            self.req.rnr_wait_until = None;
+        }
+        if self.req.timer.is_some_and(|t| t <= now) {
+            self.req.timer = None;
+            self.retransmit_timeout(now);
+        }
+    }
+
+    /// Moves the QP to ERR after a transport or protocol error.
+    pub(crate) fn fail(&mut self, event: AsyncEvent) {
+        if self.state != QpState::Error {
+            self.state = QpState::Error;
+            self.push_event(event);
+        }
+        self.flush_all();
+    }
+
+    /// Completes every outstanding WR with WR_FLUSH_ERR (QP in ERR).
+    pub(crate) fn flush_all(&mut self) {
+        while self.sq.comp < self.sq.head {
+            let w = *self.sq.get(self.sq.comp);
+            let mut c = Completion::new(
+                w.wr_id,
+                WcStatus::WrFlushErr,
+                w.opcode.wc_opcode(),
+                self.init.qpn,
+                false,
+            );
+            c.byte_len = 0;
+            self.push_completion(c);
+            self.sq.comp += 1;
+        }
+        self.sq.tx = self.sq.head;
+        self.sq.tx_pkt = 0;
+        while self.rq.tail < self.rq.head {
+            let w = *self.rq.get(self.rq.tail);
+            self.push_completion(Completion::new(
+                w.wr_id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                self.init.qpn,
+                true,
+            ));
+            self.rq.tail += 1;
+        }
+        self.req.timer = None;
+        self.req.rnr_wait_until = None;
+        self.req.rd_atomic_inflight = 0;
+        self.resp.abort();
+    }
+
+    pub(crate) fn check_drained(&mut self) {
+        if self.state == QpState::SendQueueDrain
+            && self.sq.comp == self.sq.tx
+            && self.sq.tx_pkt == 0
+            && self.attr.sq_draining_notify
+        {
+            self.attr.sq_draining_notify = false;
+            self.push_event(AsyncEvent::SqDrained);
+        }
+    }
+
+    pub(crate) fn mtu(&self) -> u32 {
+        self.attr.path_mtu.bytes() as u32
+    }
+
+    /// The UDP destination port of the QP's path (4791 unless overridden).
+    pub fn dst_port(&self) -> u16 {
+        self.attr.path.map_or(ROCE_V2_PORT, |p| p.dst_port)
+    }
+}
+
+fn validate_values(a: &QpAttr, mask: AttrMask) -> Result<(), ModifyError> {
+    if mask.contains(AttrMask::PORT) && a.port != 1 {
+        return Err(ModifyError::BadValue("port_num"));
+    }
+    if mask.contains(AttrMask::PKEY_INDEX) && a.pkey_index != 0 {
+        return Err(ModifyError::BadValue("pkey_index"));
+    }
+    if mask.contains(AttrMask::RETRY_CNT) && a.retry_cnt > 7 {
+        return Err(ModifyError::BadValue("retry_cnt"));
+    }
+    if mask.contains(AttrMask::RNR_RETRY) && a.rnr_retry > 7 {
+        return Err(ModifyError::BadValue("rnr_retry"));
+    }
+    if mask.contains(AttrMask::MAX_QP_RD_ATOMIC) && u32::from(a.max_rd_atomic) > RC_MAX_RD_ATOMIC {
+        return Err(ModifyError::BadValue("max_rd_atomic"));
+    }
+    if mask.contains(AttrMask::MAX_DEST_RD_ATOMIC)
+        && u32::from(a.max_dest_rd_atomic) > RC_MAX_RD_ATOMIC
+    {
+        return Err(ModifyError::BadValue("max_dest_rd_atomic"));
+    }
+    if mask.contains(AttrMask::DEST_QPN) && a.dest_qpn > 0xff_ffff {
+        return Err(ModifyError::BadValue("dest_qp_num"));
+    }
+    if mask.contains(AttrMask::AV) && a.path.is_none() {
+        return Err(ModifyError::BadValue("ah_attr"));
+    }
+    Ok(())
+}

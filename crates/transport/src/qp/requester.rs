@@ -1,0 +1,307 @@
+//! The requester: turns send WQEs into request packets (segmentation, PSN
+//! assignment, the READ/atomic limit, fences, the send window) and restarts
+//! from the oldest unacknowledged PSN when the completer asks (go-back-N).
+
+use uroce_wire::{AtomicEthRepr, BthRepr, Opcode, RethRepr, RocePacketRepr};
+
+use super::attr::{Access, QpState};
+use super::{AsyncEvent, DEFAULT_PKEY, MAX_PKTS_PER_ACK, Qp};
+use crate::Instant;
+use crate::memory::{Key, Memory};
+use crate::queue::sgl_pieces;
+use crate::wqe::{SendFlags, WcStatus, WrOpcode};
+
+/// Number of packets (PSNs) a message of `len` bytes takes at `mtu`.
+pub(crate) fn packets(len: u32, mtu: u32) -> u32 {
+    len.div_ceil(mtu).max(1)
+}
+
+impl Qp {
+    /// Builds the next request packet into `buf`.
+    pub(super) fn requester_poll(
+        &mut self,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        if !matches!(self.state, QpState::ReadyToSend | QpState::SendQueueDrain) {
+            return None;
+        }
+        if self.req.rnr_wait_until.is_some_and(|t| now < t) {
+            return None;
+        }
+        let idx = self.sq.tx;
+        if idx == self.sq.head {
+            return None;
+        }
+        let mtu = self.mtu();
+        let mut wqe = *self.sq.get(idx);
+        if !wqe.assigned {
+            if self.state == QpState::SendQueueDrain {
+                return None;
+            }
+            if wqe.flags.contains(SendFlags::FENCE) && self.req.rd_atomic_inflight > 0 {
+                return None;
+            }
+            if wqe.opcode.is_read_or_atomic()
+                && self.req.rd_atomic_inflight >= u32::from(self.attr.max_rd_atomic.max(1))
+            {
+                return None;
+            }
+            // Local protection is checked before anything is sent: a bad
+            // lkey completes the WQE with LOC_PROT_ERR (IBTA C10-…).
+            if !wqe.inline && !self.local_sgl_ok(idx, mem) {
+                self.complete_send_error(idx, WcStatus::LocProtErr);
+                return None;
+            }
+            wqe.first_psn = self.req.next_psn;
+            wqe.npsn = match wqe.opcode {
+                WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 1,
+                _ => packets(wqe.length, mtu),
+            };
+            wqe.assigned = true;
+            if wqe.opcode.is_read_or_atomic() {
+                wqe.counted = true;
+                self.req.rd_atomic_inflight += 1;
+            }
+            self.req.next_psn = self.req.next_psn.add(wqe.npsn);
+            *self.sq.get_mut(idx) = wqe;
+        }
+        let pkt = self.sq.tx_pkt;
+        let psn = wqe.first_psn.add(pkt);
+        // The send window: never more than `max_unacked_psns` ahead of the
+        // oldest unacknowledged PSN.
+        if psn.distance_from(self.comp.psn) >= self.init.max_unacked_psns.max(1) {
+            return None;
+        }
+        let len = self.build_request(idx, pkt, mem, buf)?;
+        if wqe.opcode.is_read_or_atomic() || pkt + 1 >= wqe.npsn {
+            self.sq.tx += 1;
+            self.sq.tx_pkt = 0;
+        } else {
+            self.sq.tx_pkt += 1;
+        }
+        if self.req.timer.is_none() {
+            self.req.timer = self.attr.timeout.duration().map(|d| now.saturating_add(d));
+        }
+        Some(len)
+    }
+
+    fn local_sgl_ok(&self, idx: u64, mem: &dyn Memory) -> bool {
+        let w = self.sq.get(idx);
+        // READ and atomic results are written into the SGEs: they need
+        // LOCAL_WRITE; SEND/WRITE only read them.
+        let access = if w.opcode.is_read_or_atomic() { Access::LOCAL_WRITE } else { Access::NONE };
+        self.sq.sgl(idx).iter().all(|s| {
+            s.length == 0
+                || mem
+                    .check(Key::Local(s.lkey), self.init.pd, s.addr, u64::from(s.length), access)
+                    .is_ok()
+        })
+    }
+
+    /// Writes packet `pkt` of WQE `idx` (for READ: the request resuming at
+    /// response packet `pkt`).
+    fn build_request(
+        &mut self,
+        idx: u64,
+        pkt: u32,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        let wqe = *self.sq.get(idx);
+        let mtu = self.mtu();
+        let first = pkt == 0;
+        let last = pkt + 1 >= wqe.npsn;
+        let psn = wqe.first_psn.add(pkt);
+        let offset = pkt * mtu;
+        let mut repr = RocePacketRepr {
+            bth: BthRepr {
+                pkey: DEFAULT_PKEY,
+                dest_qpn: self.attr.dest_qpn,
+                psn,
+                ..BthRepr::default()
+            },
+            ..RocePacketRepr::default()
+        };
+        let mut payload_len = 0u32;
+        let imm = matches!(wqe.opcode, WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm);
+        match wqe.opcode {
+            WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => {
+                payload_len = (wqe.length - offset).min(mtu);
+                repr.bth.opcode = match (first, last, imm) {
+                    (true, true, false) => Opcode::RC_SEND_ONLY,
+                    (true, true, true) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+                    (true, false, _) => Opcode::RC_SEND_FIRST,
+                    (false, false, _) => Opcode::RC_SEND_MIDDLE,
+                    (false, true, false) => Opcode::RC_SEND_LAST,
+                    (false, true, true) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
+                };
+                if last && imm {
+                    repr.immdt = Some(wqe.imm_or_inv);
+                }
+            }
+            WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
+                payload_len = (wqe.length - offset).min(mtu);
+                repr.bth.opcode = match (first, last, imm) {
+                    (true, true, false) => Opcode::RC_RDMA_WRITE_ONLY,
+                    (true, true, true) => Opcode::RC_RDMA_WRITE_ONLY_WITH_IMMEDIATE,
+                    (true, false, _) => Opcode::RC_RDMA_WRITE_FIRST,
+                    (false, false, _) => Opcode::RC_RDMA_WRITE_MIDDLE,
+                    (false, true, false) => Opcode::RC_RDMA_WRITE_LAST,
+                    (false, true, true) => Opcode::RC_RDMA_WRITE_LAST_WITH_IMMEDIATE,
+                };
+                if first {
+                    repr.reth =
+                        Some(RethRepr { va: wqe.remote_addr, rkey: wqe.rkey, dma_len: wqe.length });
+                }
+                if last && imm {
+                    repr.immdt = Some(wqe.imm_or_inv);
+                }
+            }
+            WrOpcode::RdmaRead => {
+                repr.bth.opcode = Opcode::RC_RDMA_READ_REQUEST;
+                let off = offset.min(wqe.length);
+                repr.reth = Some(RethRepr {
+                    va: wqe.remote_addr.wrapping_add(u64::from(off)),
+                    rkey: wqe.rkey,
+                    dma_len: wqe.length - off,
+                });
+                repr.bth.ack_req = true;
+            }
+            WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => {
+                let cas = wqe.opcode == WrOpcode::AtomicCmpAndSwp;
+                repr.bth.opcode = if cas { Opcode::RC_COMPARE_SWAP } else { Opcode::RC_FETCH_ADD };
+                repr.atomic_eth = Some(AtomicEthRepr {
+                    va: wqe.remote_addr,
+                    rkey: wqe.rkey,
+                    swap_add: if cas { wqe.swap } else { wqe.compare_add },
+                    compare: if cas { wqe.compare_add } else { 0 },
+                });
+                repr.bth.ack_req = true;
+            }
+            WrOpcode::LocalInv | WrOpcode::BindMw => return None,
+        }
+        let is_data = !wqe.opcode.is_read_or_atomic();
+        if is_data {
+            self.req.noack_pkts += 1;
+            if last || self.req.noack_pkts >= MAX_PKTS_PER_ACK {
+                repr.bth.ack_req = true;
+            }
+            if last && wqe.flags.contains(SendFlags::SOLICITED) {
+                repr.bth.solicited = true;
+            }
+        }
+        if repr.bth.ack_req {
+            self.req.noack_pkts = 0;
+        }
+        repr.bth.pad = BthRepr::pad_for(payload_len as usize);
+        let hl = repr.emit_headers(buf).ok()?;
+        let total = repr.packet_len(payload_len as usize);
+        if buf.len() < total {
+            return None;
+        }
+        let payload = &mut buf[hl..hl + payload_len as usize];
+        if wqe.inline {
+            let data = self.sq.inline_data(idx);
+            payload.copy_from_slice(&data[offset as usize..(offset + payload_len) as usize]);
+        } else if payload_len > 0 {
+            let mut at = 0usize;
+            let mut ok = true;
+            for (sge, off, l) in
+                sgl_pieces(self.sq.sgl(idx), u64::from(offset), u64::from(payload_len))
+            {
+                let dst = &mut payload[at..at + l as usize];
+                if mem.read(Key::Local(sge.lkey), self.init.pd, sge.addr + off, dst).is_err() {
+                    ok = false;
+                    break;
+                }
+                at += l as usize;
+            }
+            if !ok {
+                // Deregistered after the check: a local protection error.
+                self.complete_send_error(idx, WcStatus::LocProtErr);
+                return None;
+            }
+        }
+        buf[hl + payload_len as usize..total].fill(0);
+        let end =
+            if wqe.opcode == WrOpcode::RdmaRead { wqe.first_psn.add(wqe.npsn) } else { psn.next() };
+        if psn.is_before(self.req.sent_high) {
+            self.stats.retransmitted_pkts += 1;
+        }
+        if end.is_after(self.req.sent_high) {
+            self.req.sent_high = end;
+        }
+        if first && is_data {
+            self.stats.rdma_sends +=
+                u64::from(matches!(wqe.opcode, WrOpcode::Send | WrOpcode::SendWithImm));
+        }
+        Some(total)
+    }
+
+    /// Completes WQE `idx` (the oldest) with an error and moves the QP to
+    /// ERR, flushing the rest.
+    pub(crate) fn complete_send_error(&mut self, idx: u64, status: WcStatus) {
+        debug_assert_eq!(idx, self.sq.comp);
+        let w = *self.sq.get(idx);
+        let mut c = crate::wqe::Completion::new(
+            w.wr_id,
+            status,
+            w.opcode.wc_opcode(),
+            self.init.qpn,
+            false,
+        );
+        c.byte_len = 0;
+        self.push_completion(c);
+        self.sq.comp += 1;
+        if self.sq.tx < self.sq.comp {
+            self.sq.tx = self.sq.comp;
+            self.sq.tx_pkt = 0;
+        }
+        self.stats.send_err += 1;
+        self.fail(AsyncEvent::QpFatal);
+    }
+
+    /// Go-back-N: resend from the oldest unacknowledged PSN.
+    pub(crate) fn go_back(&mut self) {
+        let idx = self.sq.comp;
+        if idx == self.sq.head {
+            return;
+        }
+        let w = *self.sq.get(idx);
+        self.sq.tx = idx;
+        self.sq.tx_pkt = if w.assigned {
+            self.comp.psn.distance_from(w.first_psn).min(w.npsn.saturating_sub(1))
+        } else {
+            0
+        };
+        self.stats.retransmits += 1;
+    }
+
+    /// The retransmission timer fired: retry, or fail with RETRY_EXC_ERR
+    /// once `retry_cnt` retries are spent.
+    pub(crate) fn retransmit_timeout(&mut self, now: Instant) {
+        if self.sq.comp == self.sq.tx && self.sq.tx_pkt == 0 {
+            return; // nothing outstanding
+        }
+        if !matches!(self.state, QpState::ReadyToSend | QpState::SendQueueDrain) {
+            return;
+        }
+        self.stats.local_ack_timeout_err += 1;
+        self.retry_or_fail(now);
+    }
+
+    /// Spends one transport retry and goes back, or fails.
+    pub(crate) fn retry_or_fail(&mut self, _now: Instant) {
+        if self.req.retry_left == 0 {
+            self.stats.retry_exceeded_err += 1;
+            let idx = self.sq.comp;
+            self.complete_send_error(idx, WcStatus::RetryExcErr);
+            return;
+        }
+        self.req.retry_left -= 1;
+        self.stats.completer_retry_err += 1;
+        self.go_back();
+    }
+}

@@ -1,0 +1,309 @@
+//! Work requests as the application posts them, and the completions the
+//! transport reports. Values follow `ibv_wr_opcode`, `ibv_send_flags`,
+//! `ibv_wc_status` and `ibv_wc_opcode`, so the C ABI maps them one-to-one.
+
+/// A scatter/gather element: `length` bytes at `addr` in the region `lkey`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct Sge {
+    /// Virtual address.
+    pub addr: u64,
+    /// Length in bytes.
+    pub length: u32,
+    /// Local key of the memory region.
+    pub lkey: u32,
+}
+
+/// Send work request opcode (`ibv_wr_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WrOpcode {
+    /// RDMA WRITE.
+    RdmaWrite = 0,
+    /// RDMA WRITE with immediate.
+    RdmaWriteWithImm = 1,
+    /// SEND.
+    Send = 2,
+    /// SEND with immediate.
+    SendWithImm = 3,
+    /// RDMA READ.
+    RdmaRead = 4,
+    /// Atomic compare and swap.
+    AtomicCmpAndSwp = 5,
+    /// Atomic fetch and add.
+    AtomicFetchAndAdd = 6,
+    /// Local invalidate.
+    LocalInv = 7,
+    /// Bind memory window.
+    BindMw = 8,
+    /// SEND with invalidate.
+    SendWithInv = 9,
+}
+
+impl WrOpcode {
+    /// From the `ibv_wr_opcode` value.
+    pub const fn from_ibv(v: u32) -> Option<Self> {
+        Some(match v {
+            0 => Self::RdmaWrite,
+            1 => Self::RdmaWriteWithImm,
+            2 => Self::Send,
+            3 => Self::SendWithImm,
+            4 => Self::RdmaRead,
+            5 => Self::AtomicCmpAndSwp,
+            6 => Self::AtomicFetchAndAdd,
+            7 => Self::LocalInv,
+            8 => Self::BindMw,
+            9 => Self::SendWithInv,
+            _ => return None,
+        })
+    }
+
+    /// READ or atomic: counts against `max_rd_atomic` and is fenced.
+    pub const fn is_read_or_atomic(self) -> bool {
+        matches!(self, Self::RdmaRead | Self::AtomicCmpAndSwp | Self::AtomicFetchAndAdd)
+    }
+
+    /// An atomic operation.
+    pub const fn is_atomic(self) -> bool {
+        matches!(self, Self::AtomicCmpAndSwp | Self::AtomicFetchAndAdd)
+    }
+
+    /// The completion opcode reported for it.
+    pub const fn wc_opcode(self) -> WcOpcode {
+        match self {
+            Self::RdmaWrite | Self::RdmaWriteWithImm => WcOpcode::RdmaWrite,
+            Self::Send | Self::SendWithImm | Self::SendWithInv => WcOpcode::Send,
+            Self::RdmaRead => WcOpcode::RdmaRead,
+            Self::AtomicCmpAndSwp => WcOpcode::CompSwap,
+            Self::AtomicFetchAndAdd => WcOpcode::FetchAdd,
+            Self::LocalInv => WcOpcode::LocalInv,
+            Self::BindMw => WcOpcode::BindMw,
+        }
+    }
+}
+
+/// `ibv_send_flags`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct SendFlags(pub u32);
+
+#[allow(missing_docs)]
+impl SendFlags {
+    pub const FENCE: Self = Self(1 << 0);
+    pub const SIGNALED: Self = Self(1 << 1);
+    pub const SOLICITED: Self = Self(1 << 2);
+    pub const INLINE: Self = Self(1 << 3);
+    pub const NONE: Self = Self(0);
+
+    /// Whether every bit of `other` is set.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+impl core::ops::BitOr for SendFlags {
+    type Output = Self;
+    fn bitor(self, rhs: Self) -> Self {
+        Self(self.0 | rhs.0)
+    }
+}
+
+/// A send work request (`ibv_send_wr`, RC/UC fields).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Operation.
+    pub opcode: WrOpcode,
+    /// Flags.
+    pub flags: SendFlags,
+    /// Gather list (or, with `INLINE`, where to copy the inline data from;
+    /// see [`SendWr::inline_data`]).
+    pub sgl: &'a [Sge],
+    /// Inline payload, copied at post time (overrides `sgl` when `INLINE`).
+    pub inline_data: Option<&'a [u8]>,
+    /// Immediate data (network order as the application gave it), or the
+    /// R_Key to invalidate for `SendWithInv`.
+    pub imm_or_inv: u32,
+    /// Remote address (RDMA and atomics).
+    pub remote_addr: u64,
+    /// Remote key (RDMA and atomics).
+    pub rkey: u32,
+    /// Compare value (CmpSwap) or addend (FetchAdd).
+    pub compare_add: u64,
+    /// Swap value (CmpSwap).
+    pub swap: u64,
+}
+
+impl Default for SendWr<'_> {
+    fn default() -> Self {
+        Self {
+            wr_id: 0,
+            opcode: WrOpcode::Send,
+            flags: SendFlags::SIGNALED,
+            sgl: &[],
+            inline_data: None,
+            imm_or_inv: 0,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+        }
+    }
+}
+
+/// A receive work request.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecvWr<'a> {
+    /// Returned in the completion.
+    pub wr_id: u64,
+    /// Scatter list.
+    pub sgl: &'a [Sge],
+}
+
+/// Completion status (`ibv_wc_status`). Variants in the enum's order.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcStatus {
+    /// Success.
+    Success = 0,
+    /// Local length error: a message longer than the receive buffer.
+    LocLenErr = 1,
+    /// Local QP operation error.
+    LocQpOpErr = 2,
+    /// Local protection error: a bad lkey or an SGE outside its region.
+    LocProtErr = 4,
+    /// Flushed: the QP is in the error state.
+    WrFlushErr = 5,
+    /// Memory window bind error.
+    MwBindErr = 6,
+    /// Bad response (unexpected opcode in a response).
+    BadRespErr = 7,
+    /// Local access error.
+    LocAccessErr = 8,
+    /// Remote invalid request (NAK).
+    RemInvReqErr = 9,
+    /// Remote access error (NAK).
+    RemAccessErr = 10,
+    /// Remote operational error (NAK).
+    RemOpErr = 11,
+    /// Transport retries exhausted.
+    RetryExcErr = 12,
+    /// RNR retries exhausted.
+    RnrRetryExcErr = 13,
+    /// Fatal error.
+    FatalErr = 19,
+    /// General error.
+    GeneralErr = 21,
+}
+
+impl WcStatus {
+    /// The name `ibv_wc_status_str` gives.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Success => "success",
+            Self::LocLenErr => "local length error",
+            Self::LocQpOpErr => "local QP operation error",
+            Self::LocProtErr => "local protection error",
+            Self::WrFlushErr => "Work Request Flushed Error",
+            Self::MwBindErr => "memory management operation error",
+            Self::BadRespErr => "bad response error",
+            Self::LocAccessErr => "local access error",
+            Self::RemInvReqErr => "remote invalid request error",
+            Self::RemAccessErr => "remote access error",
+            Self::RemOpErr => "remote operation error",
+            Self::RetryExcErr => "transport retry counter exceeded",
+            Self::RnrRetryExcErr => "RNR retry counter exceeded",
+            Self::FatalErr => "fatal error",
+            Self::GeneralErr => "general error",
+        }
+    }
+}
+
+/// Completion opcode (`ibv_wc_opcode`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum WcOpcode {
+    /// SEND.
+    Send = 0,
+    /// RDMA WRITE.
+    RdmaWrite = 1,
+    /// RDMA READ.
+    RdmaRead = 2,
+    /// Compare and swap.
+    CompSwap = 3,
+    /// Fetch and add.
+    FetchAdd = 4,
+    /// Bind MW.
+    BindMw = 5,
+    /// Local invalidate.
+    LocalInv = 6,
+    /// A received SEND.
+    Recv = 128,
+    /// A received RDMA WRITE with immediate.
+    RecvRdmaWithImm = 129,
+}
+
+/// `ibv_wc_flags`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub struct WcFlags(pub u32);
+
+#[allow(missing_docs)]
+impl WcFlags {
+    pub const GRH: Self = Self(1 << 0);
+    pub const WITH_IMM: Self = Self(1 << 1);
+    pub const WITH_INV: Self = Self(1 << 3);
+    pub const NONE: Self = Self(0);
+
+    /// Whether every bit of `other` is set.
+    pub const fn contains(self, other: Self) -> bool {
+        self.0 & other.0 == other.0
+    }
+}
+
+/// A work completion (`ibv_wc`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Completion {
+    /// The WR's id.
+    pub wr_id: u64,
+    /// Status.
+    pub status: WcStatus,
+    /// Opcode (meaningful on success; set anyway for diagnostics).
+    pub opcode: WcOpcode,
+    /// Vendor error (0).
+    pub vendor_err: u32,
+    /// Bytes received (receive completions, READ and atomic completions).
+    pub byte_len: u32,
+    /// Immediate data or invalidated R_Key (see `flags`).
+    pub imm_or_inv: u32,
+    /// The local QP number.
+    pub qp_num: u32,
+    /// Source QP (UD).
+    pub src_qp: u32,
+    /// Flags.
+    pub flags: WcFlags,
+    /// Whether this is a receive completion (goes to the receive CQ).
+    pub is_recv: bool,
+    /// Whether the sender asked for a solicited event.
+    pub solicited: bool,
+}
+
+impl Completion {
+    /// A completion with only the identifying fields set.
+    pub const fn new(
+        wr_id: u64,
+        status: WcStatus,
+        opcode: WcOpcode,
+        qp_num: u32,
+        is_recv: bool,
+    ) -> Self {
+        Self {
+            wr_id,
+            status,
+            opcode,
+            vendor_err: 0,
+            byte_len: 0,
+            imm_or_inv: 0,
+            qp_num,
+            src_qp: 0,
+            flags: WcFlags::NONE,
+            is_recv,
+            solicited: false,
+        }
+    }
+}
