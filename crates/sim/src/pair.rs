@@ -55,7 +55,7 @@ impl Default for PairConfig {
     fn default() -> Self {
         Self {
             mtu: Mtu::Mtu1024,
-            timeout: 10, // 4.2 ms
+            timeout: 14, // 67 ms, perftest's and rc_pingpong's default
             retry_cnt: 7,
             rnr_retry: 7,
             min_rnr_timer: 1, // 10 µs
@@ -84,6 +84,8 @@ pub struct RcPair {
     /// Virtual time.
     pub now: Instant,
     buf: Vec<u8>,
+    /// Print every packet and timer to stderr (`UROCE_SIM_TRACE=1`).
+    pub trace: bool,
 }
 
 /// The PD handle both sides use.
@@ -124,7 +126,15 @@ impl RcPair {
         let psn_b = Psn::new(rng.next_u64() as u32);
         connect(&mut a.qp, b_addr, 0x22, psn_a, psn_b, &cfg);
         connect(&mut b.qp, a_addr, 0x11, psn_b, psn_a, &cfg);
-        Self { a, b, net: SimNet::new(seed, link), now: Instant::from_nanos(1), buf: vec![0; 8192] }
+        let trace = std::env::var_os("UROCE_SIM_TRACE").is_some();
+        Self {
+            a,
+            b,
+            net: SimNet::new(seed, link),
+            now: Instant::from_nanos(1),
+            buf: vec![0; 8192],
+            trace,
+        }
     }
 
     /// Runs everything due at the current time: deliveries, then expired
@@ -138,8 +148,14 @@ impl RcPair {
             };
             let Ok(pkt) = d.verify_icrc() else {
                 node.icrc_drops += 1;
+                if self.trace {
+                    eprintln!("{:>12} {src} -> {dst}: ICRC bad, dropped", self.now.as_nanos());
+                }
                 continue;
             };
+            if self.trace {
+                eprintln!("{:>12} {src} -> {dst}: rx {pkt}", self.now.as_nanos());
+            }
             if d.udp.dst_port() != ROCE_V2_PORT || pkt.bth().dest_qpn() != node.qp.qpn() {
                 node.icrc_drops += 1;
                 continue;
@@ -148,16 +164,27 @@ impl RcPair {
         }
         for node in [&mut self.a, &mut self.b] {
             if node.qp.poll_timeout().is_some_and(|t| t <= self.now) {
+                if self.trace {
+                    eprintln!("{:>12} {}: timer", self.now.as_nanos(), node.addr);
+                }
                 node.qp.handle_timeout(self.now);
             }
             for _ in 0..1_000_000 {
                 let Some(t) = node.qp.poll_transmit(self.now, &node.mem, &mut self.buf) else {
                     break;
                 };
+                if self.trace {
+                    if let Ok(p) = uroce_wire::RocePacket::new_checked(&self.buf[..t.len]) {
+                        eprintln!("{:>12} {} tx {p}", self.now.as_nanos(), node.addr);
+                    }
+                }
                 let dg = encapsulate(node.addr, t.dst, t.src_port, t.dst_port, &self.buf[..t.len]);
                 self.net.send(self.now, node.addr, t.dst, dg);
             }
             while let Some(c) = node.qp.poll_completion() {
+                if self.trace {
+                    eprintln!("{:>12} {}: {c:?}", self.now.as_nanos(), node.addr);
+                }
                 node.completions.push(c);
             }
         }

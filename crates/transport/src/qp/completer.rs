@@ -59,8 +59,10 @@ impl Qp {
     /// Forward progress: the retry budgets start again and the timer is
     /// re-armed from now.
     fn on_progress(&mut self, now: Instant) {
+        self.req.cwnd = self.req.cwnd.saturating_mul(2).min(self.init.max_unacked_psns.max(1));
         self.req.retry_left = self.attr.retry_cnt;
         self.req.rnr_left = self.attr.rnr_retry;
+        self.req.nak_streak = 0;
         self.comp.gap_retry_pending = false;
         self.req.timer = if self.outstanding() {
             self.attr.timeout.duration().map(|d| now.saturating_add(d))
@@ -126,6 +128,24 @@ impl Qp {
         (progress, false)
     }
 
+    /// A NAK names the PSN the responder expects: resume there, if it lies
+    /// inside the oldest WQE and that WQE is a SEND or WRITE. (A READ or
+    /// atomic at the head resumes from its own progress: the NAK beyond it
+    /// means its responses were lost.)
+    fn nak_resume_at(&mut self, psn: Psn) {
+        if self.sq.comp == self.sq.head {
+            return;
+        }
+        let w = *self.sq.get(self.sq.comp);
+        if w.assigned
+            && !w.opcode.is_read_or_atomic()
+            && psn.is_after(self.comp.psn)
+            && !psn.is_after(w.last_psn())
+        {
+            self.comp.psn = psn;
+        }
+    }
+
     fn on_ack(&mut self, now: Instant, psn: Psn) {
         let (progress, lost_response) = self.complete_through(psn);
         if progress {
@@ -133,7 +153,7 @@ impl Qp {
         }
         if lost_response && !self.comp.gap_retry_pending {
             self.comp.gap_retry_pending = true;
-            self.retry_or_fail(now);
+            self.retry_after_nak(now);
         }
     }
 
@@ -156,9 +176,7 @@ impl Qp {
             }
             self.req.rnr_left -= 1;
         }
-        if psn.is_after(self.comp.psn) {
-            self.comp.psn = psn;
-        }
+        self.nak_resume_at(psn);
         self.req.rnr_wait_until = Some(now.saturating_add(timer.duration()));
         self.req.timer = None;
         self.go_back();
@@ -170,14 +188,14 @@ impl Qp {
         if progress {
             self.on_progress(now);
         }
-        if psn.is_after(self.comp.psn) {
-            self.comp.psn = psn;
-        }
+        self.nak_resume_at(psn);
         if self.sq.comp == self.sq.head || (self.comp.gap_retry_pending && !progress) {
             return;
         }
         self.comp.gap_retry_pending = true;
-        self.retry_or_fail(now);
+        // Loss: resend less at once (multiplicative decrease).
+        self.req.cwnd = (self.req.cwnd / 2).max(super::MIN_CWND);
+        self.retry_after_nak(now);
     }
 
     fn on_fatal_nak(&mut self, now: Instant, psn: Psn, code: NakCode) {
@@ -252,7 +270,7 @@ impl Qp {
             self.stats.drop(DropReason::OutOfSequence);
             if !self.comp.gap_retry_pending {
                 self.comp.gap_retry_pending = true;
-                self.retry_or_fail(now);
+                self.retry_after_nak(now);
             }
             return;
         }

@@ -31,6 +31,12 @@ pub(crate) use responder::RespState;
 /// default P_Key, as rxe).
 pub const DEFAULT_PKEY: u16 = 0xffff;
 
+/// The congestion window after a retransmission timeout.
+pub(crate) const MIN_CWND: u32 = 8;
+
+/// NAK-driven go-backs without progress that cost one transport retry.
+pub(crate) const NAK_RETRIES_PER_RETRY: u32 = 8;
+
 /// How many packets a requester sends without asking for an ACK (rxe's
 /// `RXE_MAX_PKT_PER_ACK`).
 const MAX_PKTS_PER_ACK: u32 = 64;
@@ -160,6 +166,16 @@ pub(crate) struct ReqState {
     pub(crate) retry_left: u8,
     /// RNR retries left (ignored when `rnr_retry` is 7).
     pub(crate) rnr_left: u8,
+    /// Congestion window in PSNs (≤ `max_unacked_psns`): cut to
+    /// [`MIN_CWND`] by a retransmission timeout and doubled by each ACK that
+    /// makes progress, so that a go-back-N restart over a slow or congested
+    /// path cannot resend more than the path drains before the next timeout.
+    pub(crate) cwnd: u32,
+    /// Go-backs caused by NAKs or response gaps since the last progress.
+    pub(crate) nak_streak: u32,
+    /// Ask for an ACK on the next packet (the first one after a go-back), so
+    /// that recovery does not wait for the end of a long message.
+    pub(crate) ack_next: bool,
 }
 
 /// Completer state (rxe `qp->comp`).
@@ -214,6 +230,9 @@ impl Qp {
                 timer: None,
                 retry_left: 0,
                 rnr_left: 0,
+                ack_next: false,
+                nak_streak: 0,
+                cwnd: init.max_unacked_psns.max(1),
             },
             comp: CompState { psn: Psn::new(0), gap_retry_pending: false },
             resp: RespState::new(RC_MAX_RD_ATOMIC as usize),

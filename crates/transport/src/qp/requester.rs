@@ -71,7 +71,7 @@ impl Qp {
         let psn = wqe.first_psn.add(pkt);
         // The send window: never more than `max_unacked_psns` ahead of the
         // oldest unacknowledged PSN.
-        if psn.distance_from(self.comp.psn) >= self.init.max_unacked_psns.max(1) {
+        if psn.diff(self.comp.psn) >= self.req.cwnd.clamp(1, 1 << 22) as i32 {
             return None;
         }
         let len = self.build_request(idx, pkt, mem, buf)?;
@@ -192,6 +192,10 @@ impl Qp {
                 repr.bth.solicited = true;
             }
         }
+        if self.req.ack_next {
+            self.req.ack_next = false;
+            repr.bth.ack_req = true;
+        }
         if repr.bth.ack_req {
             self.req.noack_pkts = 0;
         }
@@ -276,6 +280,7 @@ impl Qp {
         } else {
             0
         };
+        self.req.ack_next = true;
         self.stats.retransmits += 1;
     }
 
@@ -289,7 +294,23 @@ impl Qp {
             return;
         }
         self.stats.local_ack_timeout_err += 1;
+        self.req.cwnd = super::MIN_CWND.min(self.init.max_unacked_psns.max(1));
         self.retry_or_fail(now);
+    }
+
+    /// Goes back after a NAK or a gap in responses. A NAK proves the peer
+    /// alive, so only every [`NAK_RETRIES_PER_RETRY`]th such restart without
+    /// progress spends a transport retry; the budget still runs out against
+    /// a peer that NAKs for ever, and timeouts spend it one by one. (Linux
+    /// rxe spends one per NAK but treats `retry_cnt` 7 as infinite; with the
+    /// spec's finite 7, random loss on long READs would exhaust it.)
+    pub(crate) fn retry_after_nak(&mut self, now: Instant) {
+        self.req.nak_streak += 1;
+        if self.req.nak_streak.is_multiple_of(super::NAK_RETRIES_PER_RETRY) {
+            self.retry_or_fail(now);
+        } else {
+            self.go_back();
+        }
     }
 
     /// Spends one transport retry and goes back, or fails.

@@ -19,6 +19,13 @@ use crate::queue::sgl_pieces;
 use crate::stats::DropReason;
 use crate::wqe::{Completion, WcFlags, WcOpcode, WcStatus};
 
+/// READ responses and atomic ACKs that may wait to be sent. A conforming
+/// requester keeps at most `max_rd_atomic` (≤ our `max_dest_rd_atomic`)
+/// outstanding, but duplicates it resends are answered too; a peer that
+/// floods beyond this bound gets an invalid-request NAK instead of growing
+/// our queue.
+const MAX_QUEUED_RD_ATOMIC: usize = 4 * crate::RC_MAX_RD_ATOMIC as usize + 16;
+
 /// A response waiting to be sent.
 #[derive(Debug, Clone, Copy)]
 pub(crate) enum RespItem {
@@ -387,8 +394,8 @@ impl Qp {
         let Some(reth) = pkt.reth() else {
             return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
         };
-        if self.rd_atomic_queued() >= usize::from(self.attr.max_dest_rd_atomic.max(1)) {
-            // More outstanding READs/atomics than max_dest_rd_atomic allows.
+        if self.rd_atomic_queued() >= MAX_QUEUED_RD_ATOMIC {
+            // Far more outstanding READs/atomics than any QP may have.
             return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
         }
         let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
@@ -416,7 +423,7 @@ impl Qp {
         let Some(a) = pkt.atomic_eth() else {
             return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
         };
-        if self.rd_atomic_queued() >= usize::from(self.attr.max_dest_rd_atomic.max(1)) {
+        if self.rd_atomic_queued() >= MAX_QUEUED_RD_ATOMIC {
             return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
         }
         let op = if pkt.info().operation == Operation::CompareSwap {
@@ -487,7 +494,7 @@ impl Qp {
                     self.stats.drop(DropReason::StaleDuplicate);
                     return;
                 }
-                if self.rd_atomic_queued() < usize::from(self.attr.max_dest_rd_atomic.max(1)) {
+                if self.rd_atomic_queued() < MAX_QUEUED_RD_ATOMIC {
                     let msn = self.resp.msn;
                     self.resp.out.push_back(RespItem::Read {
                         psn,
