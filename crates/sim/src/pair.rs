@@ -173,10 +173,10 @@ impl RcPair {
                 let Some(t) = node.qp.poll_transmit(self.now, &node.mem, &mut self.buf) else {
                     break;
                 };
-                if self.trace {
-                    if let Ok(p) = uroce_wire::RocePacket::new_checked(&self.buf[..t.len]) {
-                        eprintln!("{:>12} {} tx {p}", self.now.as_nanos(), node.addr);
-                    }
+                if let (true, Ok(p)) =
+                    (self.trace, uroce_wire::RocePacket::new_checked(&self.buf[..t.len]))
+                {
+                    eprintln!("{:>12} {} tx {p}", self.now.as_nanos(), node.addr);
                 }
                 let dg = encapsulate(node.addr, t.dst, t.src_port, t.dst_port, &self.buf[..t.len]);
                 self.net.send(self.now, node.addr, t.dst, dg);
