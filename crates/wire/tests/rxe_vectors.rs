@@ -318,3 +318,32 @@ fn rxe_udp_source_port_rule() {
     }
     assert!(checked > 250);
 }
+
+#[test]
+fn unknown_ipv4_ids_are_recovered_from_the_icrc() {
+    use uroce_wire::icrc::ipv4_id::IdSolver;
+    let mut solved = 0;
+    for f in all_frames() {
+        let d = UdpDatagram::parse(f.ip()).unwrap();
+        let IpHeader::V4(ip) = d.ip else { continue };
+        let pkt = d.roce().unwrap();
+        // What a UDP socket sees: everything but the ID, which it sets to 0.
+        let mut hdr: [u8; 20] = ip.fixed_header().try_into().unwrap();
+        hdr[4] = 0;
+        hdr[5] = 0;
+        let zero = icrc::compute(IcrcIp::V4(&hdr), d.udp_header(), pkt.covered());
+        let solver = IdSolver::new(pkt.covered().len());
+        assert_eq!(solver.solve(zero ^ pkt.icrc()), Some(ip.ident()), "{}", f.name());
+        // A corrupted payload byte almost never yields a solution.
+        let mut bad = pkt.covered().to_vec();
+        let last = bad.len() - 1;
+        bad[last] ^= 0x10;
+        let zero_bad = icrc::compute(IcrcIp::V4(&hdr), d.udp_header(), &bad);
+        if let Some(x) = solver.solve(zero_bad ^ pkt.icrc()) {
+            // Possible with probability 2^-16; it must then be a different ID.
+            assert_ne!(x, ip.ident());
+        }
+        solved += 1;
+    }
+    assert!(solved > 350);
+}
