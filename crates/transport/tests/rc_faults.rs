@@ -88,7 +88,8 @@ fn post_workload(
     for i in 0..ops {
         let kind = rng.below(7);
         // Every area is bump-allocated; shrink the message rather than wrap.
-        let room = (REGION as u64 - 64).saturating_sub(src_off.max(dst_off).max(recv_off).max(read_off));
+        let room =
+            (REGION as u64 - 64).saturating_sub(src_off.max(dst_off).max(recv_off).max(read_off));
         let len = (size(rng, max_len) as u64).min(room) as usize;
         let wr_id = 1000 + i as u64;
         let data: Vec<u8> = (0..len).map(|_| rng.next_u64() as u8).collect();

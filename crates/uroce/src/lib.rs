@@ -1,10 +1,154 @@
 //! uroce: the RDMA verbs model (devices, PDs, MRs, CQs, QPs) implemented in
-//! user space over RoCEv2/UDP, with no RDMA hardware or kernel module.
+//! user space over RoCEv2/UDP, with no RDMA hardware or kernel module. On
+//! the wire it is byte-compatible with Linux Soft-RoCE (rxe).
 //!
-//! Status: this crate re-exports the wire and transport layers; the verbs
-//! API lands with issue 3 (see the README's status table).
+//! # Quick start
+//!
+//! Two contexts on two loopback addresses of one host (two processes work
+//! the same way), an RC connection between them, and an RDMA WRITE:
+//!
+//! ```
+//! use uroce::{Access, AttrMask, Device, DeviceConfig, Path, QpAttr, QpCaps, QpInitAttr,
+//!             QpState, QpType, SendWr, WrOpcode, Completion};
+//! # fn main() -> uroce::Result<()> {
+//! # let port = 20000 + (std::process::id() % 20000) as u16;
+//! let dev = |n: &str, a: &str| Device::from_config(DeviceConfig {
+//!     name: n.into(), addr: a.parse().unwrap(), port });
+//! let (a, b) = (dev("a", "127.0.0.1").open()?, dev("b", "127.0.0.2").open()?);
+//!
+//! let rw = Access::LOCAL_WRITE | Access::REMOTE_WRITE | Access::REMOTE_READ;
+//! let (pa, pb) = (a.alloc_pd()?, b.alloc_pd()?);
+//! let (src, dst) = (pa.alloc_mr(4096, rw)?, pb.alloc_mr(4096, rw)?);
+//! src.write(0, b"hello, RDMA")?;
+//!
+//! let cq_a = a.create_cq(16)?;
+//! let cq_b = b.create_cq(16)?;
+//! let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1,
+//!                     max_recv_sge: 1, max_inline_data: 64 };
+//! let qa = pa.create_qp(&QpInitAttr { send_cq: &cq_a, recv_cq: &cq_a, cap: caps,
+//!                                     qp_type: QpType::Rc, sq_sig_all: false })?;
+//! let qb = pb.create_qp(&QpInitAttr { send_cq: &cq_b, recv_cq: &cq_b, cap: caps,
+//!                                     qp_type: QpType::Rc, sq_sig_all: false })?;
+//! // Exchange QPNs and PSNs out of band (here: directly), then connect.
+//! uroce::connect_rc(&qa, "127.0.0.2".parse().unwrap(), port, qb.qpn(), 100, 200, rw)?;
+//! uroce::connect_rc(&qb, "127.0.0.1".parse().unwrap(), port, qa.qpn(), 200, 100, rw)?;
+//!
+//! let sge = [src.sge(0, 11)?];
+//! qa.post_send(&[SendWr { wr_id: 1, opcode: WrOpcode::RdmaWrite, sgl: &sge,
+//!                         remote_addr: dst.addr(), rkey: dst.rkey(), ..Default::default() }])?;
+//! let mut wc = [Completion::new(0, uroce::WcStatus::Success, uroce::WcOpcode::Send, 0, false)];
+//! while cq_a.poll(&mut wc)? == 0 {}
+//! assert_eq!(wc[0].status, uroce::WcStatus::Success);
+//! let mut got = [0u8; 11];
+//! dst.read(0, &mut got)?;
+//! assert_eq!(&got, b"hello, RDMA");
+//! # Ok(()) }
+//! ```
+//!
+//! # Memory
+//!
+//! Registered memory is shared with the network. See [`Mr`] for the rules:
+//! owned regions are accessed by copying; raw registrations are `unsafe`
+//! with a written contract.
+//!
+//! # Progress
+//!
+//! See [`ProgressMode`]: a background thread by default, inline progress
+//! from every poll and post.
+//!
+//! # Status
+//!
+//! RC over the `udp` backend works; UC, UD, SRQs, completion channels and
+//! memory windows come with issue 4; UDP GSO/GRO batching, the in-process
+//! `sim` backend for this API, and AF_XDP/DPDK later (see the README).
 
 #![deny(unsafe_code)]
 
+#[allow(unsafe_code)]
+mod backend;
+pub mod config;
+mod context;
+mod device;
+mod engine;
+mod error;
+pub mod limits;
+#[allow(unsafe_code)]
+mod mr;
+#[allow(unsafe_code)]
+mod netif;
+mod verbs;
+
+pub use config::DeviceConfig;
+pub use context::{Context, Options, ProgressMode};
+pub use device::{Device, DeviceAttr, PortAttr, device, devices};
+pub use error::{Error, Result};
 pub use uroce_transport as transport;
+pub use uroce_transport::{
+    Access, AttrMask, Completion, Path, QpAttr, QpCaps, QpState, QpType, RecvWr, SendFlags, SendWr,
+    Sge, Stats, WcFlags, WcOpcode, WcStatus, WrOpcode,
+};
 pub use uroce_wire as wire;
+pub use uroce_wire::{LocalAckTimeout, Mtu, Psn, RnrTimer};
+pub use verbs::{Cq, Mr, Pd, Qp, QpInitAttr};
+
+/// Moves an RC QP from RESET to RTS connected to `peer` (the usual three
+/// `ibv_modify_qp` calls of every verbs example), with perftest's timers:
+/// timeout 14 (67 ms), 7 retries, infinite RNR retries, MTU 4096 on
+/// loopback (1024 otherwise), 16 outstanding READ/atomics.
+///
+/// # Errors
+/// As [`Qp::modify`].
+pub fn connect_rc(
+    qp: &Qp,
+    peer: std::net::IpAddr,
+    peer_port: u16,
+    peer_qpn: u32,
+    my_psn: u32,
+    peer_psn: u32,
+    access: Access,
+) -> Result<()> {
+    let mut attr = QpAttr { state: QpState::Init, access, ..QpAttr::default() };
+    qp.modify(
+        &attr,
+        AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
+    )?;
+    attr.state = QpState::ReadyToReceive;
+    attr.path = Some(Path {
+        dst: peer,
+        dst_port: peer_port,
+        sgid_index: 0,
+        flow_label: 0,
+        hop_limit: 64,
+        traffic_class: 0,
+    });
+    attr.path_mtu = if peer.is_loopback() { Mtu::Mtu4096 } else { Mtu::Mtu1024 };
+    attr.dest_qpn = peer_qpn;
+    attr.rq_psn = Psn::new(peer_psn);
+    attr.max_dest_rd_atomic = 16;
+    attr.min_rnr_timer = RnrTimer::from_code(12);
+    qp.modify(
+        &attr,
+        AttrMask::STATE
+            | AttrMask::AV
+            | AttrMask::PATH_MTU
+            | AttrMask::DEST_QPN
+            | AttrMask::RQ_PSN
+            | AttrMask::MAX_DEST_RD_ATOMIC
+            | AttrMask::MIN_RNR_TIMER,
+    )?;
+    attr.state = QpState::ReadyToSend;
+    attr.timeout = LocalAckTimeout::saturating(14);
+    attr.retry_cnt = 7;
+    attr.rnr_retry = 7;
+    attr.sq_psn = Psn::new(my_psn);
+    attr.max_rd_atomic = 16;
+    qp.modify(
+        &attr,
+        AttrMask::STATE
+            | AttrMask::TIMEOUT
+            | AttrMask::RETRY_CNT
+            | AttrMask::RNR_RETRY
+            | AttrMask::SQ_PSN
+            | AttrMask::MAX_QP_RD_ATOMIC,
+    )
+}

@@ -1,0 +1,219 @@
+//! An opened device: the engine, its lock, and the progress thread.
+
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, Weak};
+use std::time::{Duration, Instant as StdInstant};
+
+use crate::backend::udp::UdpBackend;
+use crate::device::Device;
+use crate::engine::Engine;
+use crate::error::{Error, Result};
+
+/// Who drives the protocol (retransmissions, serving a peer's READ, WRITE
+/// and atomics, ACKs).
+///
+/// Chosen with [`Options::progress`] or the `UROCE_PROGRESS` environment
+/// variable (`thread` or `inline`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProgressMode {
+    /// A background thread per context, so a passive side serves one-sided
+    /// operations while its application does nothing. It busy-polls for a
+    /// short adaptive window after activity, then sleeps on the socket; it
+    /// steps aside while an application thread is polling (whoever polls
+    /// drives progress), so two processes on two cores do not oversubscribe.
+    Thread,
+    /// No thread: progress happens only inside `post_send`, `post_recv` and
+    /// `poll` calls. Lowest overhead; the application must keep polling.
+    Inline,
+}
+
+/// How to open a device.
+#[derive(Debug, Clone, Copy)]
+pub struct Options {
+    /// Progress mode.
+    pub progress: ProgressMode,
+    /// Initial busy-poll window of the progress thread.
+    pub spin: Duration,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        let progress = match std::env::var("UROCE_PROGRESS").as_deref() {
+            Ok("inline") => ProgressMode::Inline,
+            _ => ProgressMode::Thread,
+        };
+        let spin = std::env::var("UROCE_SPIN_US")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .map_or(Duration::from_micros(50), Duration::from_micros);
+        Self { progress, spin }
+    }
+}
+
+pub(crate) struct Inner {
+    engine: Mutex<Engine>,
+    pub(crate) device: Device,
+    pub(crate) options: Options,
+    /// When an application thread last polled (ns since `origin`).
+    app_poll_ns: AtomicU64,
+    origin: StdInstant,
+    stop: AtomicBool,
+}
+
+impl Inner {
+    /// Locks the engine. A poisoned lock (a panic while holding it) is
+    /// recovered: the engine's state is updated in steps that leave it
+    /// consistent.
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Engine> {
+        self.engine.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Called by application polls: run progress inline, and tell the
+    /// background thread to keep out of the way for a while.
+    pub(crate) fn app_progress(&self, engine: &mut Engine) {
+        self.app_poll_ns.store(self.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        engine.progress();
+    }
+}
+
+/// An opened device (`ibv_context`). Cheap to clone; every object created
+/// from it keeps it alive.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context").field("device", &self.inner.device.name()).finish()
+    }
+}
+
+impl Device {
+    /// Opens the device with default [`Options`] (`ibv_open_device`).
+    ///
+    /// # Errors
+    /// [`Error::Open`] if its address cannot be bound (not local, or the
+    /// port taken by another process).
+    pub fn open(&self) -> Result<Context> {
+        self.open_with(Options::default())
+    }
+
+    /// Opens the device with explicit options.
+    ///
+    /// # Errors
+    /// As [`Device::open`].
+    pub fn open_with(&self, options: Options) -> Result<Context> {
+        let addr = self.socket_addr();
+        let backend = UdpBackend::bind(addr).map_err(|source| Error::Open {
+            device: self.name().to_string(),
+            addr,
+            source,
+        })?;
+        let inner = Arc::new(Inner {
+            engine: Mutex::new(Engine::new(backend)),
+            device: self.clone(),
+            options,
+            app_poll_ns: AtomicU64::new(0),
+            origin: StdInstant::now(),
+            stop: AtomicBool::new(false),
+        });
+        if options.progress == ProgressMode::Thread {
+            let weak = Arc::downgrade(&inner);
+            std::thread::Builder::new()
+                .name(format!("uroce-{}", self.name()))
+                .spawn(move || progress_thread(&weak))
+                .map_err(|source| Error::Open { device: self.name().to_string(), addr, source })?;
+        }
+        Ok(Context { inner })
+    }
+}
+
+impl Context {
+    /// The device this context was opened on.
+    pub fn device(&self) -> &Device {
+        &self.inner.device
+    }
+
+    /// Runs one round of progress now (for [`ProgressMode::Inline`] users
+    /// who wait on something other than a CQ).
+    pub fn progress(&self) {
+        let mut e = self.inner.lock();
+        self.inner.app_progress(&mut e);
+    }
+
+    /// Device-wide counters (drops before a QP is found: bad ICRC, unknown
+    /// QPN, malformed), plus the sum over live QPs.
+    pub fn stats(&self) -> uroce_transport::Stats {
+        let e = self.inner.lock();
+        let mut s = e.stats;
+        for q in e.qps.values() {
+            s.accumulate(q.qp.stats());
+        }
+        s
+    }
+}
+
+impl Drop for Inner {
+    fn drop(&mut self) {
+        self.stop.store(true, Ordering::Relaxed);
+    }
+}
+
+/// How long an application poll keeps the background thread away.
+const STEP_ASIDE: Duration = Duration::from_micros(200);
+/// Bounds of the adaptive busy-poll window.
+const SPIN_MIN: Duration = Duration::from_micros(5);
+const SPIN_MAX: Duration = Duration::from_millis(1);
+
+fn progress_thread(weak: &Weak<Inner>) {
+    let mut spin = weak.upgrade().map_or(Duration::from_micros(50), |i| i.options.spin);
+    let mut last_work = StdInstant::now();
+    loop {
+        let Some(inner) = weak.upgrade() else { return };
+        if inner.stop.load(Ordering::Relaxed) {
+            return;
+        }
+        let since_app = inner
+            .origin
+            .elapsed()
+            .saturating_sub(Duration::from_nanos(inner.app_poll_ns.load(Ordering::Relaxed)));
+        if since_app < STEP_ASIDE {
+            // An application thread is polling and drives progress itself.
+            drop(inner);
+            std::thread::sleep(STEP_ASIDE - since_app);
+            continue;
+        }
+        let (worked, deadline) = {
+            let mut e = inner.lock();
+            let w = e.progress();
+            (w, e.next_deadline().map(|d| (d, e.now())))
+        };
+        if worked {
+            last_work = StdInstant::now();
+            continue;
+        }
+        let idle = last_work.elapsed();
+        if idle < spin {
+            std::hint::spin_loop();
+            continue;
+        }
+        // Going to sleep: if traffic comes back soon after, the window was
+        // too short; if we always sleep, shrink it.
+        let wait = deadline
+            .map_or(Duration::from_millis(100), |(d, now)| d.saturating_since(now))
+            .min(Duration::from_millis(100));
+        let slept = StdInstant::now();
+        // Sleep on the socket without the lock and without a strong
+        // reference, so the context can close meanwhile.
+        let fd = inner.lock().backend().raw_fd();
+        drop(inner);
+        crate::backend::udp::wait_readable(fd, Some(wait));
+        spin = if slept.elapsed() < spin * 4 {
+            (spin * 2).min(SPIN_MAX)
+        } else {
+            (spin / 2).max(SPIN_MIN)
+        };
+        last_work = StdInstant::now();
+    }
+}

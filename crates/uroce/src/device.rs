@@ -1,0 +1,171 @@
+//! Devices and their attributes (`ibv_get_device_list`, `ibv_query_device`,
+//! `ibv_query_port`, `ibv_query_gid`).
+
+use std::net::{IpAddr, SocketAddr};
+
+use uroce_wire::Mtu;
+
+use crate::config::{self, DeviceConfig};
+use crate::error::{Error, Result};
+use crate::limits;
+
+/// A configured device (not yet opened).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Device {
+    cfg: DeviceConfig,
+}
+
+/// The devices of this process (see [`crate::config`] for where they come
+/// from).
+///
+/// # Errors
+/// [`Error::Config`] when the configuration is malformed.
+pub fn devices() -> Result<Vec<Device>> {
+    Ok(config::load()?.into_iter().map(|cfg| Device { cfg }).collect())
+}
+
+/// The device called `name`, or the first one when `name` is `None`.
+///
+/// # Errors
+/// [`Error::NoDevice`], or [`Error::Config`].
+pub fn device(name: Option<&str>) -> Result<Device> {
+    let list = devices()?;
+    match name {
+        Some(n) => {
+            list.into_iter().find(|d| d.name() == n).ok_or_else(|| Error::NoDevice(n.to_string()))
+        }
+        None => list.into_iter().next().ok_or_else(|| Error::NoDevice("(none configured)".into())),
+    }
+}
+
+impl Device {
+    /// A device from an explicit configuration (tests, tools).
+    pub fn from_config(cfg: DeviceConfig) -> Self {
+        Self { cfg }
+    }
+
+    /// Name (`uroce0`, …).
+    pub fn name(&self) -> &str {
+        &self.cfg.name
+    }
+
+    /// The IP address and UDP port the device uses.
+    pub fn socket_addr(&self) -> SocketAddr {
+        SocketAddr::new(self.cfg.addr, self.cfg.port)
+    }
+
+    /// The node GUID: derived from the IP address, as rxe derives it from
+    /// the MAC (EUI-64 style), so it is stable and distinct per address.
+    pub fn guid(&self) -> u64 {
+        let o: [u8; 16] = uroce_wire::grh::gid_of(self.cfg.addr);
+        let mut g = [0u8; 8];
+        g[0] = 0x02; // locally administered
+        g[1] = 0x75; // 'u'
+        g[2..8].copy_from_slice(&o[10..16]);
+        u64::from_be_bytes(g)
+    }
+
+    /// GID 0: the device address as a RoCEv2 GID (IPv4-mapped for IPv4).
+    pub fn gid(&self) -> [u8; 16] {
+        uroce_wire::grh::gid_of(self.cfg.addr)
+    }
+
+    /// Device attributes.
+    pub fn attr(&self) -> DeviceAttr {
+        DeviceAttr {
+            fw_ver: concat!("uroce ", env!("CARGO_PKG_VERSION")),
+            node_guid: self.guid(),
+            sys_image_guid: self.guid(),
+            max_mr_size: limits::MAX_MR_SIZE,
+            page_size_cap: 0xffff_f000,
+            vendor_id: limits::VENDOR_ID,
+            vendor_part_id: limits::VENDOR_PART_ID,
+            hw_ver: 0,
+            max_qp: limits::MAX_QP,
+            max_qp_wr: limits::MAX_QP_WR,
+            max_sge: limits::MAX_SGE,
+            max_cq: limits::MAX_CQ,
+            max_cqe: limits::MAX_CQE,
+            max_mr: limits::MAX_MR,
+            max_pd: limits::MAX_PD,
+            max_qp_rd_atom: limits::MAX_QP_RD_ATOM,
+            max_qp_init_rd_atom: limits::MAX_QP_RD_ATOM,
+            max_inline_data: limits::MAX_INLINE,
+            atomic_cap_global: true,
+            phys_port_cnt: 1,
+        }
+    }
+
+    /// Port 1's attributes.
+    pub fn port_attr(&self) -> PortAttr {
+        let link_mtu = link_mtu(self.cfg.addr);
+        let over = if self.cfg.addr.is_ipv4() { 20 } else { 40 } + 8 + 12 + 28 + 4;
+        PortAttr {
+            active: true,
+            max_mtu: Mtu::Mtu4096,
+            active_mtu: Mtu::for_link_mtu(link_mtu, over).unwrap_or(Mtu::Mtu256),
+            gid_tbl_len: 1,
+            pkey_tbl_len: 1,
+            link_layer_ethernet: true,
+            ip_mtu: link_mtu,
+        }
+    }
+}
+
+/// The IP MTU of the interface holding `addr` (65536 for loopback when it
+/// cannot be read; 1500 for other addresses).
+fn link_mtu(addr: IpAddr) -> usize {
+    let fallback = if addr.is_loopback() { 65536 } else { 1500 };
+    let Some(ifname) = crate::netif::interface_of(addr) else { return fallback };
+    std::fs::read_to_string(format!("/sys/class/net/{ifname}/mtu"))
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(fallback)
+}
+
+/// `ibv_device_attr`, the parts with meaning here.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub struct DeviceAttr {
+    pub fw_ver: &'static str,
+    pub node_guid: u64,
+    pub sys_image_guid: u64,
+    pub max_mr_size: u64,
+    pub page_size_cap: u64,
+    pub vendor_id: u32,
+    pub vendor_part_id: u32,
+    pub hw_ver: u32,
+    pub max_qp: u32,
+    pub max_qp_wr: u32,
+    pub max_sge: u32,
+    pub max_cq: u32,
+    pub max_cqe: u32,
+    pub max_mr: u32,
+    pub max_pd: u32,
+    pub max_qp_rd_atom: u32,
+    pub max_qp_init_rd_atom: u32,
+    pub max_inline_data: u32,
+    /// Atomics are atomic with respect to the CPU and every QP of the host
+    /// (`IBV_ATOMIC_GLOB`).
+    pub atomic_cap_global: bool,
+    pub phys_port_cnt: u8,
+}
+
+/// `ibv_port_attr`, the parts with meaning here.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PortAttr {
+    /// Port state ACTIVE.
+    pub active: bool,
+    /// Largest path MTU.
+    pub max_mtu: Mtu,
+    /// Path MTU the link allows.
+    pub active_mtu: Mtu,
+    /// GID table length.
+    pub gid_tbl_len: u32,
+    /// P_Key table length.
+    pub pkey_tbl_len: u16,
+    /// RoCE: link layer Ethernet.
+    pub link_layer_ethernet: bool,
+    /// The interface's IP MTU.
+    pub ip_mtu: usize,
+}

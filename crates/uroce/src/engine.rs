@@ -1,0 +1,315 @@
+//! The progress engine of one context: it owns the transport's QPs, the
+//! key table, the CQ rings and the backend, and moves packets between them.
+//! Everything here runs under the context's lock; the clock lives here and
+//! nowhere in the transport.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::{IpAddr, SocketAddr};
+use std::time::Instant as StdInstant;
+
+use uroce_transport::{Completion, Instant, Qp, Stats};
+use uroce_wire::icrc::{self, IcrcIp, ipv4_id::IdSolver};
+use uroce_wire::ipv4::{IPPROTO_UDP, Ipv4Repr};
+use uroce_wire::ipv6::Ipv6Repr;
+use uroce_wire::udp::UdpRepr;
+use uroce_wire::{RocePacket, WireError};
+
+use crate::backend::udp::UdpBackend;
+use crate::mr::MemTable;
+
+/// A QP and where its completions go.
+#[derive(Debug)]
+pub(crate) struct QpSlot {
+    pub(crate) qp: Qp,
+    pub(crate) send_cq: u32,
+    pub(crate) recv_cq: u32,
+}
+
+/// A completion queue's ring.
+#[derive(Debug)]
+pub(crate) struct CqState {
+    pub(crate) ring: VecDeque<Completion>,
+    pub(crate) cap: usize,
+    /// Set when a completion found the ring full (IBV_EVENT_CQ_ERR).
+    pub(crate) overflowed: bool,
+}
+
+/// How a peer fills its IPv4 identification field, learned from its first
+/// valid packet: ID 0 (uroce, or any DF sender on an unconnected socket), or
+/// a counter (Linux rxe) whose last value we track.
+#[derive(Debug, Clone, Copy)]
+enum PeerIds {
+    Zero,
+    Counter(u16),
+}
+
+/// How far ahead of the newest seen ID a counting peer's next ID may be.
+const ID_AHEAD: i16 = 4096;
+/// How far behind it (reordering).
+const ID_BEHIND: i16 = 1024;
+
+pub(crate) struct Engine {
+    pub(crate) mem: MemTable,
+    pub(crate) qps: HashMap<u32, QpSlot>,
+    pub(crate) cqs: HashMap<u32, CqState>,
+    backend: UdpBackend,
+    origin: StdInstant,
+    pub(crate) stats: Stats,
+    next_qpn: u32,
+    next_cq: u32,
+    pub(crate) next_pd: u32,
+    buf: Vec<u8>,
+    solvers: HashMap<usize, IdSolver>,
+    peers: HashMap<IpAddr, PeerIds>,
+}
+
+impl Engine {
+    pub(crate) fn new(backend: UdpBackend) -> Self {
+        Self {
+            mem: MemTable::default(),
+            qps: HashMap::new(),
+            cqs: HashMap::new(),
+            backend,
+            origin: StdInstant::now(),
+            stats: Stats::default(),
+            next_qpn: 0x11,
+            next_cq: 1,
+            next_pd: 1,
+            buf: vec![0; 65536],
+            solvers: HashMap::new(),
+            peers: HashMap::new(),
+        }
+    }
+
+    pub(crate) fn backend(&self) -> &UdpBackend {
+        &self.backend
+    }
+
+    pub(crate) fn now(&self) -> Instant {
+        Instant::from_nanos(self.origin.elapsed().as_nanos() as u64 + 1)
+    }
+
+    pub(crate) fn alloc_qpn(&mut self) -> u32 {
+        loop {
+            let q = self.next_qpn;
+            self.next_qpn = if q >= 0xff_ffff { 0x11 } else { q + 1 };
+            if !self.qps.contains_key(&q) {
+                return q;
+            }
+        }
+    }
+
+    pub(crate) fn alloc_cq(&mut self, cap: usize) -> u32 {
+        let id = self.next_cq;
+        self.next_cq += 1;
+        self.cqs.insert(id, CqState { ring: VecDeque::with_capacity(cap), cap, overflowed: false });
+        id
+    }
+
+    /// Receives, runs timers, transmits and moves completions. Returns
+    /// whether anything happened.
+    pub(crate) fn progress(&mut self) -> bool {
+        let now = self.now();
+        let mut work = self.receive(now, 256) > 0;
+        for slot in self.qps.values_mut() {
+            if slot.qp.poll_timeout().is_some_and(|t| t <= now) {
+                slot.qp.handle_timeout(now);
+                work = true;
+            }
+        }
+        work |= self.transmit(now) > 0;
+        work |= self.collect();
+        work
+    }
+
+    /// The earliest QP deadline.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.qps.values().filter_map(|s| s.qp.poll_timeout()).min()
+    }
+
+    fn receive(&mut self, now: Instant, budget: usize) -> usize {
+        let mut n = 0;
+        let mut buf = std::mem::take(&mut self.buf);
+        while n < budget {
+            let Ok(Some((len, from))) = self.backend.recv(&mut buf) else { break };
+            n += 1;
+            self.deliver(now, from, &buf[..len]);
+        }
+        self.buf = buf;
+        n
+    }
+
+    fn deliver(&mut self, now: Instant, from: SocketAddr, bytes: &[u8]) {
+        let pkt = match RocePacket::new_checked(bytes) {
+            Ok(p) => p,
+            Err(_) => {
+                self.stats.drop_malformed += 1;
+                return;
+            }
+        };
+        if self.icrc_ok(from, &pkt).is_err() {
+            self.stats.icrc_errors += 1;
+            return;
+        }
+        let qpn = pkt.bth().dest_qpn();
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            self.stats.drop_unknown_qpn += 1;
+            return;
+        };
+        slot.qp.handle_packet(now, from.ip(), &pkt, &self.mem);
+    }
+
+    /// The IP and UDP headers the sender's kernel put around a datagram we
+    /// received, as far as the ICRC covers them.
+    fn rx_headers(&self, from: SocketAddr, len: usize, ident: u16) -> (HeaderBytes, [u8; 8]) {
+        let local = self.backend.local();
+        let udp = UdpRepr {
+            src_port: from.port(),
+            dst_port: local.port(),
+            payload_len: len,
+            checksum: 0,
+        };
+        let ip = ip_header(from.ip(), local.ip(), 8 + len, ident);
+        (ip, udp.to_bytes().unwrap_or([0; 8]))
+    }
+
+    /// Verifies the ICRC of a received packet. For IPv4 the sender's IP ID
+    /// is invisible to a UDP socket: see [`PeerIds`] and
+    /// `uroce_wire::icrc::ipv4_id` for how it is recovered and how strong
+    /// the check then is.
+    fn icrc_ok(&mut self, from: SocketAddr, pkt: &RocePacket<&[u8]>) -> Result<(), WireError> {
+        let len = pkt.as_bytes().len();
+        let (ip, udp) = self.rx_headers(from, len, 0);
+        let computed = icrc::compute(ip.icrc(), &udp, pkt.covered());
+        let peer = self.peers.get(&from.ip()).copied();
+        if computed == pkt.icrc() {
+            if peer.is_none() {
+                self.peers.insert(from.ip(), PeerIds::Zero);
+            }
+            return Ok(());
+        }
+        if !from.is_ipv4() || matches!(peer, Some(PeerIds::Zero)) {
+            return Err(WireError::IcrcMismatch);
+        }
+        let covered = pkt.covered().len();
+        let solver = self.solvers.entry(covered).or_insert_with(|| IdSolver::new(covered));
+        let id = solver.solve(computed ^ pkt.icrc()).ok_or(WireError::IcrcMismatch)?;
+        let next = match peer {
+            Some(PeerIds::Counter(last)) => {
+                // rxe counts up per packet; allow some reordering behind the
+                // newest ID and a burst of unseen packets ahead of it.
+                let d = id.wrapping_sub(last) as i16;
+                if !(-ID_BEHIND..=ID_AHEAD).contains(&d) {
+                    return Err(WireError::IcrcMismatch);
+                }
+                if d > 0 { id } else { last }
+            }
+            _ => id,
+        };
+        self.peers.insert(from.ip(), PeerIds::Counter(next));
+        Ok(())
+    }
+
+    fn transmit(&mut self, now: Instant) -> usize {
+        let mut sent = 0;
+        let local = self.backend.local();
+        let mut buf = std::mem::take(&mut self.buf);
+        for slot in self.qps.values_mut() {
+            while let Some(t) = slot.qp.poll_transmit(now, &self.mem, &mut buf) {
+                let len = t.len;
+                let dst = SocketAddr::new(t.dst, t.dst_port);
+                // The ICRC over the headers Linux will put on: IPv4 ID 0
+                // with DF (see backend::udp), our bound port as source.
+                let udp = UdpRepr {
+                    src_port: local.port(),
+                    dst_port: t.dst_port,
+                    payload_len: len,
+                    checksum: 0,
+                };
+                let ip = ip_header(local.ip(), t.dst, 8 + len, 0);
+                let c =
+                    icrc::compute(ip.icrc(), &udp.to_bytes().unwrap_or([0; 8]), &buf[..len - 4]);
+                buf[len - 4..len].copy_from_slice(&c.to_le_bytes());
+                if self.backend.send(dst, &buf[..len]).is_err() {
+                    self.stats.send_err += 1;
+                }
+                sent += 1;
+            }
+        }
+        self.buf = buf;
+        sent
+    }
+
+    /// Moves completions from QPs to their CQs. A full CQ drops the
+    /// completion and marks the CQ overflowed (reported as a CQ error).
+    fn collect(&mut self) -> bool {
+        let mut any = false;
+        for slot in self.qps.values_mut() {
+            while let Some(c) = slot.qp.poll_completion() {
+                any = true;
+                let cq = if c.is_recv { slot.recv_cq } else { slot.send_cq };
+                if let Some(cq) = self.cqs.get_mut(&cq) {
+                    if cq.ring.len() >= cq.cap {
+                        cq.overflowed = true;
+                    } else {
+                        cq.ring.push_back(c);
+                    }
+                }
+            }
+        }
+        any
+    }
+}
+
+/// An IP header as the ICRC needs it.
+pub(crate) enum HeaderBytes {
+    V4([u8; 20]),
+    V6([u8; 40]),
+}
+
+impl HeaderBytes {
+    fn icrc(&self) -> IcrcIp<'_> {
+        match self {
+            Self::V4(h) => IcrcIp::V4(h),
+            Self::V6(h) => IcrcIp::V6(h),
+        }
+    }
+}
+
+fn ip_header(src: IpAddr, dst: IpAddr, payload_len: usize, ident: u16) -> HeaderBytes {
+    match (src, dst) {
+        (IpAddr::V4(s), IpAddr::V4(d)) => HeaderBytes::V4(
+            Ipv4Repr {
+                src: s,
+                dst: d,
+                tos: 0,
+                ident,
+                dont_frag: true,
+                ttl: 64,
+                protocol: IPPROTO_UDP,
+                payload_len,
+            }
+            .to_bytes()
+            .unwrap_or([0; 20]),
+        ),
+        (s, d) => {
+            let v6 = |a: IpAddr| match a {
+                IpAddr::V4(x) => x.to_ipv6_mapped(),
+                IpAddr::V6(x) => x,
+            };
+            HeaderBytes::V6(
+                Ipv6Repr {
+                    src: v6(s),
+                    dst: v6(d),
+                    traffic_class: 0,
+                    flow_label: 0,
+                    next_header: IPPROTO_UDP,
+                    hop_limit: 64,
+                    payload_len,
+                }
+                .to_bytes()
+                .unwrap_or([0; 40]),
+            )
+        }
+    }
+}

@@ -1,0 +1,28 @@
+//! Device limits: what `query_device` reports, and what every create call
+//! enforces.
+
+/// Vendor id reported (0: no PCI vendor; rdma-core's tools then print
+/// the generic paths).
+pub const VENDOR_ID: u32 = 0;
+/// Vendor part id reported.
+pub const VENDOR_PART_ID: u32 = 0;
+/// QPs per context.
+pub const MAX_QP: u32 = 16384;
+/// WRs per send or receive queue.
+pub const MAX_QP_WR: u32 = 16384;
+/// SGEs per WR.
+pub const MAX_SGE: u32 = 32;
+/// CQs per context.
+pub const MAX_CQ: u32 = 16384;
+/// Entries per CQ.
+pub const MAX_CQE: u32 = 1 << 20;
+/// Memory regions per context (24-bit key index).
+pub const MAX_MR: u32 = 1 << 20;
+/// Largest memory region.
+pub const MAX_MR_SIZE: u64 = 1 << 40;
+/// Protection domains per context.
+pub const MAX_PD: u32 = 65536;
+/// Outstanding READ/atomic requests per QP, each direction.
+pub const MAX_QP_RD_ATOM: u32 = uroce_transport::RC_MAX_RD_ATOMIC;
+/// Inline bytes per send WR.
+pub const MAX_INLINE: u32 = 512;

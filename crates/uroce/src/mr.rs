@@ -1,0 +1,323 @@
+//! UNSAFE ISLAND: registered memory.
+//!
+//! Registered memory is treated like memory shared with another process:
+//! uroce never creates a Rust reference to it. Every access, by the
+//! transport (a peer's WRITE, a READ response, a receive) or by the
+//! application (through [`crate::Mr::write`] / [`crate::Mr::read`]), is a
+//! raw-pointer copy bounded by the registration. A region stays mapped for
+//! as long as it is registered: owned buffers are freed only after their
+//! keys are gone from the table, and raw registrations carry that duty to
+//! the caller (`unsafe fn Pd::register_raw`).
+//!
+//! Invariants (checked where a `// SAFETY:` comment relies on them):
+//! 1. A [`Region`] in the table points to `len` bytes that are valid for
+//!    reads and writes until it is removed from the table.
+//! 2. The table is only used under the context's engine lock, so a region
+//!    is never removed while a copy into it runs.
+//! 3. Every copy is bounds-checked against the region before it happens.
+
+use std::alloc::{Layout, alloc_zeroed, dealloc};
+use std::ptr::NonNull;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use uroce_transport::{Access, AccessError, AtomicOp, Key, Memory};
+
+/// One registration.
+#[derive(Debug)]
+pub(crate) struct Region {
+    ptr: NonNull<u8>,
+    len: usize,
+    /// The address peers and SGEs name (the registration's IOVA).
+    pub(crate) addr: u64,
+    pub(crate) pd: u32,
+    pub(crate) access: Access,
+}
+
+// SAFETY: a Region is plain data describing memory whose lifetime the table
+// manages (invariant 1); moving it between threads moves no ownership of
+// Rust values.
+unsafe impl Send for Region {}
+
+#[derive(Debug, Default)]
+struct Slot {
+    /// The key byte: changes every time the slot is reused, so stale keys
+    /// fail (IBTA §10.6.3.2: the "key" portion of L_Key/R_Key).
+    key_byte: u8,
+    region: Option<Region>,
+}
+
+/// The key table of one context: lkey == rkey == (index << 8) | key byte.
+#[derive(Debug, Default)]
+pub(crate) struct MemTable {
+    slots: Vec<Slot>,
+    free: Vec<usize>,
+    live: usize,
+}
+
+impl MemTable {
+    /// Adds a registration and returns its key.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must stay valid for reads and writes until
+    /// [`MemTable::deregister`] removes the key.
+    pub(crate) unsafe fn register(
+        &mut self,
+        ptr: NonNull<u8>,
+        len: usize,
+        addr: u64,
+        pd: u32,
+        access: Access,
+    ) -> u32 {
+        let idx = match self.free.pop() {
+            Some(i) => i,
+            None => {
+                // Index 0 is never used, so no valid key is 0.
+                if self.slots.is_empty() {
+                    self.slots.push(Slot::default());
+                }
+                self.slots.push(Slot::default());
+                self.slots.len() - 1
+            }
+        };
+        let slot = &mut self.slots[idx];
+        slot.key_byte = slot.key_byte.wrapping_add(0x3b);
+        slot.region = Some(Region { ptr, len, addr, pd, access });
+        self.live += 1;
+        ((idx as u32) << 8) | u32::from(slot.key_byte)
+    }
+
+    /// Removes a registration; its key fails from now on.
+    pub(crate) fn deregister(&mut self, key: u32) -> bool {
+        let idx = (key >> 8) as usize;
+        match self.slots.get_mut(idx) {
+            Some(s) if s.region.is_some() && u32::from(s.key_byte) == key & 0xff => {
+                s.region = None;
+                self.free.push(idx);
+                self.live -= 1;
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// Registrations alive.
+    pub(crate) fn len(&self) -> usize {
+        self.live
+    }
+
+    fn lookup(&self, key: u32) -> Option<&Region> {
+        let s = self.slots.get((key >> 8) as usize)?;
+        if u32::from(s.key_byte) != key & 0xff {
+            return None;
+        }
+        s.region.as_ref()
+    }
+
+    /// Finds the region and the byte offset of `[addr, addr+len)` in it,
+    /// after every check of §10.6.3: key valid, PD, rights, bounds.
+    fn locate(
+        &self,
+        key: Key,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(&Region, usize), AccessError> {
+        let k = match key {
+            Key::Local(k) | Key::Remote(k) => k,
+        };
+        let r = self.lookup(k).ok_or(AccessError::InvalidKey)?;
+        if r.pd != pd {
+            return Err(AccessError::WrongPd);
+        }
+        if !r.access.contains(access) {
+            return Err(AccessError::NotPermitted);
+        }
+        let end = addr.checked_add(len).ok_or(AccessError::OutOfBounds)?;
+        if addr < r.addr || end > r.addr + r.len as u64 {
+            return Err(AccessError::OutOfBounds);
+        }
+        Ok((r, (addr - r.addr) as usize))
+    }
+
+    /// Copies into a region for the application (owned buffers), with
+    /// bounds checked against the registration.
+    pub(crate) fn app_write(&self, key: u32, offset: usize, data: &[u8]) -> bool {
+        let Some(r) = self.lookup(key) else { return false };
+        if offset.checked_add(data.len()).is_none_or(|e| e > r.len) {
+            return false;
+        }
+        // SAFETY: invariant 1 and the bounds check above; `data` is a Rust
+        // slice that cannot overlap registered memory we never lend out.
+        unsafe { std::ptr::copy(data.as_ptr(), r.ptr.as_ptr().add(offset), data.len()) };
+        true
+    }
+
+    /// Copies out of a region for the application.
+    pub(crate) fn app_read(&self, key: u32, offset: usize, out: &mut [u8]) -> bool {
+        let Some(r) = self.lookup(key) else { return false };
+        if offset.checked_add(out.len()).is_none_or(|e| e > r.len) {
+            return false;
+        }
+        // SAFETY: invariant 1 and the bounds check above.
+        unsafe { std::ptr::copy(r.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        true
+    }
+}
+
+fn need(key: Key, write: bool) -> Access {
+    match (key, write) {
+        (Key::Local(_), false) => Access::NONE,
+        (Key::Local(_), true) => Access::LOCAL_WRITE,
+        (Key::Remote(_), false) => Access::REMOTE_READ,
+        (Key::Remote(_), true) => Access::REMOTE_WRITE,
+    }
+}
+
+impl Memory for MemTable {
+    fn check(
+        &self,
+        key: Key,
+        pd: u32,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(), AccessError> {
+        self.locate(key, pd, addr, len, access).map(|_| ())
+    }
+
+    fn read(&self, key: Key, pd: u32, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        let (r, off) = self.locate(key, pd, addr, out.len() as u64, need(key, false))?;
+        // SAFETY: `locate` checked bounds (invariant 3) and the region is
+        // alive (invariants 1, 2). `copy` tolerates overlap, which a caller
+        // could produce by registering its own packet buffer.
+        unsafe { std::ptr::copy(r.ptr.as_ptr().add(off), out.as_mut_ptr(), out.len()) };
+        Ok(())
+    }
+
+    fn write(&self, key: Key, pd: u32, addr: u64, data: &[u8]) -> Result<(), AccessError> {
+        let (r, off) = self.locate(key, pd, addr, data.len() as u64, need(key, true))?;
+        // SAFETY: as in `read`.
+        unsafe { std::ptr::copy(data.as_ptr(), r.ptr.as_ptr().add(off), data.len()) };
+        Ok(())
+    }
+
+    fn atomic(&self, rkey: u32, pd: u32, addr: u64, op: AtomicOp) -> Result<u64, AccessError> {
+        if !addr.is_multiple_of(8) {
+            return Err(AccessError::Misaligned);
+        }
+        let (r, off) = self.locate(Key::Remote(rkey), pd, addr, 8, Access::REMOTE_ATOMIC)?;
+        let p = r.ptr.as_ptr().wrapping_add(off);
+        if !(p as usize).is_multiple_of(8) {
+            // The IOVA is aligned but the host address is not (a
+            // registration whose IOVA differs from its address).
+            return Err(AccessError::Misaligned);
+        }
+        // SAFETY: 8 in-bounds, 8-aligned bytes of a live region (checked
+        // above). Using an atomic makes the operation atomic with respect to
+        // other atomics on the address, from any thread (IBTA §9.4.5).
+        let cell = unsafe { AtomicU64::from_ptr(p.cast::<u64>()) };
+        Ok(match op {
+            AtomicOp::CompareSwap { compare, swap } => {
+                match cell.compare_exchange(compare, swap, Ordering::AcqRel, Ordering::Acquire) {
+                    Ok(v) | Err(v) => v,
+                }
+            }
+            AtomicOp::FetchAdd { add } => cell.fetch_add(add, Ordering::AcqRel),
+        })
+    }
+}
+
+/// Zeroed, page-aligned memory owned by uroce, for registrations whose
+/// buffer uroce allocates ([`crate::Pd::alloc_mr`]).
+#[derive(Debug)]
+pub(crate) struct OwnedBuf {
+    ptr: NonNull<u8>,
+    layout: Layout,
+}
+
+// SAFETY: the buffer is exclusively owned; access goes through the table.
+unsafe impl Send for OwnedBuf {}
+// SAFETY: as above: `&OwnedBuf` exposes only the pointer value.
+unsafe impl Sync for OwnedBuf {}
+
+impl OwnedBuf {
+    /// Allocates `len` zeroed bytes (at least one page, page-aligned).
+    pub(crate) fn new(len: usize) -> Option<Self> {
+        let layout = Layout::from_size_align(len.max(1).next_multiple_of(4096), 4096).ok()?;
+        // SAFETY: the layout has a non-zero size.
+        let p = unsafe { alloc_zeroed(layout) };
+        NonNull::new(p).map(|ptr| Self { ptr, layout })
+    }
+
+    pub(crate) fn ptr(&self) -> NonNull<u8> {
+        self.ptr
+    }
+}
+
+impl Drop for OwnedBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout, freed once.
+        unsafe { dealloc(self.ptr.as_ptr(), self.layout) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys_checks_and_stale_keys() {
+        let buf = OwnedBuf::new(100).unwrap();
+        let mut t = MemTable::default();
+        let all = Access::LOCAL_WRITE
+            | Access::REMOTE_WRITE
+            | Access::REMOTE_READ
+            | Access::REMOTE_ATOMIC;
+        // SAFETY: `buf` outlives the registration (deregistered below).
+        let k = unsafe { t.register(buf.ptr(), 100, 0x1000, 7, all) };
+        assert_ne!(k, 0);
+        t.write(Key::Remote(k), 7, 0x1000 + 8, &5u64.to_ne_bytes()).unwrap();
+        assert_eq!(t.atomic(k, 7, 0x1008, AtomicOp::FetchAdd { add: 2 }), Ok(5));
+        assert_eq!(t.atomic(k, 7, 0x1008, AtomicOp::CompareSwap { compare: 7, swap: 1 }), Ok(7));
+        let mut out = [0u8; 8];
+        t.read(Key::Local(k), 7, 0x1008, &mut out).unwrap();
+        assert_eq!(u64::from_ne_bytes(out), 1);
+        assert_eq!(t.check(Key::Remote(k), 8, 0x1000, 1, Access::NONE), Err(AccessError::WrongPd));
+        assert_eq!(
+            t.check(Key::Remote(k), 7, 0x1000, 101, Access::NONE),
+            Err(AccessError::OutOfBounds)
+        );
+        assert_eq!(
+            t.check(Key::Remote(k), 7, 0xfff, 1, Access::NONE),
+            Err(AccessError::OutOfBounds)
+        );
+        assert_eq!(
+            t.check(Key::Remote(k), 7, u64::MAX, 2, Access::NONE),
+            Err(AccessError::OutOfBounds)
+        );
+        assert_eq!(
+            t.atomic(k, 7, 0x1004, AtomicOp::FetchAdd { add: 1 }),
+            Err(AccessError::Misaligned)
+        );
+        assert!(t.deregister(k));
+        assert_eq!(
+            t.check(Key::Remote(k), 7, 0x1000, 1, Access::NONE),
+            Err(AccessError::InvalidKey)
+        );
+        // Re-registration in the same slot gets a different key byte.
+        // SAFETY: as above.
+        let k2 = unsafe { t.register(buf.ptr(), 100, 0x1000, 7, Access::NONE) };
+        assert_eq!(k2 >> 8, k >> 8);
+        assert_ne!(k2, k);
+        assert_eq!(
+            t.check(Key::Remote(k), 7, 0x1000, 1, Access::NONE),
+            Err(AccessError::InvalidKey)
+        );
+        assert_eq!(
+            t.check(Key::Remote(k2), 7, 0x1000, 1, Access::REMOTE_READ),
+            Err(AccessError::NotPermitted)
+        );
+        assert!(t.deregister(k2));
+    }
+}

@@ -1,0 +1,416 @@
+//! Protection domains, memory regions, completion queues and queue pairs.
+
+use std::ptr::NonNull;
+use std::sync::Arc;
+
+use uroce_transport::{
+    Access, AttrMask, Completion, QpAttr, QpCaps, QpInit, QpType, RecvWr, SendWr, Sge,
+};
+
+use crate::context::{Context, Inner};
+use crate::engine::QpSlot;
+use crate::error::{Error, Result};
+use crate::limits;
+use crate::mr::OwnedBuf;
+
+/// A protection domain (`ibv_pd`): MRs and QPs of one PD only work together.
+#[derive(Clone)]
+pub struct Pd {
+    ctx: Arc<Inner>,
+    handle: u32,
+}
+
+impl std::fmt::Debug for Pd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Pd({})", self.handle)
+    }
+}
+
+impl Context {
+    /// Allocates a protection domain (`ibv_alloc_pd`).
+    ///
+    /// # Errors
+    /// [`Error::Limit`] past `max_pd`.
+    pub fn alloc_pd(&self) -> Result<Pd> {
+        let mut e = self.inner.lock();
+        if e.next_pd > limits::MAX_PD {
+            return Err(Error::Limit("max_pd"));
+        }
+        let handle = e.next_pd;
+        e.next_pd += 1;
+        Ok(Pd { ctx: self.inner.clone(), handle })
+    }
+
+    /// Creates a completion queue of `cqe` entries (`ibv_create_cq`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0 or more than `max_cqe` entries,
+    /// [`Error::Limit`] past `max_cq`.
+    pub fn create_cq(&self, cqe: u32) -> Result<Cq> {
+        if cqe == 0 || cqe > limits::MAX_CQE {
+            return Err(Error::InvalidArgument("cqe out of range"));
+        }
+        let mut e = self.inner.lock();
+        if e.cqs.len() as u32 >= limits::MAX_CQ {
+            return Err(Error::Limit("max_cq"));
+        }
+        let id = e.alloc_cq(cqe as usize);
+        Ok(Cq { inner: Arc::new(CqInner { ctx: self.inner.clone(), id, cqe }) })
+    }
+}
+
+/// A registered memory region (`ibv_mr`).
+///
+/// Registered memory is shared with the network: a peer may write it at any
+/// time its access flags allow. uroce therefore never hands out Rust
+/// references to it. Owned regions ([`Pd::alloc_mr`]) are read and written
+/// by copying ([`Mr::write`], [`Mr::read`]); whether a peer's WRITE has
+/// landed is learned from a completion or an application-level protocol,
+/// exactly as with an RDMA NIC. Deregistration (dropping the `Mr`) revokes
+/// the keys at once, before the memory is freed.
+pub struct Mr {
+    ctx: Arc<Inner>,
+    key: u32,
+    addr: u64,
+    len: usize,
+    access: Access,
+    /// Freed after the keys are revoked (field order does not matter: the
+    /// Drop impl deregisters first).
+    _owned: Option<OwnedBuf>,
+}
+
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Mr(key {:#x}, addr {:#x}, len {})", self.key, self.addr, self.len)
+    }
+}
+
+fn check_access(access: Access) -> Result<()> {
+    // IBTA C10-…: remote write or atomic access needs local write.
+    let needs_local = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0);
+    if access.0 & needs_local.0 != 0 && !access.contains(Access::LOCAL_WRITE) {
+        return Err(Error::InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE"));
+    }
+    if access.0 & !0x3f != 0 {
+        return Err(Error::InvalidArgument("unsupported access flags"));
+    }
+    Ok(())
+}
+
+impl Pd {
+    /// Allocates `len` zeroed bytes and registers them (the safe way to get
+    /// RDMA memory).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for bad access flags or a zero length,
+    /// [`Error::Limit`] past `max_mr` / `max_mr_size` or out of memory.
+    #[allow(unsafe_code)]
+    pub fn alloc_mr(&self, len: usize, access: Access) -> Result<Mr> {
+        check_access(access)?;
+        if len == 0 {
+            return Err(Error::InvalidArgument("zero-length region"));
+        }
+        if len as u64 > limits::MAX_MR_SIZE {
+            return Err(Error::Limit("max_mr_size"));
+        }
+        let buf = OwnedBuf::new(len).ok_or(Error::Limit("out of memory"))?;
+        let ptr = buf.ptr();
+        // SAFETY: `buf` lives in the returned Mr and is freed only after
+        // Drop revokes the key.
+        let mut mr = unsafe { self.register_raw(ptr.as_ptr(), len, access)? };
+        mr._owned = Some(buf);
+        Ok(mr)
+    }
+
+    /// Registers memory the caller owns (`ibv_reg_mr`). The region's
+    /// address (what SGEs and peers name) is `ptr`'s value.
+    ///
+    /// # Safety
+    /// `ptr..ptr+len` must be valid for reads and writes until the returned
+    /// `Mr` is dropped, and must not be moved or freed before. While it is
+    /// registered with remote write or atomic access, a peer may change it
+    /// at any time: do not hold Rust references (`&`/`&mut`) to those bytes
+    /// across such writes; use raw pointers or copies.
+    ///
+    /// # Errors
+    /// As [`Pd::alloc_mr`]; [`Error::InvalidArgument`] for a null pointer.
+    #[allow(unsafe_code)]
+    pub unsafe fn register_raw(&self, ptr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+        check_access(access)?;
+        let nn = NonNull::new(ptr).ok_or(Error::InvalidArgument("null address"))?;
+        if len as u64 > limits::MAX_MR_SIZE {
+            return Err(Error::Limit("max_mr_size"));
+        }
+        let mut e = self.ctx.lock();
+        if e.mem.len() as u32 >= limits::MAX_MR {
+            return Err(Error::Limit("max_mr"));
+        }
+        let addr = ptr as u64;
+        // SAFETY: forwarded from this function's contract.
+        let key = unsafe { e.mem.register(nn, len, addr, self.handle, access) };
+        Ok(Mr { ctx: self.ctx.clone(), key, addr, len, access, _owned: None })
+    }
+
+    /// Creates a queue pair (`ibv_create_qp`). Only RC for now.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unsupported type, CQs of another
+    /// context, or capabilities above the device limits; [`Error::Limit`]
+    /// past `max_qp`.
+    pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
+        if init.qp_type != QpType::Rc {
+            return Err(Error::InvalidArgument("only RC QPs are implemented"));
+        }
+        let c = init.cap;
+        if c.max_send_wr > limits::MAX_QP_WR
+            || c.max_recv_wr > limits::MAX_QP_WR
+            || c.max_send_sge > limits::MAX_SGE
+            || c.max_recv_sge > limits::MAX_SGE
+            || c.max_inline_data > limits::MAX_INLINE
+        {
+            return Err(Error::InvalidArgument("QP capabilities above device limits"));
+        }
+        if !Arc::ptr_eq(&init.send_cq.inner.ctx, &self.ctx)
+            || !Arc::ptr_eq(&init.recv_cq.inner.ctx, &self.ctx)
+        {
+            return Err(Error::InvalidArgument("CQ belongs to another context"));
+        }
+        let mut e = self.ctx.lock();
+        if e.qps.len() as u32 >= limits::MAX_QP {
+            return Err(Error::Limit("max_qp"));
+        }
+        let qpn = e.alloc_qpn();
+        let qp = uroce_transport::Qp::new(QpInit {
+            qpn,
+            qp_type: init.qp_type,
+            pd: self.handle,
+            caps: c,
+            sq_sig_all: init.sq_sig_all,
+            max_unacked_psns: 1024,
+        });
+        e.qps.insert(
+            qpn,
+            QpSlot { qp, send_cq: init.send_cq.inner.id, recv_cq: init.recv_cq.inner.id },
+        );
+        Ok(Qp {
+            ctx: self.ctx.clone(),
+            qpn,
+            _pd: self.clone(),
+            _cqs: [init.send_cq.clone(), init.recv_cq.clone()],
+        })
+    }
+}
+
+impl Mr {
+    /// The local key.
+    pub fn lkey(&self) -> u32 {
+        self.key
+    }
+    /// The remote key (equal to the local key, as in rxe).
+    pub fn rkey(&self) -> u32 {
+        self.key
+    }
+    /// The region's address.
+    pub fn addr(&self) -> u64 {
+        self.addr
+    }
+    /// Length in bytes.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+    /// Whether the region is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+    /// Access rights.
+    pub fn access(&self) -> Access {
+        self.access
+    }
+    /// An SGE for `len` bytes at `offset`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`].
+    pub fn sge(&self, offset: usize, len: u32) -> Result<Sge> {
+        if offset.checked_add(len as usize).is_none_or(|e| e > self.len) {
+            return Err(Error::OutOfBounds);
+        }
+        Ok(Sge { addr: self.addr + offset as u64, length: len, lkey: self.key })
+    }
+    /// Copies `data` into the region at `offset`.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`].
+    pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        if self.ctx.lock().mem.app_write(self.key, offset, data) {
+            Ok(())
+        } else {
+            Err(Error::OutOfBounds)
+        }
+    }
+    /// Copies bytes at `offset` out of the region.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`].
+    pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        if self.ctx.lock().mem.app_read(self.key, offset, out) {
+            Ok(())
+        } else {
+            Err(Error::OutOfBounds)
+        }
+    }
+    /// Reads the whole region into a vector.
+    pub fn to_vec(&self) -> Vec<u8> {
+        let mut v = vec![0; self.len];
+        let _ = self.read(0, &mut v);
+        v
+    }
+}
+
+impl Drop for Mr {
+    fn drop(&mut self) {
+        self.ctx.lock().mem.deregister(self.key);
+        // `_owned` (if any) is freed after this, with the key revoked.
+    }
+}
+
+struct CqInner {
+    ctx: Arc<Inner>,
+    id: u32,
+    cqe: u32,
+}
+
+impl Drop for CqInner {
+    fn drop(&mut self) {
+        self.ctx.lock().cqs.remove(&self.id);
+    }
+}
+
+/// A completion queue (`ibv_cq`). Cloning shares the queue; QPs keep their
+/// CQs alive.
+#[derive(Clone)]
+pub struct Cq {
+    inner: Arc<CqInner>,
+}
+
+impl std::fmt::Debug for Cq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Cq({}, {} entries)", self.inner.id, self.inner.cqe)
+    }
+}
+
+impl Cq {
+    /// Capacity.
+    pub fn cqe(&self) -> u32 {
+        self.inner.cqe
+    }
+
+    /// Fills `out` with completions, oldest first, and returns how many
+    /// (`ibv_poll_cq`). Drives progress inline first.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] once the CQ has overflowed (a completion
+    /// was lost: the CQ is in error, as `IBV_EVENT_CQ_ERR` reports).
+    pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        let ctx = &self.inner.ctx;
+        let mut e = ctx.lock();
+        ctx.app_progress(&mut e);
+        let cq = e.cqs.get_mut(&self.inner.id).ok_or(Error::InvalidArgument("CQ destroyed"))?;
+        if cq.overflowed {
+            return Err(Error::InvalidArgument("CQ overrun: completions were lost"));
+        }
+        let mut n = 0;
+        while n < out.len() {
+            let Some(c) = cq.ring.pop_front() else { break };
+            out[n] = c;
+            n += 1;
+        }
+        Ok(n)
+    }
+}
+
+/// What [`Pd::create_qp`] needs (`ibv_qp_init_attr`).
+#[derive(Debug, Clone, Copy)]
+pub struct QpInitAttr<'a> {
+    /// CQ for send completions.
+    pub send_cq: &'a Cq,
+    /// CQ for receive completions.
+    pub recv_cq: &'a Cq,
+    /// Queue sizes.
+    pub cap: QpCaps,
+    /// Transport type.
+    pub qp_type: QpType,
+    /// Every send WR is signaled.
+    pub sq_sig_all: bool,
+}
+
+/// A queue pair (`ibv_qp`).
+pub struct Qp {
+    ctx: Arc<Inner>,
+    qpn: u32,
+    _pd: Pd,
+    _cqs: [Cq; 2],
+}
+
+impl std::fmt::Debug for Qp {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Qp({:#x})", self.qpn)
+    }
+}
+
+impl Qp {
+    /// QP number.
+    pub fn qpn(&self) -> u32 {
+        self.qpn
+    }
+
+    /// Modifies attributes and state (`ibv_modify_qp`).
+    ///
+    /// # Errors
+    /// [`Error::Modify`] (EINVAL) for a wrong transition, mask or value.
+    pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        let mut e = self.ctx.lock();
+        let now = e.now();
+        let slot = e.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        slot.qp.modify(now, attr, mask)?;
+        Ok(())
+    }
+
+    /// Current attributes (`ibv_query_qp`).
+    pub fn query(&self) -> QpAttr {
+        self.ctx.lock().qps.get(&self.qpn).map(|s| s.qp.attr()).unwrap_or_default()
+    }
+
+    /// Posts send WRs and starts sending at once (`ibv_post_send`).
+    ///
+    /// # Errors
+    /// [`Error::Post`] naming the first WR that was not posted.
+    pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let mut e = self.ctx.lock();
+        let now = e.now();
+        let slot = e.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        let r = slot.qp.post_send(now, wrs);
+        self.ctx.app_progress(&mut e);
+        r.map_err(|(index, error)| Error::Post { index, error })
+    }
+
+    /// Posts receive WRs (`ibv_post_recv`).
+    ///
+    /// # Errors
+    /// [`Error::Post`] naming the first WR that was not posted.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let mut e = self.ctx.lock();
+        let slot = e.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        slot.qp.post_recv(wrs).map_err(|(index, error)| Error::Post { index, error })
+    }
+
+    /// This QP's counters.
+    pub fn stats(&self) -> uroce_transport::Stats {
+        self.ctx.lock().qps.get(&self.qpn).map(|s| *s.qp.stats()).unwrap_or_default()
+    }
+}
+
+impl Drop for Qp {
+    fn drop(&mut self) {
+        self.ctx.lock().qps.remove(&self.qpn);
+    }
+}
