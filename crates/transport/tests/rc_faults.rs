@@ -256,7 +256,9 @@ fn check_side(
         }
     }
     // Atomic words: with duplicates each op must have run exactly once.
-    for (wr_id, _, _, e) in &my.posted {
+    let ok: std::collections::HashSet<u64> =
+        sends.iter().filter(|c| c.status == WcStatus::Success).map(|c| c.wr_id).collect();
+    for (wr_id, _, _, e) in my.posted.iter().filter(|p| ok.contains(&p.0)) {
         if let Expect::Atomic { local, orig, remote, fin } = e {
             let l = u64::from_ne_bytes(me.mem.snapshot(*local, 8).try_into().unwrap());
             let r = u64::from_ne_bytes(peer.mem.snapshot(*remote, 8).try_into().unwrap());
@@ -362,7 +364,11 @@ fn run_seed(seed: u64) -> Result<String, String> {
     }
     // Let trailing ACKs and duplicates drain, then check.
     p.run_until_idle(Duration::from_secs(10));
-    let lossy = link.loss >= 0.2;
+    // Go-back-N (the IB transport's only recovery) degrades sharply under
+    // 20 % loss or 20 % reordering: long messages may then run out of
+    // retries. That outcome is allowed, exactly as specified; everything
+    // else about it is checked.
+    let lossy = link.loss >= 0.2 || link.reorder >= 0.2;
     check_side("A->B", &p.a, &sa, &p.b, &sb, lossy).map_err(|e| format!("{summary}: {e}"))?;
     check_side("B->A", &p.b, &sb, &p.a, &sa, lossy).map_err(|e| format!("{summary}: {e}"))?;
     if !(p.a.mem.guards_intact() && p.b.mem.guards_intact()) {

@@ -494,16 +494,29 @@ impl Qp {
                     self.stats.drop(DropReason::StaleDuplicate);
                     return;
                 }
-                if self.rd_atomic_queued() < MAX_QUEUED_RD_ATOMIC {
-                    let msn = self.resp.msn;
-                    self.resp.out.push_back(RespItem::Read {
-                        psn,
-                        va,
-                        rkey,
-                        remaining: len,
-                        first: true,
-                        msn,
-                    });
+                let msn = self.resp.msn;
+                let item = RespItem::Read { psn, va, rkey, remaining: len, first: true, msn };
+                // If that READ is still being answered, restart its stream
+                // from the resent request instead of sending it twice (one
+                // stream per READ, as rxe keeps one resource per READ).
+                let range = self.resp.res.iter().find_map(|r| match *r {
+                    RdAtomicRes::Read { first_psn, last_psn }
+                        if !psn.is_before(first_psn) && !psn.is_after(last_psn) =>
+                    {
+                        Some((first_psn, last_psn))
+                    }
+                    _ => None,
+                });
+                let streaming = self.resp.out.iter_mut().find(|i| match (i, range) {
+                    (RespItem::Read { psn: p, .. }, Some((f, l))) => {
+                        !p.is_before(f) && !p.is_after(l)
+                    }
+                    _ => false,
+                });
+                if let Some(slot) = streaming {
+                    *slot = item;
+                } else if self.rd_atomic_queued() < MAX_QUEUED_RD_ATOMIC {
+                    self.resp.out.push_back(item);
                 }
             }
             Operation::CompareSwap | Operation::FetchAdd => {
@@ -523,9 +536,14 @@ impl Qp {
                 }
             }
             _ => {
-                // SEND/WRITE already placed: acknowledge what we have.
-                let last = self.resp.epsn.sub(1);
-                self.resp.push_ack(last);
+                // SEND/WRITE already placed: acknowledge what we have, when
+                // asked (a resent window would otherwise draw one ACK per
+                // packet; the requester asks on the first packet after a
+                // go-back and on each message's last).
+                if pkt.bth().ack_req() {
+                    let last = self.resp.epsn.sub(1);
+                    self.resp.push_ack(last);
+                }
             }
         }
     }
