@@ -1,0 +1,283 @@
+//! `uroce demo`: two processes on this host (127.0.0.1 and 127.0.0.2)
+//! connect an RC QP over UDP and run every RC operation, printing what they
+//! did and how long it took. The parent starts the server process itself
+//! and exchanges connection details over the child's stdin/stdout.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::IpAddr;
+use std::process::{Command, ExitCode, Stdio};
+use std::time::{Duration, Instant};
+
+use anyhow::{Context as _, Result, bail};
+use uroce::{
+    Access, Completion, Cq, Device, DeviceConfig, Mr, Qp, QpCaps, QpInitAttr, QpType, RecvWr,
+    SendWr, WcOpcode, WcStatus, WrOpcode,
+};
+
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Iterations per latency measurement.
+    #[arg(short = 'n', long, default_value_t = 1000)]
+    iters: u32,
+    /// UDP port both devices use.
+    #[arg(short, long, default_value_t = 4791)]
+    port: u16,
+    /// Internal: run as the passive server side.
+    #[arg(long, hide = true)]
+    serve: bool,
+}
+
+const REGION: usize = 1 << 20;
+/// The server word the atomics work on (untouched by the WRITEs).
+const ATOMIC_WORD: u64 = (REGION - 4096) as u64;
+const ALL: Access = Access(1 | 2 | 4 | 8);
+
+/// Connection details exchanged out of band.
+struct Info {
+    qpn: u32,
+    psn: u32,
+    addr: u64,
+    rkey: u32,
+}
+
+impl Info {
+    fn line(&self) -> String {
+        format!("{:06x} {:06x} {:016x} {:08x}", self.qpn, self.psn, self.addr, self.rkey)
+    }
+    fn parse(s: &str) -> Result<Self> {
+        let f: Vec<&str> = s.split_whitespace().collect();
+        if f.len() != 4 {
+            bail!("bad connection line {s:?}");
+        }
+        Ok(Self {
+            qpn: u32::from_str_radix(f[0], 16)?,
+            psn: u32::from_str_radix(f[1], 16)?,
+            addr: u64::from_str_radix(f[2], 16)?,
+            rkey: u32::from_str_radix(f[3], 16)?,
+        })
+    }
+}
+
+struct Side {
+    qp: Qp,
+    cq: Cq,
+    mr: Mr,
+    psn: u32,
+}
+
+fn open(addr: &str, port: u16) -> Result<Side> {
+    let ctx =
+        Device::from_config(DeviceConfig { name: "uroce0".into(), addr: addr.parse()?, port })
+            .open()
+            .with_context(|| format!("opening a device on {addr}:{port}"))?;
+    let pd = ctx.alloc_pd()?;
+    let mr = pd.alloc_mr(REGION, ALL)?;
+    let cq = ctx.create_cq(256)?;
+    let cap = QpCaps {
+        max_send_wr: 128,
+        max_recv_wr: 128,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let qp = pd.create_qp(&QpInitAttr {
+        send_cq: &cq,
+        recv_cq: &cq,
+        cap,
+        qp_type: QpType::Rc,
+        sq_sig_all: true,
+    })?;
+    let psn = (std::process::id().wrapping_mul(2_654_435_761)) & 0xff_ffff;
+    Ok(Side { qp, cq, mr, psn })
+}
+
+fn wait(cq: &Cq) -> Result<Completion> {
+    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false)];
+    let start = Instant::now();
+    loop {
+        if cq.poll(&mut wc)? == 1 {
+            if wc[0].status != WcStatus::Success {
+                bail!("work request {} failed: {}", wc[0].wr_id, wc[0].status.as_str());
+            }
+            return Ok(wc[0]);
+        }
+        if start.elapsed() > Duration::from_secs(10) {
+            bail!("no completion within 10 s (is the peer alive?)");
+        }
+    }
+}
+
+pub(crate) fn run(a: &Args) -> Result<ExitCode> {
+    if a.serve { serve(a) } else { client(a) }
+}
+
+fn serve(a: &Args) -> Result<ExitCode> {
+    let s = open("127.0.0.2", a.port)?;
+    let me = Info { qpn: s.qp.qpn(), psn: s.psn, addr: s.mr.addr(), rkey: s.mr.rkey() };
+    println!("{}", me.line());
+    std::io::stdout().flush()?;
+    let mut line = String::new();
+    std::io::stdin().lock().read_line(&mut line)?;
+    let peer = Info::parse(&line)?;
+    uroce::connect_rc(
+        &s.qp,
+        "127.0.0.1".parse::<IpAddr>()?,
+        a.port,
+        peer.qpn,
+        s.psn,
+        peer.psn,
+        ALL,
+    )?;
+    // The closing SEND lands at 512 KiB (a SEND arriving before this is
+    // answered with RNR NAKs and retried).
+    s.qp.post_recv(&[RecvWr { wr_id: 1, sgl: &[s.mr.sge(REGION / 2, 4096)?] }])?;
+    // Passive from here: the progress thread serves WRITE, READ and
+    // atomics; we only wait for the closing SEND.
+    let wc = wait(&s.cq)?;
+    let mut msg = vec![0u8; wc.byte_len as usize];
+    s.mr.read(REGION / 2, &mut msg)?;
+    println!("server: received SEND of {} bytes: {:?}", wc.byte_len, String::from_utf8_lossy(&msg));
+    Ok(ExitCode::SUCCESS)
+}
+
+fn client(a: &Args) -> Result<ExitCode> {
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(["demo", "--serve", "--port", &a.port.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .spawn()
+        .context("starting the server process")?;
+    let mut out = BufReader::new(child.stdout.take().context("server stdout")?);
+    let mut line = String::new();
+    out.read_line(&mut line)?;
+    let peer = Info::parse(&line).context("server did not start")?;
+    let c = open("127.0.0.1", a.port)?;
+    let me = Info { qpn: c.qp.qpn(), psn: c.psn, addr: c.mr.addr(), rkey: c.mr.rkey() };
+    writeln!(child.stdin.as_mut().context("server stdin")?, "{}", me.line())?;
+    uroce::connect_rc(
+        &c.qp,
+        "127.0.0.2".parse::<IpAddr>()?,
+        a.port,
+        peer.qpn,
+        c.psn,
+        peer.psn,
+        ALL,
+    )?;
+    println!(
+        "uroce demo: client 127.0.0.1 QP {:#x} <-> server 127.0.0.2 QP {:#x} (RC over UDP port {})",
+        me.qpn, peer.qpn, a.port
+    );
+
+    let n = a.iters.max(1);
+    let pattern: Vec<u8> = (0..REGION).map(|i| (i * 7 + 3) as u8).collect();
+    c.mr.write(0, &pattern)?;
+    let rw = |op: WrOpcode, len: u32, off: u64| -> Result<Completion> {
+        let sge = [c.mr.sge(0, len)?];
+        let local = if op == WrOpcode::RdmaRead { [c.mr.sge(REGION / 2, len)?] } else { sge };
+        c.qp.post_send(&[SendWr {
+            wr_id: 7,
+            opcode: op,
+            sgl: &local,
+            remote_addr: peer.addr + off,
+            rkey: peer.rkey,
+            ..SendWr::default()
+        }])?;
+        wait(&c.cq)
+    };
+    let time = |what: &str, bytes: u64, f: &mut dyn FnMut() -> Result<()>| -> Result<()> {
+        f()?; // warm-up
+        let t = Instant::now();
+        for _ in 0..n {
+            f()?;
+        }
+        let per = t.elapsed() / n;
+        let gbps = if bytes > 0 {
+            format!(", {:.2} GB/s", bytes as f64 / per.as_secs_f64() / 1e9)
+        } else {
+            String::new()
+        };
+        println!("  {what:<34} {n:>6} x  {:>9.2} us each{gbps}", per.as_secs_f64() * 1e6);
+        Ok(())
+    };
+    println!("operation                              iters     time");
+    time("RDMA WRITE 8 B (to completion)", 8, &mut || {
+        rw(WrOpcode::RdmaWrite, 8, 4096).map(|_| ())
+    })?;
+    time("RDMA READ 8 B", 8, &mut || rw(WrOpcode::RdmaRead, 8, 4096).map(|_| ()))?;
+    time("RDMA WRITE 64 KiB", 65536, &mut || rw(WrOpcode::RdmaWrite, 65536, 0).map(|_| ()))?;
+    time("RDMA READ 64 KiB", 65536, &mut || rw(WrOpcode::RdmaRead, 65536, 0).map(|_| ()))?;
+    // Atomics on a zeroed server word: FetchAdd 1 (n + 1 times with the
+    // warm-up), then CmpSwap expecting exactly that count.
+    let mut faa = || -> Result<()> {
+        let sge = [c.mr.sge(REGION - 8, 8)?];
+        c.qp.post_send(&[SendWr {
+            wr_id: 9,
+            opcode: WrOpcode::AtomicFetchAndAdd,
+            sgl: &sge,
+            remote_addr: peer.addr + ATOMIC_WORD,
+            rkey: peer.rkey,
+            compare_add: 1,
+            ..SendWr::default()
+        }])?;
+        wait(&c.cq).map(|_| ())
+    };
+    time("ATOMIC FETCH_AND_ADD", 0, &mut faa)?;
+    let expect = u64::from(n) + 1;
+    let sge = [c.mr.sge(REGION - 8, 8)?];
+    c.qp.post_send(&[SendWr {
+        wr_id: 10,
+        opcode: WrOpcode::AtomicCmpAndSwp,
+        sgl: &sge,
+        remote_addr: peer.addr + ATOMIC_WORD,
+        rkey: peer.rkey,
+        compare_add: expect,
+        swap: 0xc0ffee,
+        ..SendWr::default()
+    }])?;
+    let t = Instant::now();
+    wait(&c.cq)?;
+    let mut got = [0u8; 8];
+    c.mr.read(REGION - 8, &mut got)?;
+    println!(
+        "  ATOMIC CMP_AND_SWP                      1 x  {:>9.2} us   ({} fetch-adds counted, then swapped to 0xc0ffee)",
+        t.elapsed().as_secs_f64() * 1e6,
+        u64::from_ne_bytes(got)
+    );
+    if u64::from_ne_bytes(got) != expect {
+        bail!(
+            "atomics disagree: server word was {} before the swap, expected {expect}",
+            u64::from_ne_bytes(got)
+        );
+    }
+    // Verify WRITE and READ moved the right bytes, then say goodbye.
+    let mut back = vec![0u8; 65536];
+    c.mr.read(REGION / 2, &mut back)?;
+    if back != pattern[..65536] {
+        bail!("READ returned different bytes than WRITE stored");
+    }
+    let msg = b"hello from uroce";
+    c.mr.write(0, msg)?;
+    let sge = [c.mr.sge(0, msg.len() as u32)?];
+    c.qp.post_send(&[SendWr {
+        wr_id: 11,
+        opcode: WrOpcode::Send,
+        sgl: &sge,
+        ..SendWr::default()
+    }])?;
+    wait(&c.cq)?;
+    println!("  SEND {} B                              done; data verified", msg.len());
+    let mut rest = String::new();
+    std::io::Read::read_to_string(&mut out, &mut rest)?;
+    print!("{rest}");
+    let status = child.wait()?;
+    if !status.success() {
+        bail!("server exited with {status}");
+    }
+    let st = c.qp.stats();
+    println!(
+        "client QP: {} packets sent, {} received, {} retransmissions",
+        st.sent_pkts, st.rcvd_pkts, st.retransmits
+    );
+    Ok(ExitCode::SUCCESS)
+}
