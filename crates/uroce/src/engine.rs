@@ -14,7 +14,7 @@ use uroce_wire::ipv6::Ipv6Repr;
 use uroce_wire::udp::UdpRepr;
 use uroce_wire::{RocePacket, WireError};
 
-use crate::backend::udp::UdpBackend;
+use crate::backend::udp::{MAX_GSO_BYTES, MAX_SEGMENTS, UdpBackend};
 use crate::mr::MemTable;
 
 /// A QP and where its completions go.
@@ -59,6 +59,7 @@ pub(crate) struct Engine {
     next_cq: u32,
     pub(crate) next_pd: u32,
     buf: Vec<u8>,
+    txbuf: Vec<u8>,
     solvers: HashMap<usize, IdSolver>,
     peers: HashMap<IpAddr, PeerIds>,
 }
@@ -76,6 +77,7 @@ impl Engine {
             next_cq: 1,
             next_pd: 1,
             buf: vec![0; 65536],
+            txbuf: vec![0; 65536 + 8192],
             solvers: HashMap::new(),
             peers: HashMap::new(),
         }
@@ -131,15 +133,19 @@ impl Engine {
         let mut n = 0;
         let mut buf = std::mem::take(&mut self.buf);
         while n < budget {
-            let Ok(Some((len, from))) = self.backend.recv(&mut buf) else { break };
-            n += 1;
-            self.deliver(now, from, &buf[..len]);
+            let Ok(Some((len, seg, from))) = self.backend.recv(&mut buf) else { break };
+            // With GRO, one read holds a run of packets of `seg` bytes (the
+            // last possibly shorter), the i-th sent with IP ID i.
+            for (i, pkt) in buf[..len].chunks(seg.max(1)).enumerate() {
+                n += 1;
+                self.deliver(now, from, pkt, i as u16);
+            }
         }
         self.buf = buf;
         n
     }
 
-    fn deliver(&mut self, now: Instant, from: SocketAddr, bytes: &[u8]) {
+    fn deliver(&mut self, now: Instant, from: SocketAddr, bytes: &[u8], index: u16) {
         let pkt = match RocePacket::new_checked(bytes) {
             Ok(p) => p,
             Err(_) => {
@@ -147,7 +153,7 @@ impl Engine {
                 return;
             }
         };
-        if self.icrc_ok(from, &pkt).is_err() {
+        if self.icrc_ok(from, &pkt, index).is_err() {
             self.stats.icrc_errors += 1;
             return;
         }
@@ -177,12 +183,22 @@ impl Engine {
     /// is invisible to a UDP socket: see [`PeerIds`] and
     /// `uroce_wire::icrc::ipv4_id` for how it is recovered and how strong
     /// the check then is.
-    fn icrc_ok(&mut self, from: SocketAddr, pkt: &RocePacket<&[u8]>) -> Result<(), WireError> {
+    fn icrc_ok(
+        &mut self,
+        from: SocketAddr,
+        pkt: &RocePacket<&[u8]>,
+        index: u16,
+    ) -> Result<(), WireError> {
         let len = pkt.as_bytes().len();
         let (ip, udp) = self.rx_headers(from, len, 0);
         let computed = icrc::compute(ip.icrc(), &udp, pkt.covered());
         let peer = self.peers.get(&from.ip()).copied();
-        if computed == pkt.icrc() {
+        // A uroce sender: ID 0, or ID `index` within a GSO run.
+        let gso_match = index > 0 && from.is_ipv4() && {
+            let (ip_i, _) = self.rx_headers(from, len, index);
+            icrc::compute(ip_i.icrc(), &udp, pkt.covered()) == pkt.icrc()
+        };
+        if computed == pkt.icrc() || gso_match {
             if peer.is_none() {
                 self.peers.insert(from.ip(), PeerIds::Zero);
             }
@@ -210,33 +226,64 @@ impl Engine {
         Ok(())
     }
 
+    /// Sends what every QP has ready. Runs of equal-sized packets to one
+    /// peer leave as one GSO send; packet `i` of a run gets its ICRC over IP
+    /// ID `i`, which is what the kernel's segmentation puts on the wire.
     fn transmit(&mut self, now: Instant) -> usize {
         let mut sent = 0;
-        let local = self.backend.local();
-        let mut buf = std::mem::take(&mut self.buf);
+        let gso = self.backend.gso();
+        let mut batch = std::mem::take(&mut self.txbuf);
+        let mut run = Run::default();
         for slot in self.qps.values_mut() {
-            while let Some(t) = slot.qp.poll_transmit(now, &self.mem, &mut buf) {
-                let len = t.len;
+            loop {
+                if run.count > 0 && batch.len() - run.off < 4096 + 256 {
+                    run.flush(&mut self.backend, &batch, &mut self.stats);
+                }
+                let Some(t) = slot.qp.poll_transmit(now, &self.mem, &mut batch[run.off..]) else {
+                    break;
+                };
+                sent += 1;
                 let dst = SocketAddr::new(t.dst, t.dst_port);
-                // The ICRC over the headers Linux will put on: IPv4 ID 0
-                // with DF (see backend::udp), our bound port as source.
+                let joins = run.count > 0
+                    && gso
+                    && run.dst == Some(dst)
+                    && t.len <= run.seg
+                    && run.count < MAX_SEGMENTS
+                    && run.off + t.len <= MAX_GSO_BYTES;
+                if !joins && run.count > 0 {
+                    let start = run.off;
+                    run.flush(&mut self.backend, &batch, &mut self.stats);
+                    batch.copy_within(start..start + t.len, 0);
+                }
+                if run.count == 0 {
+                    run.seg = t.len;
+                    run.dst = Some(dst);
+                }
+                let local = self.backend.local();
+                let at = run.off;
                 let udp = UdpRepr {
                     src_port: local.port(),
                     dst_port: t.dst_port,
-                    payload_len: len,
+                    payload_len: t.len,
                     checksum: 0,
                 };
-                let ip = ip_header(local.ip(), t.dst, 8 + len, 0);
+                let ip = ip_header(local.ip(), t.dst, 8 + t.len, run.count as u16);
+                let pkt = &mut batch[at..at + t.len];
                 let c =
-                    icrc::compute(ip.icrc(), &udp.to_bytes().unwrap_or([0; 8]), &buf[..len - 4]);
-                buf[len - 4..len].copy_from_slice(&c.to_le_bytes());
-                if self.backend.send(dst, &buf[..len]).is_err() {
-                    self.stats.send_err += 1;
+                    icrc::compute(ip.icrc(), &udp.to_bytes().unwrap_or([0; 8]), &pkt[..t.len - 4]);
+                pkt[t.len - 4..].copy_from_slice(&c.to_le_bytes());
+                run.off += t.len;
+                run.count += 1;
+                if t.len < run.seg || !gso {
+                    // A shorter packet can only end a GSO run.
+                    run.flush(&mut self.backend, &batch, &mut self.stats);
                 }
-                sent += 1;
             }
         }
-        self.buf = buf;
+        if run.count > 0 {
+            run.flush(&mut self.backend, &batch, &mut self.stats);
+        }
+        self.txbuf = batch;
         sent
     }
 
@@ -258,6 +305,27 @@ impl Engine {
             }
         }
         any
+    }
+}
+
+/// Packets gathered for one (GSO) send.
+#[derive(Default)]
+struct Run {
+    dst: Option<SocketAddr>,
+    seg: usize,
+    off: usize,
+    count: usize,
+}
+
+impl Run {
+    fn flush(&mut self, backend: &mut UdpBackend, batch: &[u8], stats: &mut Stats) {
+        if let Some(dst) = self.dst
+            && self.count > 0
+            && backend.send(dst, &batch[..self.off], self.seg).is_err()
+        {
+            stats.send_err += self.count as u64;
+        }
+        *self = Self::default();
     }
 }
 
