@@ -4,6 +4,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
+use crate::backend::Backend;
 use crate::backend::udp::UdpBackend;
 use crate::device::Device;
 use crate::engine::Engine;
@@ -105,11 +106,14 @@ impl Device {
     /// As [`Device::open`].
     pub fn open_with(&self, options: Options) -> Result<Context> {
         let addr = self.socket_addr();
-        let backend = UdpBackend::bind(addr).map_err(|source| Error::Open {
-            device: self.name().to_string(),
-            addr,
-            source,
-        })?;
+        let backend = match self.sim() {
+            Some(net) => Backend::Sim(net.attach(addr)),
+            None => Backend::Udp(UdpBackend::bind(addr).map_err(|source| Error::Open {
+                device: self.name().to_string(),
+                addr,
+                source,
+            })?),
+        };
         let inner = Arc::new(Inner {
             engine: Mutex::new(Engine::new(backend)),
             device: self.clone(),
@@ -205,10 +209,14 @@ fn progress_thread(weak: &Weak<Inner>) {
             .min(Duration::from_millis(100));
         let slept = StdInstant::now();
         // Sleep on the socket without the lock and without a strong
-        // reference, so the context can close meanwhile.
+        // reference, so the context can close meanwhile. (A simulated
+        // network has no descriptor: nap briefly instead.)
         let fd = inner.lock().backend().raw_fd();
         drop(inner);
-        crate::backend::udp::wait_readable(fd, Some(wait));
+        match fd {
+            Some(fd) => crate::backend::udp::wait_readable(fd, Some(wait)),
+            None => std::thread::sleep(wait.min(Duration::from_micros(100))),
+        }
         spin = if slept.elapsed() < spin * 4 {
             (spin * 2).min(SPIN_MAX)
         } else {

@@ -10,10 +10,19 @@ use crate::error::{Error, Result};
 use crate::limits;
 
 /// A configured device (not yet opened).
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Device {
     cfg: DeviceConfig,
+    sim: Option<crate::backend::sim::SimNetwork>,
 }
+
+impl PartialEq for Device {
+    fn eq(&self, other: &Self) -> bool {
+        self.cfg == other.cfg && self.sim.is_some() == other.sim.is_some()
+    }
+}
+
+impl Eq for Device {}
 
 /// The devices of this process (see [`crate::config`] for where they come
 /// from).
@@ -21,7 +30,7 @@ pub struct Device {
 /// # Errors
 /// [`Error::Config`] when the configuration is malformed.
 pub fn devices() -> Result<Vec<Device>> {
-    Ok(config::load()?.into_iter().map(|cfg| Device { cfg }).collect())
+    Ok(config::load()?.into_iter().map(Device::from_config).collect())
 }
 
 /// The device called `name`, or the first one when `name` is `None`.
@@ -41,7 +50,15 @@ pub fn device(name: Option<&str>) -> Result<Device> {
 impl Device {
     /// A device from an explicit configuration (tests, tools).
     pub fn from_config(cfg: DeviceConfig) -> Self {
-        Self { cfg }
+        Self { cfg, sim: None }
+    }
+
+    pub(crate) fn with_sim(cfg: DeviceConfig, net: crate::backend::sim::SimNetwork) -> Self {
+        Self { cfg, sim: Some(net) }
+    }
+
+    pub(crate) fn sim(&self) -> Option<&crate::backend::sim::SimNetwork> {
+        self.sim.as_ref()
     }
 
     /// Name (`uroce0`, …).

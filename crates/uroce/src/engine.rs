@@ -14,7 +14,8 @@ use uroce_wire::ipv6::Ipv6Repr;
 use uroce_wire::udp::UdpRepr;
 use uroce_wire::{RocePacket, WireError};
 
-use crate::backend::udp::{MAX_GSO_BYTES, MAX_SEGMENTS, UdpBackend};
+use crate::backend::Backend;
+use crate::backend::udp::{MAX_GSO_BYTES, MAX_SEGMENTS};
 use crate::mr::MemTable;
 
 /// A QP and where its completions go.
@@ -52,7 +53,7 @@ pub(crate) struct Engine {
     pub(crate) mem: MemTable,
     pub(crate) qps: HashMap<u32, QpSlot>,
     pub(crate) cqs: HashMap<u32, CqState>,
-    backend: UdpBackend,
+    backend: Backend,
     origin: StdInstant,
     pub(crate) stats: Stats,
     next_qpn: u32,
@@ -65,7 +66,7 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(backend: UdpBackend) -> Self {
+    pub(crate) fn new(backend: Backend) -> Self {
         Self {
             mem: MemTable::default(),
             qps: HashMap::new(),
@@ -83,7 +84,7 @@ impl Engine {
         }
     }
 
-    pub(crate) fn backend(&self) -> &UdpBackend {
+    pub(crate) fn backend(&self) -> &Backend {
         &self.backend
     }
 
@@ -318,7 +319,7 @@ struct Run {
 }
 
 impl Run {
-    fn flush(&mut self, backend: &mut UdpBackend, batch: &[u8], stats: &mut Stats) {
+    fn flush(&mut self, backend: &mut Backend, batch: &[u8], stats: &mut Stats) {
         if let Some(dst) = self.dst
             && self.count > 0
             && backend.send(dst, &batch[..self.off], self.seg).is_err()

@@ -78,10 +78,12 @@ mod mr;
 mod netif;
 mod verbs;
 
+pub use backend::sim::SimNetwork;
 pub use config::DeviceConfig;
 pub use context::{Context, Options, ProgressMode};
 pub use device::{Device, DeviceAttr, PortAttr, device, devices};
 pub use error::{Error, Result};
+pub use uroce_sim::LinkConfig;
 pub use uroce_transport as transport;
 pub use uroce_transport::{
     Access, AttrMask, Completion, Path, QpAttr, QpCaps, QpState, QpType, RecvWr, SendFlags, SendWr,

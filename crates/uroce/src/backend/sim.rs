@@ -1,0 +1,154 @@
+//! The `sim` backend: contexts in one process talk over a [`SimNet`] with
+//! seeded faults (loss, duplication, reordering, corruption, delay,
+//! bandwidth per direction) instead of sockets, and every packet can be
+//! captured to a pcap file for Wireshark.
+//!
+//! Under the verbs API the simulated network runs on the real clock (the
+//! application and the progress threads run in real time), so faults are
+//! reproducible in kind but runs are not bit-for-bit repeatable; the
+//! transport's own simulation tests (`uroce_sim::RcPair`) use a virtual
+//! clock and are.
+
+use std::collections::{HashMap, VecDeque};
+use std::net::SocketAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Instant as StdInstant;
+
+use uroce_sim::net::encapsulate;
+use uroce_sim::{LinkConfig, SimNet};
+use uroce_transport::Instant;
+use uroce_wire::UdpDatagram;
+
+use crate::config::DeviceConfig;
+use crate::device::Device;
+
+struct World {
+    net: SimNet,
+    inboxes: HashMap<SocketAddr, VecDeque<(SocketAddr, Vec<u8>)>>,
+    origin: StdInstant,
+}
+
+impl World {
+    fn now(&self) -> Instant {
+        Instant::from_nanos(self.origin.elapsed().as_nanos() as u64 + 1)
+    }
+
+    /// Moves every datagram due now into its destination's inbox.
+    fn route(&mut self) {
+        let now = self.now();
+        while let Some((_, _, bytes)) = self.net.pop_due(now) {
+            // A datagram whose headers were corrupted may not parse or may
+            // name nobody: it is lost, like on a real network.
+            let Ok(d) = UdpDatagram::parse(&bytes) else { continue };
+            let to = SocketAddr::new(d.ip.dst(), d.udp.dst_port());
+            let from = SocketAddr::new(d.ip.src(), d.udp.src_port());
+            if let Some(q) = self.inboxes.get_mut(&to) {
+                q.push_back((from, d.udp.payload().to_vec()));
+            }
+        }
+    }
+}
+
+/// A simulated network shared by the contexts opened on its devices.
+#[derive(Clone)]
+pub struct SimNetwork {
+    world: Arc<Mutex<World>>,
+}
+
+impl std::fmt::Debug for SimNetwork {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("SimNetwork")
+    }
+}
+
+impl SimNetwork {
+    /// A network whose every direction has `link`'s faults, drawn from
+    /// `seed`.
+    pub fn new(seed: u64, link: LinkConfig) -> Self {
+        Self {
+            world: Arc::new(Mutex::new(World {
+                net: SimNet::new(seed, link),
+                inboxes: HashMap::new(),
+                origin: StdInstant::now(),
+            })),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, World> {
+        self.world.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Sets the faults of the direction `from → to` (by IP address).
+    pub fn set_link(&self, from: std::net::IpAddr, to: std::net::IpAddr, link: LinkConfig) {
+        self.lock().net.set_link(from, to, link);
+    }
+
+    /// A device on this network at `addr:port` (any address: nothing is
+    /// bound on the host).
+    pub fn device(&self, name: &str, addr: std::net::IpAddr, port: u16) -> Device {
+        Device::with_sim(DeviceConfig { name: name.into(), addr, port }, self.clone())
+    }
+
+    /// Starts recording every datagram put on the network.
+    pub fn capture(&self) {
+        self.lock().net.capture();
+    }
+
+    /// The recording so far as a pcap file (raw IP link type), if
+    /// [`SimNetwork::capture`] was called.
+    pub fn take_pcap(&self) -> Option<Vec<u8>> {
+        self.lock().net.take_pcap()
+    }
+
+    /// Delivery counters.
+    pub fn stats(&self) -> uroce_sim::net::NetStats {
+        self.lock().net.stats
+    }
+
+    pub(crate) fn attach(&self, local: SocketAddr) -> SimPort {
+        self.lock().inboxes.entry(local).or_default();
+        SimPort { net: self.clone(), local }
+    }
+}
+
+/// One context's attachment to a [`SimNetwork`].
+pub(crate) struct SimPort {
+    net: SimNetwork,
+    local: SocketAddr,
+}
+
+impl std::fmt::Debug for SimPort {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SimPort({})", self.local)
+    }
+}
+
+impl SimPort {
+    pub(crate) fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    /// Puts one RoCE packet on the network, framed as Linux would (IPv4 ID
+    /// 0 with DF), its ICRC recomputed over that framing.
+    pub(crate) fn send(&mut self, dst: SocketAddr, roce: &[u8]) {
+        let dg = encapsulate(self.local.ip(), dst.ip(), self.local.port(), dst.port(), roce);
+        let mut w = self.net.lock();
+        let now = w.now();
+        w.net.send(now, self.local.ip(), dst.ip(), dg);
+    }
+
+    pub(crate) fn recv(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
+        let mut w = self.net.lock();
+        w.route();
+        let (from, p) = w.inboxes.get_mut(&self.local)?.pop_front()?;
+        let n = p.len().min(buf.len());
+        buf[..n].copy_from_slice(&p[..n]);
+        Some((n, from))
+    }
+}
+
+impl Drop for SimPort {
+    fn drop(&mut self) {
+        self.net.lock().inboxes.remove(&self.local);
+    }
+}
