@@ -35,12 +35,21 @@ fn captured_packets_are_clean_rocev2_with_good_icrc() {
         .stderr(Stdio::piped())
         .spawn()
         .expect("start tshark");
-    // Wait until tshark has created the file (it is capturing then).
+    // Wait until tshark says it is capturing.
+    let err = tshark.stderr.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        use std::io::BufRead;
+        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
+            if line.contains("Capturing on") {
+                let _ = tx.send(());
+            }
+        }
+    });
     let t = Instant::now();
-    while !cap.exists() && t.elapsed() < Duration::from_secs(10) {
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    std::thread::sleep(Duration::from_millis(300));
+    assert!(rx.recv_timeout(Duration::from_secs(20)).is_ok(), "tshark did not start");
+    let _ = t;
+    std::thread::sleep(Duration::from_millis(200));
     let demo = Command::new(env!("CARGO_BIN_EXE_uroce"))
         .args(["demo", "-n", "20", "--port", &port.to_string()])
         .env("UROCE_NO_GSO", "1")
