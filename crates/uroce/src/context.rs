@@ -146,6 +146,42 @@ impl Context {
         self.inner.app_progress(&mut e);
     }
 
+    /// The next asynchronous event, if any (`ibv_get_async_event`, without
+    /// blocking). Runs progress first.
+    pub fn poll_async_event(&self) -> Option<crate::AsyncEvent> {
+        let mut e = self.inner.lock();
+        self.inner.app_progress(&mut e);
+        e.events.pop_front()
+    }
+
+    /// Device attributes (`ibv_query_device`).
+    pub fn query_device(&self) -> crate::DeviceAttr {
+        self.inner.device.attr()
+    }
+
+    /// Port attributes (`ibv_query_port`); uroce devices have port 1 only.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for another port number.
+    pub fn query_port(&self, port: u8) -> Result<crate::PortAttr> {
+        if port != 1 {
+            return Err(Error::InvalidArgument("port number"));
+        }
+        Ok(self.inner.device.port_attr())
+    }
+
+    /// GID `index` of port 1 (`ibv_query_gid`): index 0 is the device's
+    /// address as a RoCEv2 GID.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for another port or index.
+    pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
+        if port != 1 || index != 0 {
+            return Err(Error::InvalidArgument("GID index"));
+        }
+        Ok(self.inner.device.gid())
+    }
+
     /// Device-wide counters (drops before a QP is found: bad ICRC, unknown
     /// QPN, malformed), plus the sum over live QPs.
     pub fn stats(&self) -> uroce_transport::Stats {

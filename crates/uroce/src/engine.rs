@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant as StdInstant;
 
-use uroce_transport::{Completion, Instant, Qp, Stats};
+use uroce_transport::{AsyncEvent as QpEvent, Completion, Instant, Qp, Stats};
 use uroce_wire::icrc::{self, IcrcIp, ipv4_id::IdSolver};
 use uroce_wire::ipv4::{IPPROTO_UDP, Ipv4Repr};
 use uroce_wire::ipv6::Ipv6Repr;
@@ -17,6 +17,37 @@ use uroce_wire::{RocePacket, WireError};
 use crate::backend::Backend;
 use crate::backend::udp::{MAX_GSO_BYTES, MAX_SEGMENTS};
 use crate::mr::MemTable;
+
+/// An asynchronous event (`ibv_async_event`): something that happened to a
+/// QP or CQ outside any work request's completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AsyncEvent {
+    /// `IBV_EVENT_QP_FATAL`: the QP went to the error state.
+    QpFatal {
+        /// QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_QP_REQ_ERR`: its responder saw an invalid request.
+    QpRequestError {
+        /// QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_QP_ACCESS_ERR`: its responder saw an access violation.
+    QpAccessError {
+        /// QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_SQ_DRAINED`.
+    SqDrained {
+        /// QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_CQ_ERR`: the CQ overflowed and lost completions.
+    CqError {
+        /// CQ handle ([`crate::Cq::handle`]).
+        cq: u32,
+    },
+}
 
 /// A QP and where its completions go.
 #[derive(Debug)]
@@ -62,6 +93,8 @@ pub(crate) struct Engine {
     buf: Vec<u8>,
     txbuf: Vec<u8>,
     solvers: HashMap<usize, IdSolver>,
+    /// Asynchronous events not yet read.
+    pub(crate) events: VecDeque<AsyncEvent>,
     peers: HashMap<IpAddr, PeerIds>,
 }
 
@@ -80,6 +113,7 @@ impl Engine {
             buf: vec![0; 65536],
             txbuf: vec![0; 65536 + 8192],
             solvers: HashMap::new(),
+            events: VecDeque::new(),
             peers: HashMap::new(),
         }
     }
@@ -292,17 +326,29 @@ impl Engine {
     /// completion and marks the CQ overflowed (reported as a CQ error).
     fn collect(&mut self) -> bool {
         let mut any = false;
-        for slot in self.qps.values_mut() {
+        for (&qpn, slot) in &mut self.qps {
             while let Some(c) = slot.qp.poll_completion() {
                 any = true;
-                let cq = if c.is_recv { slot.recv_cq } else { slot.send_cq };
-                if let Some(cq) = self.cqs.get_mut(&cq) {
+                let id = if c.is_recv { slot.recv_cq } else { slot.send_cq };
+                if let Some(cq) = self.cqs.get_mut(&id) {
                     if cq.ring.len() >= cq.cap {
+                        if !cq.overflowed {
+                            self.events.push_back(AsyncEvent::CqError { cq: id });
+                        }
                         cq.overflowed = true;
                     } else {
                         cq.ring.push_back(c);
                     }
                 }
+            }
+            while let Some(e) = slot.qp.poll_event() {
+                any = true;
+                self.events.push_back(match e {
+                    QpEvent::QpFatal => AsyncEvent::QpFatal { qpn },
+                    QpEvent::QpRequestError => AsyncEvent::QpRequestError { qpn },
+                    QpEvent::QpAccessError => AsyncEvent::QpAccessError { qpn },
+                    QpEvent::SqDrained => AsyncEvent::SqDrained { qpn },
+                });
             }
         }
         any

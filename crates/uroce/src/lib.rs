@@ -69,7 +69,7 @@ mod backend;
 pub mod config;
 mod context;
 mod device;
-mod engine;
+pub(crate) mod engine;
 mod error;
 pub mod limits;
 #[allow(unsafe_code)]
@@ -82,6 +82,7 @@ pub use backend::sim::SimNetwork;
 pub use config::DeviceConfig;
 pub use context::{Context, Options, ProgressMode};
 pub use device::{Device, DeviceAttr, PortAttr, device, devices};
+pub use engine::AsyncEvent;
 pub use error::{Error, Result};
 pub use uroce_sim::LinkConfig;
 pub use uroce_transport as transport;

@@ -299,6 +299,11 @@ impl std::fmt::Debug for Cq {
 }
 
 impl Cq {
+    /// The handle events name this CQ by.
+    pub fn handle(&self) -> u32 {
+        self.inner.id
+    }
+
     /// Capacity.
     pub fn cqe(&self) -> u32 {
         self.inner.cqe

@@ -242,3 +242,75 @@ fn hostile_datagrams_are_counted_not_fatal() {
     }
     assert_eq!(a.qp.query().state, uroce::QpState::Reset);
 }
+
+#[test]
+fn cq_overflow_is_an_error_event_and_queries_tell_the_truth() {
+    let p = port(4);
+    let a = end("127.0.0.1", p);
+    let b = end("127.0.0.2", p);
+    let small = a.ctx.create_cq(2).unwrap();
+    let pd = a.ctx.alloc_pd().unwrap();
+    let cap = QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let q = pd
+        .create_qp(&QpInitAttr {
+            send_cq: &small,
+            recv_cq: &small,
+            cap,
+            qp_type: QpType::Rc,
+            sq_sig_all: true,
+        })
+        .unwrap();
+    uroce::connect_rc(&q, "127.0.0.2".parse().unwrap(), p, b.qp.qpn(), 5, 6, ALL).unwrap();
+    uroce::connect_rc(&b.qp, "127.0.0.1".parse().unwrap(), p, q.qpn(), 6, 5, ALL).unwrap();
+    let w = SendWr {
+        wr_id: 1,
+        opcode: WrOpcode::RdmaWrite,
+        sgl: &[],
+        rkey: b.mr.rkey(),
+        remote_addr: b.mr.addr(),
+        ..SendWr::default()
+    };
+    q.post_send(&[w, w, w, w]).unwrap();
+    let t = Instant::now();
+    let ev = loop {
+        if let Some(e) = a.ctx.poll_async_event() {
+            break e;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "no overflow event");
+    };
+    assert_eq!(ev, uroce::AsyncEvent::CqError { cq: small.handle() });
+    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 4];
+    assert!(small.poll(&mut wc).is_err(), "an overrun CQ reports the error");
+
+    let d = a.ctx.query_device();
+    assert_eq!(d.max_qp_rd_atom, 16);
+    assert_eq!(d.phys_port_cnt, 1);
+    let port_attr = a.ctx.query_port(1).unwrap();
+    assert!(port_attr.active && port_attr.link_layer_ethernet);
+    assert_eq!(port_attr.active_mtu, uroce::Mtu::Mtu4096, "loopback allows 4096");
+    assert!(a.ctx.query_port(2).is_err());
+    let gid = a.ctx.query_gid(1, 0).unwrap();
+    assert_eq!(gid, *b"\0\0\0\0\0\0\0\0\0\0\xff\xff\x7f\0\0\x01");
+    assert!(a.ctx.query_gid(1, 1).is_err());
+    // Limits are enforced.
+    assert!(a.ctx.create_cq(0).is_err());
+    assert!(a.ctx.create_cq(uroce::limits::MAX_CQE + 1).is_err());
+    let big = QpCaps { max_send_wr: uroce::limits::MAX_QP_WR + 1, ..cap };
+    assert!(
+        pd.create_qp(&QpInitAttr {
+            send_cq: &small,
+            recv_cq: &small,
+            cap: big,
+            qp_type: QpType::Rc,
+            sq_sig_all: false
+        })
+        .is_err()
+    );
+    assert!(pd.alloc_mr(10, Access::REMOTE_WRITE).is_err(), "remote write needs local write");
+}
