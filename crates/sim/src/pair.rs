@@ -49,6 +49,8 @@ pub struct PairConfig {
     pub max_unacked_psns: u32,
     /// Every WR signaled.
     pub sq_sig_all: bool,
+    /// RC or UC.
+    pub qp_type: QpType,
 }
 
 impl Default for PairConfig {
@@ -69,6 +71,7 @@ impl Default for PairConfig {
             },
             max_unacked_psns: 512,
             sq_sig_all: false,
+            qp_type: QpType::Rc,
         }
     }
 }
@@ -101,7 +104,7 @@ impl RcPair {
         let mk = |qpn| {
             Qp::new(QpInit {
                 qpn,
-                qp_type: QpType::Rc,
+                qp_type: cfg.qp_type,
                 pd: PD,
                 caps: cfg.caps,
                 sq_sig_all: cfg.sq_sig_all,
@@ -250,6 +253,9 @@ fn connect(qp: &mut Qp, peer: IpAddr, peer_qpn: u32, sq_psn: Psn, rq_psn: Psn, c
     attr.rq_psn = rq_psn;
     attr.max_dest_rd_atomic = cfg.rd_atomic;
     attr.min_rnr_timer = RnrTimer::from_code(cfg.min_rnr_timer);
+    let rc = cfg.qp_type == QpType::Rc;
+    let rc_rtr =
+        if rc { AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER } else { AttrMask::NONE };
     qp.modify(
         now,
         &attr,
@@ -258,8 +264,7 @@ fn connect(qp: &mut Qp, peer: IpAddr, peer_qpn: u32, sq_psn: Psn, rq_psn: Psn, c
             | AttrMask::PATH_MTU
             | AttrMask::DEST_QPN
             | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER,
+            | rc_rtr,
     )
     .expect("RTR");
     attr.state = QpState::ReadyToSend;
@@ -268,15 +273,10 @@ fn connect(qp: &mut Qp, peer: IpAddr, peer_qpn: u32, sq_psn: Psn, rq_psn: Psn, c
     attr.rnr_retry = cfg.rnr_retry;
     attr.sq_psn = sq_psn;
     attr.max_rd_atomic = cfg.rd_atomic;
-    qp.modify(
-        now,
-        &attr,
-        AttrMask::STATE
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::SQ_PSN
-            | AttrMask::MAX_QP_RD_ATOMIC,
-    )
-    .expect("RTS");
+    let rc_rts = if rc {
+        AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC
+    } else {
+        AttrMask::NONE
+    };
+    qp.modify(now, &attr, AttrMask::STATE | AttrMask::SQ_PSN | rc_rts).expect("RTS");
 }

@@ -24,6 +24,8 @@ pub enum DropReason {
     StaleDuplicate,
     /// A response that matches no outstanding request.
     UnexpectedResponse,
+    /// A UC message dropped (no receive WQE, access error, bad sequence).
+    UcMessageDropped,
 }
 
 /// Per-QP (and, summed, per-device) counters.
@@ -59,6 +61,7 @@ pub struct Stats {
     pub drop_wrong_transport: u64,
     pub drop_stale_duplicate: u64,
     pub drop_unexpected_response: u64,
+    pub drop_uc_message: u64,
 }
 
 impl Stats {
@@ -75,6 +78,7 @@ impl Stats {
             DropReason::OutOfSequence => &mut self.out_of_seq_request,
             DropReason::StaleDuplicate => &mut self.drop_stale_duplicate,
             DropReason::UnexpectedResponse => &mut self.drop_unexpected_response,
+            DropReason::UcMessageDropped => &mut self.drop_uc_message,
         };
         *c += 1;
     }

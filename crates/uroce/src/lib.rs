@@ -94,14 +94,14 @@ pub use uroce_wire as wire;
 pub use uroce_wire::{LocalAckTimeout, Mtu, Psn, RnrTimer};
 pub use verbs::{Cq, Mr, Pd, Qp, QpInitAttr};
 
-/// Moves an RC QP from RESET to RTS connected to `peer` (the usual three
-/// `ibv_modify_qp` calls of every verbs example), with perftest's timers:
-/// timeout 14 (67 ms), 7 retries, infinite RNR retries, MTU 4096 on
-/// loopback (1024 otherwise), 16 outstanding READ/atomics.
+/// Moves an RC or UC QP from RESET to RTS connected to `peer` (the usual
+/// three `ibv_modify_qp` calls of every verbs example), with perftest's
+/// timers for RC: timeout 14 (67 ms), 7 retries, infinite RNR retries,
+/// 16 outstanding READ/atomics; MTU 4096 on loopback, 1024 otherwise.
 ///
 /// # Errors
 /// As [`Qp::modify`].
-pub fn connect_rc(
+pub fn connect(
     qp: &Qp,
     peer: std::net::IpAddr,
     peer_port: u16,
@@ -110,6 +110,7 @@ pub fn connect_rc(
     peer_psn: u32,
     access: Access,
 ) -> Result<()> {
+    let rc = qp.qp_type() == QpType::Rc;
     let mut attr = QpAttr { state: QpState::Init, access, ..QpAttr::default() };
     qp.modify(
         &attr,
@@ -129,6 +130,8 @@ pub fn connect_rc(
     attr.rq_psn = Psn::new(peer_psn);
     attr.max_dest_rd_atomic = 16;
     attr.min_rnr_timer = RnrTimer::from_code(12);
+    let rtr_rc =
+        if rc { AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER } else { AttrMask::NONE };
     qp.modify(
         &attr,
         AttrMask::STATE
@@ -136,8 +139,7 @@ pub fn connect_rc(
             | AttrMask::PATH_MTU
             | AttrMask::DEST_QPN
             | AttrMask::RQ_PSN
-            | AttrMask::MAX_DEST_RD_ATOMIC
-            | AttrMask::MIN_RNR_TIMER,
+            | rtr_rc,
     )?;
     attr.state = QpState::ReadyToSend;
     attr.timeout = LocalAckTimeout::saturating(14);
@@ -145,13 +147,26 @@ pub fn connect_rc(
     attr.rnr_retry = 7;
     attr.sq_psn = Psn::new(my_psn);
     attr.max_rd_atomic = 16;
-    qp.modify(
-        &attr,
-        AttrMask::STATE
-            | AttrMask::TIMEOUT
-            | AttrMask::RETRY_CNT
-            | AttrMask::RNR_RETRY
-            | AttrMask::SQ_PSN
-            | AttrMask::MAX_QP_RD_ATOMIC,
-    )
+    let rts_rc = if rc {
+        AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC
+    } else {
+        AttrMask::NONE
+    };
+    qp.modify(&attr, AttrMask::STATE | AttrMask::SQ_PSN | rts_rc)
+}
+
+/// [`connect`] for RC QPs (kept for readability at call sites).
+///
+/// # Errors
+/// As [`Qp::modify`].
+pub fn connect_rc(
+    qp: &Qp,
+    peer: std::net::IpAddr,
+    peer_port: u16,
+    peer_qpn: u32,
+    my_psn: u32,
+    peer_psn: u32,
+    access: Access,
+) -> Result<()> {
+    connect(qp, peer, peer_port, peer_qpn, my_psn, peer_psn, access)
 }

@@ -158,8 +158,8 @@ impl Pd {
     /// context, or capabilities above the device limits; [`Error::Limit`]
     /// past `max_qp`.
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
-        if init.qp_type != QpType::Rc {
-            return Err(Error::InvalidArgument("only RC QPs are implemented"));
+        if init.qp_type == QpType::Ud {
+            return Err(Error::InvalidArgument("UD QPs are not implemented yet"));
         }
         let c = init.cap;
         if c.max_send_wr > limits::MAX_QP_WR
@@ -195,6 +195,7 @@ impl Pd {
         Ok(Qp {
             ctx: self.ctx.clone(),
             qpn,
+            qp_type: init.qp_type,
             _pd: self.clone(),
             _cqs: [init.send_cq.clone(), init.recv_cq.clone()],
         })
@@ -352,6 +353,7 @@ pub struct QpInitAttr<'a> {
 pub struct Qp {
     ctx: Arc<Inner>,
     qpn: u32,
+    qp_type: QpType,
     _pd: Pd,
     _cqs: [Cq; 2],
 }
@@ -366,6 +368,11 @@ impl Qp {
     /// QP number.
     pub fn qpn(&self) -> u32 {
         self.qpn
+    }
+
+    /// Transport type.
+    pub fn qp_type(&self) -> QpType {
+        self.qp_type
     }
 
     /// Modifies attributes and state (`ibv_modify_qp`).

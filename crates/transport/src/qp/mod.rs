@@ -434,7 +434,14 @@ impl Qp {
                     | WrOpcode::AtomicCmpAndSwp
                     | WrOpcode::AtomicFetchAndAdd
             ),
-            QpType::Uc | QpType::Ud => false,
+            QpType::Uc => matches!(
+                wr.opcode,
+                WrOpcode::Send
+                    | WrOpcode::SendWithImm
+                    | WrOpcode::RdmaWrite
+                    | WrOpcode::RdmaWriteWithImm
+            ),
+            QpType::Ud => false,
         };
         if !supported {
             return Err(PostError::InvalidOpcode);
@@ -537,7 +544,12 @@ impl Qp {
     ) {
         self.stats.rcvd_pkts += 1;
         let info = pkt.info();
-        if info.transport != Transport::Rc || self.init.qp_type != QpType::Rc {
+        let ours = match self.init.qp_type {
+            QpType::Rc => Transport::Rc,
+            QpType::Uc => Transport::Uc,
+            QpType::Ud => Transport::Ud,
+        };
+        if info.transport != ours || ours == Transport::Ud {
             self.stats.drop(DropReason::WrongTransport);
             return;
         }

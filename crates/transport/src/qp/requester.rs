@@ -4,7 +4,7 @@
 
 use uroce_wire::{AtomicEthRepr, BthRepr, Opcode, RethRepr, RocePacketRepr};
 
-use super::attr::{Access, QpState};
+use super::attr::{Access, QpState, QpType};
 use super::{AsyncEvent, DEFAULT_PKEY, MAX_PKTS_PER_ACK, Qp};
 use crate::Instant;
 use crate::memory::{Key, Memory};
@@ -80,6 +80,15 @@ impl Qp {
             self.sq.tx_pkt = 0;
         } else {
             self.sq.tx_pkt += 1;
+        }
+        if self.init.qp_type == QpType::Uc {
+            // UC completes a WQE once its last packet is on the wire
+            // (IBTA §9.8.1: no acknowledgement exists).
+            self.comp.psn = psn.next();
+            if self.sq.tx_pkt == 0 {
+                self.complete_sent_uc();
+            }
+            return Some(len);
         }
         if self.req.timer.is_none() {
             self.req.timer = self.attr.timeout.duration().map(|d| now.saturating_add(d));
@@ -183,6 +192,10 @@ impl Qp {
             WrOpcode::LocalInv | WrOpcode::BindMw => return None,
         }
         let is_data = !wqe.opcode.is_read_or_atomic();
+        if self.init.qp_type == QpType::Uc {
+            // Same operation codes, UC transport bits; UC asks for no ACKs.
+            repr.bth.opcode = uroce_wire::Opcode(repr.bth.opcode.0 | 0x20);
+        }
         if is_data {
             self.req.noack_pkts += 1;
             if last || self.req.noack_pkts >= MAX_PKTS_PER_ACK {
@@ -195,6 +208,9 @@ impl Qp {
         if self.req.ack_next {
             self.req.ack_next = false;
             repr.bth.ack_req = true;
+        }
+        if self.init.qp_type == QpType::Uc {
+            repr.bth.ack_req = false;
         }
         if repr.bth.ack_req {
             self.req.noack_pkts = 0;
@@ -242,6 +258,25 @@ impl Qp {
                 u64::from(matches!(wqe.opcode, WrOpcode::Send | WrOpcode::SendWithImm));
         }
         Some(total)
+    }
+
+    /// Completes the oldest WQE of a UC QP, sent in full.
+    fn complete_sent_uc(&mut self) {
+        let idx = self.sq.comp;
+        let w = *self.sq.get(idx);
+        if w.signaled {
+            let mut c = crate::wqe::Completion::new(
+                w.wr_id,
+                WcStatus::Success,
+                w.opcode.wc_opcode(),
+                self.init.qpn,
+                false,
+            );
+            c.byte_len = w.length;
+            self.push_completion(c);
+        }
+        self.sq.comp += 1;
+        self.check_drained();
     }
 
     /// Completes WQE `idx` (the oldest) with an error and moves the QP to

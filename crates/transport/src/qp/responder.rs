@@ -10,7 +10,7 @@ use uroce_wire::{
     RocePacket, RocePacketRepr, Syndrome,
 };
 
-use super::attr::{Access, QpState};
+use super::attr::{Access, QpState, QpType};
 use super::requester::packets;
 use super::{AsyncEvent, DEFAULT_PKEY, Qp};
 use crate::Instant;
@@ -140,6 +140,10 @@ impl Qp {
             self.stats.drop(DropReason::QpState);
             return;
         }
+        if self.init.qp_type == QpType::Uc {
+            self.uc_responder(pkt, mem);
+            return;
+        }
         let psn = pkt.bth().psn();
         let d = psn.diff(self.resp.epsn);
         if d > 0 {
@@ -202,6 +206,52 @@ impl Qp {
         }
     }
 
+    /// UC (IBTA §9.8.1): no ACKs and no retries. A PSN ahead of the
+    /// expected one means packets were lost: the message in progress is
+    /// abandoned (its receive WQE is kept for the next message) and the
+    /// responder resynchronises on this PSN; MIDDLE and LAST packets of an
+    /// abandoned message fail the sequence check and are dropped until the
+    /// next FIRST or ONLY. Errors drop the message silently, except those
+    /// local to the receive WQE, which complete it in error.
+    fn uc_responder(&mut self, pkt: &RocePacket<&[u8]>, mem: &dyn Memory) {
+        let psn = pkt.bth().psn();
+        let d = psn.diff(self.resp.epsn);
+        if d < 0 {
+            // Behind the expected PSN: a duplicate or a straggler. UC never
+            // resends, so it can only be a copy of something already seen
+            // (or given up on): never deliver it twice.
+            self.stats.duplicate_request += 1;
+            return;
+        }
+        if d > 0 {
+            self.stats.out_of_seq_request += 1;
+            self.resp.in_msg = InMsg::None;
+            self.resp.epsn = psn;
+        }
+        match self.check_and_execute(pkt, mem) {
+            Ok(()) => {}
+            Err(Reject::Fatal { recv: Some(status), .. }) => {
+                if self.rq.tail < self.rq.head {
+                    let w = *self.rq.get(self.rq.tail);
+                    self.push_completion(Completion::new(
+                        w.wr_id,
+                        status,
+                        WcOpcode::Recv,
+                        self.init.qpn,
+                        true,
+                    ));
+                    self.rq.tail += 1;
+                }
+                self.fail(AsyncEvent::QpFatal);
+            }
+            Err(Reject::Rnr | Reject::Fatal { recv: None, .. }) => {
+                self.stats.drop(DropReason::UcMessageDropped);
+                self.resp.in_msg = InMsg::None;
+                self.resp.epsn = psn.next();
+            }
+        }
+    }
+
     fn check_and_execute(
         &mut self,
         pkt: &RocePacket<&[u8]>,
@@ -254,7 +304,8 @@ impl Qp {
     fn accept(&mut self, pkt: &RocePacket<&[u8]>, npsn: u32) {
         self.resp.epsn = self.resp.epsn.add(npsn);
         self.resp.nak_sent = false;
-        if pkt.bth().ack_req()
+        if self.init.qp_type == QpType::Rc
+            && pkt.bth().ack_req()
             && pkt.info().operation != Operation::RdmaReadRequest
             && !matches!(pkt.info().operation, Operation::CompareSwap | Operation::FetchAdd)
         {
