@@ -253,7 +253,8 @@ fn client(a: &Args) -> Result<ExitCode> {
     }
     // Streaming bandwidth: keep 8 WRITEs of 64 KiB / 1 MiB in flight.
     for &size in &[65536u32, REGION as u32] {
-        let total_ops = (256u64 << 20) / u64::from(size);
+        // 256 MiB per size at the default -n, less for quick runs.
+        let total_ops = ((256u64 << 20) / u64::from(size)).min(u64::from(n) * 4).max(8);
         let sge = [c.mr.sge(0, size)?];
         let wr = SendWr {
             wr_id: 20,
