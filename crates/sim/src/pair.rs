@@ -109,6 +109,7 @@ impl RcPair {
                 caps: cfg.caps,
                 sq_sig_all: cfg.sq_sig_all,
                 max_unacked_psns: cfg.max_unacked_psns,
+                port_mtu: cfg.mtu,
             })
         };
         let mut a = Node {

@@ -10,7 +10,8 @@
 //!
 //! Status: RC is implemented (SEND, SEND with immediate, RDMA WRITE with and
 //! without immediate, RDMA READ, both atomics, retransmission, RNR,
-//! go-back-N). UC and UD, SRQs and memory windows come with issue 4.
+//! go-back-N); UC (no ACKs, whole-message drops); UD (DETH, Q_Keys, GRH in
+//! the receive buffer). SRQs and memory windows come later.
 
 #![forbid(unsafe_code)]
 
@@ -27,7 +28,9 @@ pub use qp::{AsyncEvent, PostError, Qp, QpCaps, QpInit, Transmit};
 pub use stats::{DropReason, Stats};
 pub use time::Instant;
 pub use uroce_wire as wire;
-pub use wqe::{Completion, RecvWr, SendFlags, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WrOpcode};
+pub use wqe::{
+    Completion, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WrOpcode,
+};
 
 /// The deepest READ/atomic queue a QP may ask for, in either direction
 /// (`max_qp_rd_atom`, `max_qp_init_rd_atom`; rxe allows 128, mlx5 16).

@@ -29,6 +29,8 @@ pub(crate) struct SendWqe {
     pub(crate) npsn: u32,
     /// READ/atomic counted in the outstanding limit.
     pub(crate) counted: bool,
+    /// UD destination.
+    pub(crate) ud: Option<crate::wqe::UdDest>,
 }
 
 impl SendWqe {
@@ -49,6 +51,7 @@ impl SendWqe {
         first_psn: Psn::new(0),
         npsn: 0,
         counted: false,
+        ud: None,
     };
 
     /// The last PSN of the WQE (valid once assigned).

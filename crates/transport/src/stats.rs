@@ -26,42 +26,95 @@ pub enum DropReason {
     UnexpectedResponse,
     /// A UC message dropped (no receive WQE, access error, bad sequence).
     UcMessageDropped,
+    /// A UD datagram whose Q_Key is not the QP's.
+    QkeyViolation,
+    /// A UD datagram with no receive WQE to take it.
+    NoReceiveWqe,
 }
 
-/// Per-QP (and, summed, per-device) counters.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
-#[allow(missing_docs)]
-pub struct Stats {
-    pub sent_pkts: u64,
-    pub rcvd_pkts: u64,
-    /// Requests retransmitted (go-back-N restarts, not packets).
-    pub retransmits: u64,
-    /// Packets resent by those restarts.
-    pub retransmitted_pkts: u64,
-    pub duplicate_request: u64,
-    pub out_of_seq_request: u64,
-    pub rcvd_rnr_err: u64,
-    pub send_rnr_err: u64,
-    pub rcvd_seq_err: u64,
-    pub send_seq_err: u64,
-    pub local_ack_timeout_err: u64,
-    pub retry_exceeded_err: u64,
-    pub retry_rnr_exceeded_err: u64,
-    pub completer_retry_err: u64,
-    pub send_err: u64,
-    pub rdma_sends: u64,
-    pub rdma_recvs: u64,
-    pub acks_sent: u64,
-    pub icrc_errors: u64,
-    pub drop_malformed: u64,
-    pub drop_unknown_qpn: u64,
-    pub drop_qp_state: u64,
-    pub drop_wrong_peer: u64,
-    pub drop_bad_pkey: u64,
-    pub drop_wrong_transport: u64,
-    pub drop_stale_duplicate: u64,
-    pub drop_unexpected_response: u64,
-    pub drop_uc_message: u64,
+macro_rules! counters {
+    ($($(#[$meta:meta])* $name:ident),* $(,)?) => {
+        /// Per-QP (and, summed, per-device) counters.
+        #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+        pub struct Stats {
+            $($(#[$meta])* pub $name: u64,)*
+        }
+
+        impl Stats {
+            /// Adds another set of counters (per-device totals).
+            pub fn accumulate(&mut self, o: &Self) {
+                $(self.$name += o.$name;)*
+            }
+
+            /// Every counter with its name, in declaration order.
+            pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
+                [$((stringify!($name), self.$name)),*].into_iter()
+            }
+        }
+    };
+}
+
+counters! {
+    /// Packets sent.
+    sent_pkts,
+    /// Packets received for this QP (before any check).
+    rcvd_pkts,
+    /// Go-back-N restarts (timeouts, NAKs, lost responses), not packets.
+    retransmits,
+    /// Packets sent again by those restarts.
+    retransmitted_pkts,
+    /// Requests received again (answered from state, never re-executed, except READs).
+    duplicate_request,
+    /// Requests ahead of the expected PSN (dropped; RC NAKs the first of a gap).
+    out_of_seq_request,
+    /// RNR NAKs received.
+    rcvd_rnr_err,
+    /// RNR NAKs sent.
+    send_rnr_err,
+    /// PSN-sequence NAKs received.
+    rcvd_seq_err,
+    /// PSN-sequence NAKs sent.
+    send_seq_err,
+    /// Retransmission timer expiries.
+    local_ack_timeout_err,
+    /// WRs failed with RETRY_EXC_ERR.
+    retry_exceeded_err,
+    /// WRs failed with RNR_RETRY_EXC_ERR.
+    retry_rnr_exceeded_err,
+    /// Transport retries spent.
+    completer_retry_err,
+    /// Send WRs failed locally, and packets the backend could not send.
+    send_err,
+    /// SEND messages sent.
+    rdma_sends,
+    /// SEND messages received.
+    rdma_recvs,
+    /// ACK, NAK and RNR NAK packets sent.
+    acks_sent,
+    /// Packets dropped for a bad ICRC.
+    icrc_errors,
+    /// Packets dropped as malformed.
+    drop_malformed,
+    /// Packets for no existing QP.
+    drop_unknown_qpn,
+    /// Packets for a QP in a state that takes none.
+    drop_qp_state,
+    /// Packets from an address that is not the connected peer.
+    drop_wrong_peer,
+    /// Packets with a P_Key other than the port's.
+    drop_bad_pkey,
+    /// Packets of another transport than the QP's.
+    drop_wrong_transport,
+    /// Duplicates too old to answer (READ or atomic no longer cached).
+    drop_stale_duplicate,
+    /// Responses matching no outstanding request.
+    drop_unexpected_response,
+    /// UC messages dropped whole (loss, no receive WQE, access error).
+    drop_uc_message,
+    /// UD datagrams with a foreign Q_Key.
+    drop_qkey_violation,
+    /// UD datagrams that found no receive WQE.
+    drop_no_recv_wqe,
 }
 
 impl Stats {
@@ -79,43 +132,9 @@ impl Stats {
             DropReason::StaleDuplicate => &mut self.drop_stale_duplicate,
             DropReason::UnexpectedResponse => &mut self.drop_unexpected_response,
             DropReason::UcMessageDropped => &mut self.drop_uc_message,
+            DropReason::QkeyViolation => &mut self.drop_qkey_violation,
+            DropReason::NoReceiveWqe => &mut self.drop_no_recv_wqe,
         };
         *c += 1;
-    }
-
-    /// Adds another set of counters (per-device totals).
-    pub fn accumulate(&mut self, o: &Self) {
-        macro_rules! add {
-            ($($f:ident),*) => { $( self.$f += o.$f; )* };
-        }
-        add!(
-            sent_pkts,
-            rcvd_pkts,
-            retransmits,
-            retransmitted_pkts,
-            duplicate_request,
-            out_of_seq_request,
-            rcvd_rnr_err,
-            send_rnr_err,
-            rcvd_seq_err,
-            send_seq_err,
-            local_ack_timeout_err,
-            retry_exceeded_err,
-            retry_rnr_exceeded_err,
-            completer_retry_err,
-            send_err,
-            rdma_sends,
-            rdma_recvs,
-            acks_sent,
-            icrc_errors,
-            drop_malformed,
-            drop_unknown_qpn,
-            drop_qp_state,
-            drop_wrong_peer,
-            drop_bad_pkey,
-            drop_wrong_transport,
-            drop_stale_duplicate,
-            drop_unexpected_response
-        );
     }
 }

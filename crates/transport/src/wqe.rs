@@ -105,7 +105,22 @@ impl core::ops::BitOr for SendFlags {
     }
 }
 
-/// A send work request (`ibv_send_wr`, RC/UC fields).
+/// Where a UD send goes: the address handle's destination plus the WR's
+/// remote QPN and Q_Key (`ibv_send_wr.wr.ud`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct UdDest {
+    /// Destination IP (from the AH's GID).
+    pub dst: core::net::IpAddr,
+    /// Destination UDP port (4791 unless overridden).
+    pub dst_port: u16,
+    /// Destination QP number (0xFFFFFF for multicast).
+    pub remote_qpn: u32,
+    /// Q_Key; a value with the high bit set means "use the QP's own Q_Key"
+    /// (IBTA §10.2.4.1).
+    pub remote_qkey: u32,
+}
+
+/// A send work request (`ibv_send_wr`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct SendWr<'a> {
     /// Returned in the completion.
@@ -130,6 +145,8 @@ pub struct SendWr<'a> {
     pub compare_add: u64,
     /// Swap value (CmpSwap).
     pub swap: u64,
+    /// Destination of a UD send (required on UD QPs, ignored otherwise).
+    pub ud: Option<UdDest>,
 }
 
 impl Default for SendWr<'_> {
@@ -145,6 +162,7 @@ impl Default for SendWr<'_> {
             rkey: 0,
             compare_add: 0,
             swap: 0,
+            ud: None,
         }
     }
 }

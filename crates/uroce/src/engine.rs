@@ -197,7 +197,7 @@ impl Engine {
             self.stats.drop_unknown_qpn += 1;
             return;
         };
-        slot.qp.handle_packet(now, from.ip(), &pkt, &self.mem);
+        slot.qp.handle_datagram(now, from.ip(), self.backend.local().ip(), &pkt, &self.mem);
     }
 
     /// The IP and UDP headers the sender's kernel put around a datagram we

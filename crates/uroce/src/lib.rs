@@ -64,6 +64,7 @@
 
 #![deny(unsafe_code)]
 
+mod ah;
 #[allow(unsafe_code)]
 mod backend;
 pub mod config;
@@ -78,6 +79,7 @@ mod mr;
 mod netif;
 mod verbs;
 
+pub use ah::{Ah, AhAttr};
 pub use backend::sim::SimNetwork;
 pub use config::DeviceConfig;
 pub use context::{Context, Options, ProgressMode};
@@ -153,6 +155,20 @@ pub fn connect(
         AttrMask::NONE
     };
     qp.modify(&attr, AttrMask::STATE | AttrMask::SQ_PSN | rts_rc)
+}
+
+/// Moves a UD QP from RESET to RTS with Q_Key `qkey` and first PSN `psn`.
+///
+/// # Errors
+/// As [`Qp::modify`].
+pub fn activate_ud(qp: &Qp, qkey: u32, psn: u32) -> Result<()> {
+    let mut attr = QpAttr { state: QpState::Init, qkey, ..QpAttr::default() };
+    qp.modify(&attr, AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY)?;
+    attr.state = QpState::ReadyToReceive;
+    qp.modify(&attr, AttrMask::STATE)?;
+    attr.state = QpState::ReadyToSend;
+    attr.sq_psn = Psn::new(psn);
+    qp.modify(&attr, AttrMask::STATE | AttrMask::SQ_PSN)
 }
 
 /// [`connect`] for RC QPs (kept for readability at call sites).

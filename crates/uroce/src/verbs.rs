@@ -98,6 +98,11 @@ fn check_access(access: Access) -> Result<()> {
 }
 
 impl Pd {
+    /// The address of the device this PD's context is on.
+    pub(crate) fn device_addr(&self) -> std::net::IpAddr {
+        self.ctx.device.socket_addr().ip()
+    }
+
     /// Allocates `len` zeroed bytes and registers them (the safe way to get
     /// RDMA memory).
     ///
@@ -158,9 +163,6 @@ impl Pd {
     /// context, or capabilities above the device limits; [`Error::Limit`]
     /// past `max_qp`.
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
-        if init.qp_type == QpType::Ud {
-            return Err(Error::InvalidArgument("UD QPs are not implemented yet"));
-        }
         let c = init.cap;
         if c.max_send_wr > limits::MAX_QP_WR
             || c.max_recv_wr > limits::MAX_QP_WR
@@ -187,6 +189,7 @@ impl Pd {
             caps: c,
             sq_sig_all: init.sq_sig_all,
             max_unacked_psns: 1024,
+            port_mtu: self.ctx.device.port_attr().active_mtu,
         });
         e.qps.insert(
             qpn,

@@ -383,3 +383,114 @@ fn uc_send_and_write_over_udp() {
     b.mr.read(0, &mut got).unwrap();
     assert_eq!(got, data);
 }
+
+#[test]
+fn ud_exchange_with_grh_qkeys_and_replies_from_the_completion() {
+    let p = port(6);
+    let mk = |addr: &str, qkey: u32| {
+        let ctx = Device::from_config(DeviceConfig {
+            name: "d".into(),
+            addr: addr.parse().unwrap(),
+            port: p,
+        })
+        .open()
+        .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mr = pd.alloc_mr(MB, ALL).unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let cap = QpCaps {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        };
+        let qp = pd
+            .create_qp(&QpInitAttr {
+                send_cq: &cq,
+                recv_cq: &cq,
+                cap,
+                qp_type: QpType::Ud,
+                sq_sig_all: true,
+            })
+            .unwrap();
+        uroce::activate_ud(&qp, qkey, 0x42).unwrap();
+        (End { ctx, qp, cq, mr }, pd)
+    };
+    let ((a, pa), (b, pb)) = (mk("127.0.0.1", 0x1111_1111), mk("127.0.0.2", 0x1111_1111));
+    let data: Vec<u8> = (0..512u32).map(|i| i as u8).collect();
+    a.mr.write(0, &data).unwrap();
+    for i in 0..3 {
+        b.qp.post_recv(&[RecvWr {
+            wr_id: i,
+            sgl: &[b.mr.sge(i as usize * 4096, 40 + 4096).unwrap()],
+        }])
+        .unwrap();
+    }
+    let mut ah_attr = uroce::AhAttr::new("127.0.0.2".parse().unwrap());
+    ah_attr.port = p;
+    let ah = pa.create_ah(&ah_attr).unwrap();
+    let sge = [a.mr.sge(0, 512).unwrap()];
+    // A Q_Key mismatch is dropped silently; the high bit means "the QP's own".
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        sgl: &sge,
+        ud: Some(ah.dest(b.qp.qpn(), 0x2222)),
+        ..SendWr::default()
+    }])
+    .unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 2,
+        opcode: WrOpcode::SendWithImm,
+        imm_or_inv: 99,
+        sgl: &sge,
+        ud: Some(ah.dest(b.qp.qpn(), 0x8000_0000)),
+        ..SendWr::default()
+    }])
+    .unwrap();
+    assert_eq!(wait(&a.cq).wr_id, 1);
+    assert_eq!(wait(&a.cq).wr_id, 2);
+    let r = wait(&b.cq);
+    assert_eq!(
+        (r.wr_id, r.status, r.byte_len, r.src_qp, r.imm_or_inv),
+        (0, WcStatus::Success, 552, a.qp.qpn(), 99)
+    );
+    assert!(r.flags.contains(WcFlags::GRH) && r.flags.contains(WcFlags::WITH_IMM));
+    let mut buf = vec![0u8; 552];
+    b.mr.read(0, &mut buf).unwrap();
+    assert_eq!(buf[40..], data[..]);
+    let grh: [u8; 40] = buf[..40].try_into().unwrap();
+    assert_eq!(b.ctx.stats().drop_qkey_violation, 1);
+    // Reply using the AH built from the completion (ibv_init_ah_from_wc).
+    let mut back = uroce::AhAttr::from_wc(&r, &grh).unwrap();
+    assert_eq!(back.dst, "127.0.0.1".parse::<IpAddr>().unwrap());
+    back.port = p;
+    let ah_b = pb.create_ah(&back).unwrap();
+    a.qp.post_recv(&[RecvWr { wr_id: 7, sgl: &[a.mr.sge(8192, 4096).unwrap()] }]).unwrap();
+    let sge_b = [b.mr.sge(40, 100).unwrap()];
+    b.qp.post_send(&[SendWr {
+        wr_id: 3,
+        sgl: &sge_b,
+        ud: Some(ah_b.dest(r.src_qp, 0x1111_1111)),
+        ..SendWr::default()
+    }])
+    .unwrap();
+    assert_eq!(wait(&b.cq).wr_id, 3);
+    let r2 = wait(&a.cq);
+    assert_eq!((r2.wr_id, r2.byte_len, r2.src_qp), (7, 140, b.qp.qpn()));
+    // A message over the path MTU is refused at post time.
+    let big = [a.mr.sge(0, 8192).unwrap()];
+    assert!(
+        a.qp.post_send(&[SendWr {
+            wr_id: 9,
+            sgl: &big,
+            ud: Some(ah.dest(b.qp.qpn(), 1)),
+            ..SendWr::default()
+        }])
+        .is_err()
+    );
+    // A UD WR without an address is refused too.
+    assert!(a.qp.post_send(&[SendWr { wr_id: 10, sgl: &sge, ..SendWr::default() }]).is_err());
+    // An AH of the wrong family.
+    assert!(pa.create_ah(&uroce::AhAttr::new("::1".parse().unwrap())).is_err());
+}

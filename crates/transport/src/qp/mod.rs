@@ -10,6 +10,7 @@ pub mod attr;
 mod completer;
 mod requester;
 mod responder;
+mod ud;
 
 use std::collections::VecDeque;
 
@@ -72,6 +73,8 @@ pub struct QpInit {
     /// The largest number of PSNs in flight before the requester waits for
     /// ACKs (a send window; rxe uses 128).
     pub max_unacked_psns: u32,
+    /// The port's active MTU: the largest UD message.
+    pub port_mtu: uroce_wire::Mtu,
 }
 
 /// A packet [`Qp::poll_transmit`] produced: `len` bytes at the start of the
@@ -441,7 +444,9 @@ impl Qp {
                     | WrOpcode::RdmaWrite
                     | WrOpcode::RdmaWriteWithImm
             ),
-            QpType::Ud => false,
+            QpType::Ud => {
+                matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm) && wr.ud.is_some()
+            }
         };
         if !supported {
             return Err(PostError::InvalidOpcode);
@@ -462,6 +467,10 @@ impl Qp {
         if length > 1 << 31 || (wr.opcode.is_atomic() && length != 8) {
             return Err(PostError::InvalidLength);
         }
+        // A UD message is one packet (IBTA §9.8.2).
+        if self.init.qp_type == QpType::Ud && length > self.init.port_mtu.bytes() as u64 {
+            return Err(PostError::InvalidLength);
+        }
         let wqe = SendWqe {
             wr_id: wr.wr_id,
             opcode: wr.opcode,
@@ -475,6 +484,7 @@ impl Qp {
             num_sge: num_sge as u32,
             inline,
             signaled: self.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
+            ud: wr.ud,
             ..SendWqe::EMPTY
         };
         self.sq.push(wqe, if inline { &[] } else { wr.sgl }, data);
@@ -542,6 +552,23 @@ impl Qp {
         pkt: &RocePacket<&[u8]>,
         mem: &dyn Memory,
     ) {
+        let dst = match src {
+            IpAddr::V4(_) => IpAddr::V4(core::net::Ipv4Addr::UNSPECIFIED),
+            IpAddr::V6(_) => IpAddr::V6(core::net::Ipv6Addr::UNSPECIFIED),
+        };
+        self.handle_datagram(now, src, dst, pkt, mem);
+    }
+
+    /// [`Qp::handle_packet`] with the packet's destination address too,
+    /// which UD receives need for the GRH they place before the payload.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        src: IpAddr,
+        dst: IpAddr,
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+    ) {
         self.stats.rcvd_pkts += 1;
         let info = pkt.info();
         let ours = match self.init.qp_type {
@@ -549,8 +576,16 @@ impl Qp {
             QpType::Uc => Transport::Uc,
             QpType::Ud => Transport::Ud,
         };
-        if info.transport != ours || ours == Transport::Ud {
+        if info.transport != ours {
             self.stats.drop(DropReason::WrongTransport);
+            return;
+        }
+        if ours == Transport::Ud {
+            if pkt.bth().pkey() != DEFAULT_PKEY {
+                self.stats.drop(DropReason::BadPkey);
+                return;
+            }
+            self.ud_receive(src, dst, pkt, mem);
             return;
         }
         if pkt.bth().pkey() != DEFAULT_PKEY {
@@ -577,6 +612,11 @@ impl Qp {
         mem: &dyn Memory,
         buf: &mut [u8],
     ) -> Option<Transmit> {
+        if self.init.qp_type == QpType::Ud {
+            let t = self.ud_poll(mem, buf)?;
+            self.stats.sent_pkts += 1;
+            return Some(t);
+        }
         let path = self.attr.path?;
         let len = match self.responder_poll(mem, buf) {
             Some(n) => Some(n),

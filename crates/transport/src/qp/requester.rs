@@ -260,8 +260,9 @@ impl Qp {
         Some(total)
     }
 
-    /// Completes the oldest WQE of a UC QP, sent in full.
-    fn complete_sent_uc(&mut self) {
+    /// Completes the oldest WQE of a UC or UD QP, sent in full (nothing
+    /// acknowledges it).
+    pub(crate) fn complete_sent_uc(&mut self) {
         let idx = self.sq.comp;
         let w = *self.sq.get(idx);
         if w.signaled {

@@ -1,0 +1,113 @@
+//! Address handles (`ibv_ah`): where UD sends go.
+
+use std::net::IpAddr;
+
+use uroce_transport::UdDest;
+use uroce_wire::GRH_LEN;
+use uroce_wire::grh::GrhInfo;
+use uroce_wire::udp::ROCE_V2_PORT;
+
+use crate::error::{Error, Result};
+use crate::verbs::Pd;
+
+/// What an address handle points at (`ibv_ah_attr` for RoCE: the GRH
+/// fields; the destination GID is an IP address).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AhAttr {
+    /// Destination address (the destination GID: IPv4-mapped or IPv6).
+    pub dst: IpAddr,
+    /// Destination UDP port (4791 unless the peer's device uses another).
+    pub port: u16,
+    /// Source GID index (0: the device address).
+    pub sgid_index: u8,
+    /// Hop limit / TTL.
+    pub hop_limit: u8,
+    /// Traffic class.
+    pub traffic_class: u8,
+    /// Flow label.
+    pub flow_label: u32,
+}
+
+impl AhAttr {
+    /// An AH attribute for `dst` with defaults (port 4791, hop limit 64).
+    pub fn new(dst: IpAddr) -> Self {
+        Self {
+            dst,
+            port: ROCE_V2_PORT,
+            sgid_index: 0,
+            hop_limit: 64,
+            traffic_class: 0,
+            flow_label: 0,
+        }
+    }
+
+    /// From a destination GID, as `ibv_ah_attr.grh.dgid` holds it.
+    pub fn from_gid(gid: [u8; 16]) -> Self {
+        let v6 = std::net::Ipv6Addr::from(gid);
+        Self::new(v6.to_ipv4_mapped().map_or(IpAddr::V6(v6), IpAddr::V4))
+    }
+
+    /// `ibv_init_ah_from_wc`: the attributes for replying to the sender of
+    /// a UD receive, read from the GRH area at the start of its buffer.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the completion has no GRH or the area
+    /// holds neither an IPv4 nor an IPv6 header.
+    pub fn from_wc(wc: &crate::Completion, grh: &[u8; GRH_LEN]) -> Result<Self> {
+        if !wc.flags.contains(crate::WcFlags::GRH) {
+            return Err(Error::InvalidArgument("completion without GRH"));
+        }
+        let g = GrhInfo::parse(grh)
+            .map_err(|_| Error::InvalidArgument("GRH area holds no IP header"))?;
+        Ok(Self {
+            dst: g.src,
+            port: ROCE_V2_PORT,
+            sgid_index: 0,
+            hop_limit: g.hop_limit,
+            traffic_class: g.traffic_class,
+            flow_label: g.flow_label,
+        })
+    }
+}
+
+/// An address handle.
+#[derive(Debug, Clone)]
+pub struct Ah {
+    attr: AhAttr,
+    _pd: Pd,
+}
+
+impl Pd {
+    /// Creates an address handle (`ibv_create_ah`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unspecified destination, a GID
+    /// index other than 0, or an IPv6 destination from an IPv4 device (and
+    /// back).
+    pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah> {
+        if attr.dst.is_unspecified() {
+            return Err(Error::InvalidArgument("unspecified destination"));
+        }
+        if attr.sgid_index != 0 {
+            return Err(Error::InvalidArgument("GID index"));
+        }
+        if attr.dst.is_ipv4() != self.device_addr().is_ipv4() {
+            return Err(Error::InvalidArgument(
+                "destination address family differs from the device's",
+            ));
+        }
+        Ok(Ah { attr: *attr, _pd: self.clone() })
+    }
+}
+
+impl Ah {
+    /// The attributes.
+    pub fn attr(&self) -> &AhAttr {
+        &self.attr
+    }
+
+    /// The `wr.ud` part of a send WR to QP `remote_qpn` with `remote_qkey`.
+    pub fn dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
+        UdDest { dst: self.attr.dst, dst_port: self.attr.port, remote_qpn, remote_qkey }
+    }
+}
