@@ -87,6 +87,7 @@ fn open(addr: &str, port: u16) -> Result<Side> {
         cap,
         qp_type: QpType::Rc,
         sq_sig_all: true,
+        srq: None,
     })?;
     let psn = (std::process::id().wrapping_mul(2_654_435_761)) & 0xff_ffff;
     Ok(Side { ctx, qp, cq, mr, psn })

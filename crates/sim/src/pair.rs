@@ -110,6 +110,7 @@ impl RcPair {
                 sq_sig_all: cfg.sq_sig_all,
                 max_unacked_psns: cfg.max_unacked_psns,
                 port_mtu: cfg.mtu,
+                uses_srq: false,
             })
         };
         let mut a = Node {

@@ -18,6 +18,7 @@
 pub mod memory;
 pub mod qp;
 mod queue;
+pub mod srq;
 pub mod stats;
 mod time;
 pub mod wqe;
@@ -25,6 +26,7 @@ pub mod wqe;
 pub use memory::{AccessError, AtomicOp, Key, Memory};
 pub use qp::attr::{Access, AttrMask, ModifyError, Path, QpAttr, QpState, QpType};
 pub use qp::{AsyncEvent, PostError, Qp, QpCaps, QpInit, Transmit};
+pub use srq::Srq;
 pub use stats::{DropReason, Stats};
 pub use time::Instant;
 pub use uroce_wire as wire;
@@ -35,3 +37,7 @@ pub use wqe::{
 /// The deepest READ/atomic queue a QP may ask for, in either direction
 /// (`max_qp_rd_atom`, `max_qp_init_rd_atom`; rxe allows 128, mlx5 16).
 pub const RC_MAX_RD_ATOMIC: u32 = 16;
+
+/// The most SGEs a receive WQE may have (the storage a QP reserves for the
+/// WQE it is filling).
+pub const MAX_SGE: usize = 32;

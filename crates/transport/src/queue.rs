@@ -199,6 +199,40 @@ impl RecvQueue {
     }
 }
 
+/// The receive WQE a responder is filling: taken off its receive queue (or
+/// SRQ) when a message starts, so that QPs sharing an SRQ never fill the
+/// same WQE. Its SGE storage is allocated once, at QP creation.
+#[derive(Debug)]
+pub(crate) struct RecvCur {
+    pub(crate) active: bool,
+    pub(crate) wr_id: u64,
+    pub(crate) length: u64,
+    pub(crate) sges: Vec<Sge>,
+}
+
+impl RecvCur {
+    pub(crate) fn new(max_sge: usize) -> Self {
+        Self { active: false, wr_id: 0, length: 0, sges: Vec::with_capacity(max_sge) }
+    }
+}
+
+impl RecvQueue {
+    /// Moves the oldest WQE into `cur`; false if the queue is empty.
+    pub(crate) fn pop_into(&mut self, cur: &mut RecvCur) -> bool {
+        if self.tail == self.head {
+            return false;
+        }
+        let w = *self.get(self.tail);
+        cur.sges.clear();
+        cur.sges.extend_from_slice(self.sgl(self.tail));
+        cur.wr_id = w.wr_id;
+        cur.length = w.length;
+        cur.active = true;
+        self.tail += 1;
+        true
+    }
+}
+
 /// Walks a scatter/gather list from a byte offset, yielding `(sge, offset
 /// within it, length)` pieces that cover `len` bytes. Stops early if the
 /// list is shorter.

@@ -108,6 +108,10 @@ impl Device {
             max_qp_rd_atom: limits::MAX_QP_RD_ATOM,
             max_qp_init_rd_atom: limits::MAX_QP_RD_ATOM,
             max_inline_data: limits::MAX_INLINE,
+            max_srq: limits::MAX_SRQ,
+            max_srq_wr: limits::MAX_SRQ_WR,
+            max_srq_sge: limits::MAX_SGE,
+            max_ah: limits::MAX_AH,
             atomic_cap_global: true,
             phys_port_cnt: 1,
         }
@@ -162,6 +166,10 @@ pub struct DeviceAttr {
     pub max_qp_rd_atom: u32,
     pub max_qp_init_rd_atom: u32,
     pub max_inline_data: u32,
+    pub max_srq: u32,
+    pub max_srq_wr: u32,
+    pub max_srq_sge: u32,
+    pub max_ah: u32,
     /// Atomics are atomic with respect to the CPU and every QP of the host
     /// (`IBV_ATOMIC_GLOB`).
     pub atomic_cap_global: bool,

@@ -7,7 +7,7 @@ use std::collections::{HashMap, VecDeque};
 use std::net::{IpAddr, SocketAddr};
 use std::time::Instant as StdInstant;
 
-use uroce_transport::{AsyncEvent as QpEvent, Completion, Instant, Qp, Stats};
+use uroce_transport::{AsyncEvent as QpEvent, Completion, Instant, Qp, Srq, Stats};
 use uroce_wire::icrc::{self, IcrcIp, ipv4_id::IdSolver};
 use uroce_wire::ipv4::{IPPROTO_UDP, Ipv4Repr};
 use uroce_wire::ipv6::Ipv6Repr;
@@ -47,6 +47,18 @@ pub enum AsyncEvent {
         /// CQ handle ([`crate::Cq::handle`]).
         cq: u32,
     },
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP on an SRQ went to the error
+    /// state and takes no more WQEs from it.
+    QpLastWqeReached {
+        /// QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: fewer WQEs than the armed limit are
+    /// left (the limit is disarmed).
+    SrqLimitReached {
+        /// SRQ handle ([`crate::Srq::handle`]).
+        srq: u32,
+    },
 }
 
 /// A QP and where its completions go.
@@ -55,6 +67,7 @@ pub(crate) struct QpSlot {
     pub(crate) qp: Qp,
     pub(crate) send_cq: u32,
     pub(crate) recv_cq: u32,
+    pub(crate) srq: Option<u32>,
 }
 
 /// A completion queue's ring.
@@ -84,6 +97,8 @@ pub(crate) struct Engine {
     pub(crate) mem: MemTable,
     pub(crate) qps: HashMap<u32, QpSlot>,
     pub(crate) cqs: HashMap<u32, CqState>,
+    pub(crate) srqs: HashMap<u32, Srq>,
+    next_srq: u32,
     backend: Backend,
     origin: StdInstant,
     pub(crate) stats: Stats,
@@ -104,6 +119,8 @@ impl Engine {
             mem: MemTable::default(),
             qps: HashMap::new(),
             cqs: HashMap::new(),
+            srqs: HashMap::new(),
+            next_srq: 1,
             backend,
             origin: StdInstant::now(),
             stats: Stats::default(),
@@ -134,6 +151,13 @@ impl Engine {
                 return q;
             }
         }
+    }
+
+    pub(crate) fn alloc_srq(&mut self, srq: Srq) -> u32 {
+        let id = self.next_srq;
+        self.next_srq += 1;
+        self.srqs.insert(id, srq);
+        id
     }
 
     pub(crate) fn alloc_cq(&mut self, cap: usize) -> u32 {
@@ -197,7 +221,11 @@ impl Engine {
             self.stats.drop_unknown_qpn += 1;
             return;
         };
-        slot.qp.handle_datagram(now, from.ip(), self.backend.local().ip(), &pkt, &self.mem);
+        let local = self.backend.local().ip();
+        match slot.srq.and_then(|id| self.srqs.get_mut(&id)) {
+            Some(srq) => slot.qp.handle_datagram_srq(now, from.ip(), local, &pkt, &self.mem, srq),
+            None => slot.qp.handle_datagram(now, from.ip(), local, &pkt, &self.mem),
+        }
     }
 
     /// The IP and UDP headers the sender's kernel put around a datagram we
@@ -348,7 +376,14 @@ impl Engine {
                     QpEvent::QpRequestError => AsyncEvent::QpRequestError { qpn },
                     QpEvent::QpAccessError => AsyncEvent::QpAccessError { qpn },
                     QpEvent::SqDrained => AsyncEvent::SqDrained { qpn },
+                    QpEvent::LastWqeReached => AsyncEvent::QpLastWqeReached { qpn },
                 });
+            }
+        }
+        for (&id, srq) in &mut self.srqs {
+            if srq.take_limit_event() {
+                any = true;
+                self.events.push_back(AsyncEvent::SrqLimitReached { srq: id });
             }
         }
         any

@@ -26,9 +26,9 @@
 //! let caps = QpCaps { max_send_wr: 16, max_recv_wr: 16, max_send_sge: 1,
 //!                     max_recv_sge: 1, max_inline_data: 64 };
 //! let qa = pa.create_qp(&QpInitAttr { send_cq: &cq_a, recv_cq: &cq_a, cap: caps,
-//!                                     qp_type: QpType::Rc, sq_sig_all: false })?;
+//!                                     qp_type: QpType::Rc, sq_sig_all: false, srq: None })?;
 //! let qb = pb.create_qp(&QpInitAttr { send_cq: &cq_b, recv_cq: &cq_b, cap: caps,
-//!                                     qp_type: QpType::Rc, sq_sig_all: false })?;
+//!                                     qp_type: QpType::Rc, sq_sig_all: false, srq: None })?;
 //! // Exchange QPNs and PSNs out of band (here: directly), then connect.
 //! uroce::connect_rc(&qa, "127.0.0.2".parse().unwrap(), port, qb.qpn(), 100, 200, rw)?;
 //! uroce::connect_rc(&qb, "127.0.0.1".parse().unwrap(), port, qa.qpn(), 200, 100, rw)?;
@@ -94,7 +94,7 @@ pub use uroce_transport::{
 };
 pub use uroce_wire as wire;
 pub use uroce_wire::{LocalAckTimeout, Mtu, Psn, RnrTimer};
-pub use verbs::{Cq, Mr, Pd, Qp, QpInitAttr};
+pub use verbs::{Cq, Mr, Pd, Qp, QpInitAttr, Srq, SrqAttr};
 
 /// Moves an RC or UC QP from RESET to RTS connected to `peer` (the usual
 /// three `ibv_modify_qp` calls of every verbs example), with perftest's

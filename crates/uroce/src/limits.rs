@@ -26,3 +26,10 @@ pub const MAX_PD: u32 = 65536;
 pub const MAX_QP_RD_ATOM: u32 = uroce_transport::RC_MAX_RD_ATOMIC;
 /// Inline bytes per send WR.
 pub const MAX_INLINE: u32 = 512;
+/// Shared receive queues per context.
+pub const MAX_SRQ: u32 = 4096;
+/// WRs per shared receive queue.
+pub const MAX_SRQ_WR: u32 = 16384;
+/// Address handles per context (AHs are plain values here; the limit is
+/// what `query_device` reports).
+pub const MAX_AH: u32 = 1 << 20;

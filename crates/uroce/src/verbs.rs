@@ -177,6 +177,9 @@ impl Pd {
         {
             return Err(Error::InvalidArgument("CQ belongs to another context"));
         }
+        if init.srq.is_some_and(|s| !Arc::ptr_eq(&s.inner.ctx, &self.ctx)) {
+            return Err(Error::InvalidArgument("SRQ belongs to another context"));
+        }
         let mut e = self.ctx.lock();
         if e.qps.len() as u32 >= limits::MAX_QP {
             return Err(Error::Limit("max_qp"));
@@ -190,10 +193,12 @@ impl Pd {
             sq_sig_all: init.sq_sig_all,
             max_unacked_psns: 1024,
             port_mtu: self.ctx.device.port_attr().active_mtu,
+            uses_srq: init.srq.is_some(),
         });
+        let srq = init.srq.map(|s| s.inner.id);
         e.qps.insert(
             qpn,
-            QpSlot { qp, send_cq: init.send_cq.inner.id, recv_cq: init.recv_cq.inner.id },
+            QpSlot { qp, send_cq: init.send_cq.inner.id, recv_cq: init.recv_cq.inner.id, srq },
         );
         Ok(Qp {
             ctx: self.ctx.clone(),
@@ -201,6 +206,7 @@ impl Pd {
             qp_type: init.qp_type,
             _pd: self.clone(),
             _cqs: [init.send_cq.clone(), init.recv_cq.clone()],
+            _srq: init.srq.cloned(),
         })
     }
 }
@@ -350,6 +356,9 @@ pub struct QpInitAttr<'a> {
     pub qp_type: QpType,
     /// Every send WR is signaled.
     pub sq_sig_all: bool,
+    /// Take receives from this shared receive queue (`cap.max_recv_*`
+    /// are then ignored).
+    pub srq: Option<&'a Srq>,
 }
 
 /// A queue pair (`ibv_qp`).
@@ -359,6 +368,7 @@ pub struct Qp {
     qp_type: QpType,
     _pd: Pd,
     _cqs: [Cq; 2],
+    _srq: Option<Srq>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -427,5 +437,111 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         self.ctx.lock().qps.remove(&self.qpn);
+    }
+}
+
+struct SrqInner {
+    ctx: Arc<Inner>,
+    id: u32,
+}
+
+impl Drop for SrqInner {
+    fn drop(&mut self) {
+        self.ctx.lock().srqs.remove(&self.id);
+    }
+}
+
+/// A shared receive queue (`ibv_srq`). Cloning shares it; QPs attached to
+/// it keep it alive.
+#[derive(Clone)]
+pub struct Srq {
+    inner: Arc<SrqInner>,
+}
+
+impl std::fmt::Debug for Srq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Srq({})", self.inner.id)
+    }
+}
+
+/// `ibv_srq_attr`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SrqAttr {
+    /// Capacity in WQEs.
+    pub max_wr: u32,
+    /// SGEs per WQE.
+    pub max_sge: u32,
+    /// Armed low-water mark (0: disarmed).
+    pub srq_limit: u32,
+}
+
+impl Context {
+    /// Creates a shared receive queue (`ibv_create_srq`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for sizes of 0 or above the device limits,
+    /// or a limit above `max_wr`; [`Error::Limit`] past `max_srq`.
+    pub fn create_srq(&self, attr: &SrqAttr) -> Result<Srq> {
+        if attr.max_wr == 0
+            || attr.max_wr > limits::MAX_SRQ_WR
+            || attr.max_sge == 0
+            || attr.max_sge > limits::MAX_SGE
+        {
+            return Err(Error::InvalidArgument("SRQ size out of range"));
+        }
+        let mut srq = uroce_transport::Srq::new(attr.max_wr, attr.max_sge);
+        srq.arm(attr.srq_limit).map_err(|_| Error::InvalidArgument("srq_limit above max_wr"))?;
+        let mut e = self.inner.lock();
+        if e.srqs.len() as u32 >= limits::MAX_SRQ {
+            return Err(Error::Limit("max_srq"));
+        }
+        let id = e.alloc_srq(srq);
+        Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.clone(), id }) })
+    }
+}
+
+impl Srq {
+    /// The handle events name this SRQ by.
+    pub fn handle(&self) -> u32 {
+        self.inner.id
+    }
+
+    /// Posts receive WRs (`ibv_post_srq_recv`).
+    ///
+    /// # Errors
+    /// [`Error::Post`] naming the first WR that was not posted.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let mut e = self.inner.ctx.lock();
+        let srq = e.srqs.get_mut(&self.inner.id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
+        srq.post_recv(wrs).map_err(|(index, error)| Error::Post { index, error })
+    }
+
+    /// Arms the limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`); 0
+    /// disarms. Resizing (`IBV_SRQ_MAX_WR`) is not supported.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a limit above `max_wr`.
+    pub fn arm_limit(&self, limit: u32) -> Result<()> {
+        let mut e = self.inner.ctx.lock();
+        let srq = e.srqs.get_mut(&self.inner.id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
+        srq.arm(limit).map_err(|_| Error::InvalidArgument("srq_limit above max_wr"))
+    }
+
+    /// Current attributes (`ibv_query_srq`).
+    pub fn query(&self) -> SrqAttr {
+        let e = self.inner.ctx.lock();
+        e.srqs.get(&self.inner.id).map_or(SrqAttr { max_wr: 0, max_sge: 0, srq_limit: 0 }, |s| {
+            SrqAttr { max_wr: s.max_wr(), max_sge: s.max_sge(), srq_limit: s.limit() }
+        })
+    }
+
+    /// WQEs posted and not yet taken.
+    pub fn len(&self) -> usize {
+        self.inner.ctx.lock().srqs.get(&self.inner.id).map_or(0, |s| s.len())
+    }
+
+    /// Whether no WQE is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
     }
 }

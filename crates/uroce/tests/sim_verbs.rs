@@ -44,6 +44,7 @@ fn rc_over_a_faulty_simulated_network() {
             cap,
             qp_type: QpType::Rc,
             sq_sig_all: true,
+            srq: None,
         })
         .unwrap();
     let qb = pb
@@ -53,6 +54,7 @@ fn rc_over_a_faulty_simulated_network() {
             cap,
             qp_type: QpType::Rc,
             sq_sig_all: true,
+            srq: None,
         })
         .unwrap();
     uroce::connect_rc(&qa, ib, 4791, qb.qpn(), 1, 2, ALL).unwrap();

@@ -42,6 +42,7 @@ fn end(addr: &str, port: u16) -> End {
             cap,
             qp_type: QpType::Rc,
             sq_sig_all: true,
+            srq: None,
         })
         .unwrap();
     End { ctx, qp, cq, mr }
@@ -264,6 +265,7 @@ fn cq_overflow_is_an_error_event_and_queries_tell_the_truth() {
             cap,
             qp_type: QpType::Rc,
             sq_sig_all: true,
+            srq: None,
         })
         .unwrap();
     uroce::connect_rc(&q, "127.0.0.2".parse().unwrap(), p, b.qp.qpn(), 5, 6, ALL).unwrap();
@@ -308,7 +310,8 @@ fn cq_overflow_is_an_error_event_and_queries_tell_the_truth() {
             recv_cq: &small,
             cap: big,
             qp_type: QpType::Rc,
-            sq_sig_all: false
+            sq_sig_all: false,
+            srq: None
         })
         .is_err()
     );
@@ -343,6 +346,7 @@ fn uc_send_and_write_over_udp() {
                 cap,
                 qp_type: QpType::Uc,
                 sq_sig_all: true,
+                srq: None,
             })
             .unwrap();
         End { ctx, qp, cq, mr }
@@ -412,6 +416,7 @@ fn ud_exchange_with_grh_qkeys_and_replies_from_the_completion() {
                 cap,
                 qp_type: QpType::Ud,
                 sq_sig_all: true,
+                srq: None,
             })
             .unwrap();
         uroce::activate_ud(&qp, qkey, 0x42).unwrap();

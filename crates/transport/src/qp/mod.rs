@@ -20,7 +20,8 @@ use uroce_wire::udp::{ROCE_V2_PORT, rxe_connected_sport};
 use uroce_wire::{Psn, RocePacket, Transport};
 
 use crate::memory::Memory;
-use crate::queue::{RecvQueue, SendQueue, SendWqe};
+use crate::queue::{RecvCur, RecvQueue, SendQueue, SendWqe};
+use crate::srq::Srq;
 use crate::stats::{DropReason, Stats};
 use crate::wqe::{Completion, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WrOpcode};
 use crate::{Instant, RC_MAX_RD_ATOMIC};
@@ -75,6 +76,9 @@ pub struct QpInit {
     pub max_unacked_psns: u32,
     /// The port's active MTU: the largest UD message.
     pub port_mtu: uroce_wire::Mtu,
+    /// Receives come from a shared receive queue (passed to
+    /// [`Qp::handle_datagram_srq`]); the QP's own queue is not used.
+    pub uses_srq: bool,
 }
 
 /// A packet [`Qp::poll_transmit`] produced: `len` bytes at the start of the
@@ -103,6 +107,9 @@ pub enum AsyncEvent {
     QpAccessError,
     /// The send queue drained (SQD with notification asked).
     SqDrained,
+    /// A QP attached to an SRQ went to the error state and will take no
+    /// more WQEs from it (`IBV_EVENT_QP_LAST_WQE_REACHED`).
+    LastWqeReached,
 }
 
 /// Why a post was refused. `errno()` gives what rdma-core returns.
@@ -123,6 +130,8 @@ pub enum PostError {
     /// A length the operation cannot take (an atomic not of 8 bytes, a
     /// message over 2^31).
     InvalidLength,
+    /// Receives go to the QP's shared receive queue.
+    UsesSrq,
 }
 
 impl PostError {
@@ -144,6 +153,7 @@ impl core::fmt::Display for PostError {
             Self::InlineTooLong => "inline data too long or not allowed",
             Self::InvalidOpcode => "opcode not supported on this QP",
             Self::InvalidLength => "invalid message length",
+            Self::UsesSrq => "the QP receives through a shared receive queue",
         })
     }
 }
@@ -199,6 +209,8 @@ pub struct Qp {
     pub(crate) state: QpState,
     pub(crate) sq: SendQueue,
     pub(crate) rq: RecvQueue,
+    /// The receive WQE being filled.
+    pub(crate) recv_cur: RecvCur,
     pub(crate) req: ReqState,
     pub(crate) comp: CompState,
     pub(crate) resp: RespState,
@@ -224,6 +236,7 @@ impl Qp {
                 c.max_inline_data as usize,
             ),
             rq: RecvQueue::new(rq_depth, c.max_recv_sge.max(1) as usize),
+            recv_cur: RecvCur::new(crate::MAX_SGE),
             req: ReqState {
                 next_psn: Psn::new(0),
                 sent_high: Psn::new(0),
@@ -386,6 +399,9 @@ impl Qp {
             QpState::Reset => self.reset(),
             QpState::Error => {
                 self.state = QpState::Error;
+                if self.init.uses_srq {
+                    self.push_event(AsyncEvent::LastWqeReached);
+                }
                 self.flush_all();
             }
             QpState::SendQueueDrain => {
@@ -500,6 +516,9 @@ impl Qp {
     /// The index of the WR that failed and why; earlier WRs were posted.
     pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
         for (i, wr) in wrs.iter().enumerate() {
+            if self.init.uses_srq {
+                return Err((i, PostError::UsesSrq));
+            }
             if self.state == QpState::Reset {
                 return Err((i, PostError::InvalidState));
             }
@@ -569,6 +588,31 @@ impl Qp {
         pkt: &RocePacket<&[u8]>,
         mem: &dyn Memory,
     ) {
+        self.handle_inner(now, src, dst, pkt, mem, None);
+    }
+
+    /// [`Qp::handle_datagram`] for a QP whose receives come from `srq`.
+    pub fn handle_datagram_srq(
+        &mut self,
+        now: Instant,
+        src: IpAddr,
+        dst: IpAddr,
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+        srq: &mut Srq,
+    ) {
+        self.handle_inner(now, src, dst, pkt, mem, Some(srq));
+    }
+
+    fn handle_inner(
+        &mut self,
+        now: Instant,
+        src: IpAddr,
+        dst: IpAddr,
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+        srq: Option<&mut Srq>,
+    ) {
         self.stats.rcvd_pkts += 1;
         let info = pkt.info();
         let ours = match self.init.qp_type {
@@ -585,7 +629,7 @@ impl Qp {
                 self.stats.drop(DropReason::BadPkey);
                 return;
             }
-            self.ud_receive(src, dst, pkt, mem);
+            self.ud_receive(src, dst, pkt, mem, srq);
             return;
         }
         if pkt.bth().pkey() != DEFAULT_PKEY {
@@ -597,7 +641,7 @@ impl Qp {
             return;
         }
         if info.is_request {
-            self.responder_handle(now, pkt, mem);
+            self.responder_handle(now, pkt, mem, srq);
         } else {
             self.completer_handle(now, pkt, mem);
         }
@@ -650,6 +694,9 @@ impl Qp {
         if self.state != QpState::Error {
             self.state = QpState::Error;
             self.push_event(event);
+            if self.init.uses_srq {
+                self.push_event(AsyncEvent::LastWqeReached);
+            }
         }
         self.flush_all();
     }
@@ -671,6 +718,17 @@ impl Qp {
         }
         self.sq.tx = self.sq.head;
         self.sq.tx_pkt = 0;
+        if self.recv_cur.active {
+            self.recv_cur.active = false;
+            let id = self.recv_cur.wr_id;
+            self.push_completion(Completion::new(
+                id,
+                WcStatus::WrFlushErr,
+                WcOpcode::Recv,
+                self.init.qpn,
+                true,
+            ));
+        }
         while self.rq.tail < self.rq.head {
             let w = *self.rq.get(self.rq.tail);
             self.push_completion(Completion::new(

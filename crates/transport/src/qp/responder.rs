@@ -16,6 +16,7 @@ use super::{AsyncEvent, DEFAULT_PKEY, Qp};
 use crate::Instant;
 use crate::memory::{AccessError, AtomicOp, Key, Memory};
 use crate::queue::sgl_pieces;
+use crate::srq::Srq;
 use crate::stats::DropReason;
 use crate::wqe::{Completion, WcFlags, WcOpcode, WcStatus};
 
@@ -131,6 +132,7 @@ impl Qp {
         now: Instant,
         pkt: &RocePacket<&[u8]>,
         mem: &dyn Memory,
+        srq: Option<&mut Srq>,
     ) {
         let _ = now;
         if !matches!(
@@ -141,7 +143,7 @@ impl Qp {
             return;
         }
         if self.init.qp_type == QpType::Uc {
-            self.uc_responder(pkt, mem);
+            self.uc_responder(pkt, mem, srq);
             return;
         }
         let psn = pkt.bth().psn();
@@ -166,7 +168,7 @@ impl Qp {
             self.duplicate(pkt, mem);
             return;
         }
-        match self.check_and_execute(pkt, mem) {
+        match self.check_and_execute(pkt, mem, srq) {
             Ok(()) => {}
             Err(Reject::Rnr) => {
                 self.stats.send_rnr_err += 1;
@@ -182,18 +184,8 @@ impl Qp {
                 });
             }
             Err(Reject::Fatal { code, recv }) => {
-                if let (Some(status), InMsg::Send { .. } | InMsg::None, true) =
-                    (recv, self.resp.in_msg, self.rq.tail < self.rq.head)
-                {
-                    let w = *self.rq.get(self.rq.tail);
-                    self.push_completion(Completion::new(
-                        w.wr_id,
-                        status,
-                        WcOpcode::Recv,
-                        self.init.qpn,
-                        true,
-                    ));
-                    self.rq.tail += 1;
+                if let Some(status) = recv {
+                    self.complete_recv_error(status);
                 }
                 self.resp.final_nak = Some((self.resp.epsn, Syndrome::Nak(code), self.resp.msn));
                 let ev = if code == NakCode::RemoteAccessError {
@@ -213,7 +205,7 @@ impl Qp {
     /// abandoned message fail the sequence check and are dropped until the
     /// next FIRST or ONLY. Errors drop the message silently, except those
     /// local to the receive WQE, which complete it in error.
-    fn uc_responder(&mut self, pkt: &RocePacket<&[u8]>, mem: &dyn Memory) {
+    fn uc_responder(&mut self, pkt: &RocePacket<&[u8]>, mem: &dyn Memory, srq: Option<&mut Srq>) {
         let psn = pkt.bth().psn();
         let d = psn.diff(self.resp.epsn);
         if d < 0 {
@@ -228,20 +220,10 @@ impl Qp {
             self.resp.in_msg = InMsg::None;
             self.resp.epsn = psn;
         }
-        match self.check_and_execute(pkt, mem) {
+        match self.check_and_execute(pkt, mem, srq) {
             Ok(()) => {}
             Err(Reject::Fatal { recv: Some(status), .. }) => {
-                if self.rq.tail < self.rq.head {
-                    let w = *self.rq.get(self.rq.tail);
-                    self.push_completion(Completion::new(
-                        w.wr_id,
-                        status,
-                        WcOpcode::Recv,
-                        self.init.qpn,
-                        true,
-                    ));
-                    self.rq.tail += 1;
-                }
+                self.complete_recv_error(status);
                 self.fail(AsyncEvent::QpFatal);
             }
             Err(Reject::Rnr | Reject::Fatal { recv: None, .. }) => {
@@ -256,6 +238,7 @@ impl Qp {
         &mut self,
         pkt: &RocePacket<&[u8]>,
         mem: &dyn Memory,
+        srq: Option<&mut Srq>,
     ) -> Result<(), Reject> {
         let info = pkt.info();
         let invalid = Reject::Fatal { code: NakCode::InvalidRequest, recv: None };
@@ -294,8 +277,8 @@ impl Qp {
             return Err(invalid);
         }
         match info.operation {
-            Operation::Send => self.exec_send(pkt, mem),
-            Operation::RdmaWrite => self.exec_write(pkt, mem),
+            Operation::Send => self.exec_send(pkt, mem, srq),
+            Operation::RdmaWrite => self.exec_write(pkt, mem, srq),
             Operation::RdmaReadRequest => self.exec_read(pkt, mem),
             _ => self.exec_atomic(pkt, mem),
         }
@@ -314,42 +297,43 @@ impl Qp {
         }
     }
 
-    fn exec_send(&mut self, pkt: &RocePacket<&[u8]>, mem: &dyn Memory) -> Result<(), Reject> {
+    fn exec_send(
+        &mut self,
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+        srq: Option<&mut Srq>,
+    ) -> Result<(), Reject> {
         let info = pkt.info();
         let offset = match self.resp.in_msg {
             InMsg::Send { offset } => offset,
-            _ => {
-                // First or only: a receive WQE must be waiting.
-                if self.rq.tail == self.rq.head {
-                    return Err(Reject::Rnr);
-                }
-                0
-            }
+            _ => 0,
         };
-        let idx = self.rq.tail;
-        let wqe = *self.rq.get(idx);
+        // First or only: a receive WQE must be waiting.
+        if offset == 0 && !matches!(self.resp.in_msg, InMsg::Send { .. }) && !self.take_recv(srq) {
+            return Err(Reject::Rnr);
+        }
         let data = pkt.payload();
-        if offset + data.len() as u64 > wqe.length {
+        if offset + data.len() as u64 > self.recv_cur.length {
             return Err(Reject::Fatal {
                 code: NakCode::InvalidRequest,
                 recv: Some(WcStatus::LocLenErr),
             });
         }
-        let mut at = 0usize;
-        for (sge, off, l) in sgl_pieces(self.rq.sgl(idx), offset, data.len() as u64) {
-            let chunk = &data[at..at + l as usize];
-            if mem.write(Key::Local(sge.lkey), self.init.pd, sge.addr + off, chunk).is_err() {
-                return Err(Reject::Fatal {
-                    code: NakCode::RemoteOperationalError,
-                    recv: Some(WcStatus::LocProtErr),
-                });
-            }
-            at += l as usize;
+        if !self.scatter_cur(offset, data, mem) {
+            return Err(Reject::Fatal {
+                code: NakCode::RemoteOperationalError,
+                recv: Some(WcStatus::LocProtErr),
+            });
         }
         let total = offset + data.len() as u64;
         if info.ends_message() {
-            let mut c =
-                Completion::new(wqe.wr_id, WcStatus::Success, WcOpcode::Recv, self.init.qpn, true);
+            let mut c = Completion::new(
+                self.recv_cur.wr_id,
+                WcStatus::Success,
+                WcOpcode::Recv,
+                self.init.qpn,
+                true,
+            );
             c.byte_len = total as u32;
             c.src_qp = self.attr.dest_qpn;
             c.solicited = pkt.bth().solicited();
@@ -357,8 +341,8 @@ impl Qp {
                 c.imm_or_inv = imm.imm();
                 c.flags = WcFlags::WITH_IMM;
             }
+            self.recv_cur.active = false;
             self.push_completion(c);
-            self.rq.tail += 1;
             self.resp.in_msg = InMsg::None;
             self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
             self.stats.rdma_recvs += 1;
@@ -369,7 +353,48 @@ impl Qp {
         Ok(())
     }
 
-    fn exec_write(&mut self, pkt: &RocePacket<&[u8]>, mem: &dyn Memory) -> Result<(), Reject> {
+    /// Makes sure a receive WQE is taken for the message starting now:
+    /// the one already taken (a UC message abandoned midway leaves it for
+    /// the next), else the oldest of the SRQ or the QP's own queue.
+    pub(super) fn take_recv(&mut self, srq: Option<&mut Srq>) -> bool {
+        if self.recv_cur.active {
+            return true;
+        }
+        match srq {
+            Some(srq) => srq.pop_into(&mut self.recv_cur),
+            None => self.rq.pop_into(&mut self.recv_cur),
+        }
+    }
+
+    /// Writes `data` into the taken receive WQE at `offset`.
+    pub(super) fn scatter_cur(&self, offset: u64, data: &[u8], mem: &dyn Memory) -> bool {
+        let mut at = 0usize;
+        for (sge, off, l) in sgl_pieces(&self.recv_cur.sges, offset, data.len() as u64) {
+            let chunk = &data[at..at + l as usize];
+            if mem.write(Key::Local(sge.lkey), self.init.pd, sge.addr + off, chunk).is_err() {
+                return false;
+            }
+            at += l as usize;
+        }
+        at == data.len()
+    }
+
+    /// Completes the taken receive WQE (if any) with an error.
+    pub(super) fn complete_recv_error(&mut self, status: WcStatus) {
+        if self.recv_cur.active {
+            self.recv_cur.active = false;
+            let c =
+                Completion::new(self.recv_cur.wr_id, status, WcOpcode::Recv, self.init.qpn, true);
+            self.push_completion(c);
+        }
+    }
+
+    fn exec_write(
+        &mut self,
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+        srq: Option<&mut Srq>,
+    ) -> Result<(), Reject> {
         let info = pkt.info();
         let data = pkt.payload();
         let (va, rkey, remaining, total) = match self.resp.in_msg {
@@ -388,7 +413,7 @@ impl Qp {
             return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
         }
         let with_imm = pkt.immdt().is_some();
-        if with_imm && self.rq.tail == self.rq.head {
+        if with_imm && !self.take_recv(srq) {
             return Err(Reject::Rnr);
         }
         if info.starts_message() && remaining > 0 {
@@ -412,9 +437,9 @@ impl Qp {
             self.resp.in_msg = InMsg::None;
             self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
             if let Some(imm) = pkt.immdt() {
-                let w = *self.rq.get(self.rq.tail);
+                self.recv_cur.active = false;
                 let mut c = Completion::new(
-                    w.wr_id,
+                    self.recv_cur.wr_id,
                     WcStatus::Success,
                     WcOpcode::RecvRdmaWithImm,
                     self.init.qpn,
@@ -427,7 +452,6 @@ impl Qp {
                 // byte_len of a WRITE with immediate is the write's length.
                 c.byte_len = total;
                 self.push_completion(c);
-                self.rq.tail += 1;
             }
         } else {
             self.resp.in_msg = InMsg::Write {

@@ -14,6 +14,7 @@ use super::attr::QpState;
 use super::{DEFAULT_PKEY, Qp, Transmit};
 use crate::memory::{Key, Memory};
 use crate::queue::sgl_pieces;
+use crate::srq::Srq;
 use crate::stats::DropReason;
 use crate::wqe::{Completion, SendFlags, WcFlags, WcOpcode, WcStatus, WrOpcode};
 
@@ -101,6 +102,7 @@ impl Qp {
         dst: IpAddr,
         pkt: &RocePacket<&[u8]>,
         mem: &dyn Memory,
+        srq: Option<&mut Srq>,
     ) {
         if !matches!(
             self.state,
@@ -115,26 +117,27 @@ impl Qp {
             self.stats.drop(DropReason::QkeyViolation);
             return;
         }
-        if self.rq.tail == self.rq.head {
+        if !self.take_recv(srq) {
             // No receive WQE: UD drops (there is no RNR on UD).
             self.stats.drop(DropReason::NoReceiveWqe);
             return;
         }
-        let idx = self.rq.tail;
-        let w = *self.rq.get(idx);
         let data = pkt.payload();
         let total = GRH_LEN + data.len();
-        let mut c =
-            Completion::new(w.wr_id, WcStatus::Success, WcOpcode::Recv, self.init.qpn, true);
+        let mut c = Completion::new(
+            self.recv_cur.wr_id,
+            WcStatus::Success,
+            WcOpcode::Recv,
+            self.init.qpn,
+            true,
+        );
         c.src_qp = deth.src_qpn();
         c.solicited = pkt.bth().solicited();
-        if total as u64 > w.length {
+        if total as u64 > self.recv_cur.length {
             c.status = WcStatus::LocLenErr;
         } else {
             let g = grh_for(src, dst, pkt.as_bytes().len());
-            let ok = self.scatter_recv(idx, 0, &g, mem)
-                && self.scatter_recv(idx, GRH_LEN as u64, data, mem);
-            if ok {
+            if self.scatter_cur(0, &g, mem) && self.scatter_cur(GRH_LEN as u64, data, mem) {
                 c.byte_len = total as u32;
                 c.flags = WcFlags::GRH;
                 if let Some(imm) = pkt.immdt() {
@@ -146,27 +149,8 @@ impl Qp {
                 c.status = WcStatus::LocProtErr;
             }
         }
+        self.recv_cur.active = false;
         self.push_completion(c);
-        self.rq.tail += 1;
-    }
-
-    fn scatter_recv(&self, idx: u64, offset: u64, data: &[u8], mem: &dyn Memory) -> bool {
-        let mut at = 0usize;
-        for (sge, off, l) in sgl_pieces(self.rq.sgl(idx), offset, data.len() as u64) {
-            if mem
-                .write(
-                    Key::Local(sge.lkey),
-                    self.init.pd,
-                    sge.addr + off,
-                    &data[at..at + l as usize],
-                )
-                .is_err()
-            {
-                return false;
-            }
-            at += l as usize;
-        }
-        at == data.len()
     }
 }
 

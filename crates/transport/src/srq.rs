@@ -1,0 +1,99 @@
+//! Shared receive queues (IBTA §10.2.9): one pool of receive WQEs that
+//! several QPs of a PD consume from, with a low-water mark (`srq_limit`)
+//! that raises an event once when the pool runs low.
+
+use crate::qp::PostError;
+use crate::queue::{RecvCur, RecvQueue};
+use crate::wqe::RecvWr;
+
+/// A shared receive queue.
+#[derive(Debug)]
+pub struct Srq {
+    rq: RecvQueue,
+    /// Armed low-water mark; 0 when disarmed.
+    limit: u32,
+    limit_reached: bool,
+}
+
+impl Srq {
+    /// An empty SRQ of `max_wr` WQEs of up to `max_sge` SGEs.
+    pub fn new(max_wr: u32, max_sge: u32) -> Self {
+        Self {
+            rq: RecvQueue::new(max_wr.max(1) as usize, max_sge.max(1) as usize),
+            limit: 0,
+            limit_reached: false,
+        }
+    }
+
+    /// Capacity.
+    pub fn max_wr(&self) -> u32 {
+        self.rq.capacity() as u32
+    }
+
+    /// SGEs per WQE.
+    pub fn max_sge(&self) -> u32 {
+        self.rq.max_sge as u32
+    }
+
+    /// WQEs posted and not yet taken.
+    pub fn len(&self) -> usize {
+        self.rq.len()
+    }
+
+    /// Whether no WQE is waiting.
+    pub fn is_empty(&self) -> bool {
+        self.rq.len() == 0
+    }
+
+    /// The armed limit (0: disarmed).
+    pub fn limit(&self) -> u32 {
+        self.limit
+    }
+
+    /// Arms (or with 0 disarms) the limit event (`ibv_modify_srq` with
+    /// `IBV_SRQ_LIMIT`).
+    ///
+    /// # Errors
+    /// [`PostError::InvalidLength`] (EINVAL) for a limit above `max_wr`.
+    pub fn arm(&mut self, limit: u32) -> Result<(), PostError> {
+        if limit > self.max_wr() {
+            return Err(PostError::InvalidLength);
+        }
+        self.limit = limit;
+        Ok(())
+    }
+
+    /// Posts receive WRs (`ibv_post_srq_recv`).
+    ///
+    /// # Errors
+    /// The index of the first WR not posted and why.
+    pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            if self.rq.len() >= self.rq.capacity() {
+                return Err((i, PostError::QueueFull));
+            }
+            if wr.sgl.len() > self.rq.max_sge {
+                return Err((i, PostError::TooManySge));
+            }
+            self.rq.push(wr.wr_id, wr.sgl);
+        }
+        Ok(())
+    }
+
+    /// Takes the oldest WQE for a QP; fires the limit event (once, then
+    /// disarms) when fewer than `limit` WQEs remain (IBTA C10-…).
+    pub(crate) fn pop_into(&mut self, cur: &mut RecvCur) -> bool {
+        let ok = self.rq.pop_into(cur);
+        if self.limit > 0 && (self.rq.len() as u32) < self.limit {
+            self.limit = 0;
+            self.limit_reached = true;
+        }
+        ok
+    }
+
+    /// Whether the limit event fired since the last call
+    /// (`IBV_EVENT_SRQ_LIMIT_REACHED`).
+    pub fn take_limit_event(&mut self) -> bool {
+        std::mem::take(&mut self.limit_reached)
+    }
+}

@@ -1,0 +1,164 @@
+//! Shared receive queues over UDP: several QPs consuming one SRQ while
+//! multi-packet SENDs interleave, the limit event, RNR on an empty SRQ, and
+//! the last-WQE event.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use uroce::{
+    Access, AsyncEvent, AttrMask, Completion, Context, Cq, Device, DeviceConfig, Mr, Pd, Qp,
+    QpAttr, QpCaps, QpInitAttr, QpState, QpType, RecvWr, SendWr, Srq, SrqAttr, WcOpcode, WcStatus,
+};
+
+const ALL: Access = Access(1 | 2 | 4 | 8);
+
+fn open(addr: &str, port: u16) -> (Context, Pd, Cq, Mr) {
+    let ctx =
+        Device::from_config(DeviceConfig { name: "s".into(), addr: addr.parse().unwrap(), port })
+            .open()
+            .unwrap();
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(256).unwrap();
+    let mr = pd.alloc_mr(4 << 20, ALL).unwrap();
+    (ctx, pd, cq, mr)
+}
+
+fn qp(pd: &Pd, cq: &Cq, srq: Option<&Srq>) -> Qp {
+    let cap = QpCaps {
+        max_send_wr: 64,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    pd.create_qp(&QpInitAttr {
+        send_cq: cq,
+        recv_cq: cq,
+        cap,
+        qp_type: QpType::Rc,
+        sq_sig_all: true,
+        srq,
+    })
+    .unwrap()
+}
+
+fn poll_n(cq: &Cq, n: usize) -> Vec<Completion> {
+    let mut out = vec![];
+    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 16];
+    let t = Instant::now();
+    while out.len() < n {
+        let k = cq.poll(&mut wc).unwrap();
+        out.extend_from_slice(&wc[..k]);
+        assert!(t.elapsed() < Duration::from_secs(10), "got {} of {n} completions", out.len());
+    }
+    out
+}
+
+fn event(ctx: &Context) -> AsyncEvent {
+    let t = Instant::now();
+    loop {
+        if let Some(e) = ctx.poll_async_event() {
+            return e;
+        }
+        assert!(t.elapsed() < Duration::from_secs(5), "no async event");
+    }
+}
+
+#[test]
+fn two_qps_share_one_srq() {
+    let port = 21000 + (std::process::id() % 9000) as u16;
+    let (ca, pa, cqa, ma) = open("127.0.0.1", port);
+    let (cb, pb, cqb, mb) = open("127.0.0.2", port);
+    let srq = cb.create_srq(&SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 }).unwrap();
+    let (a1, a2) = (qp(&pa, &cqa, None), qp(&pa, &cqa, None));
+    let (b1, b2) = (qp(&pb, &cqb, Some(&srq)), qp(&pb, &cqb, Some(&srq)));
+    let (ia, ib): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    for (x, y) in [(&a1, &b1), (&a2, &b2)] {
+        uroce::connect(x, ib, port, y.qpn(), 1, 2, ALL).unwrap();
+        uroce::connect(y, ia, port, x.qpn(), 2, 1, ALL).unwrap();
+    }
+    assert!(
+        b1.post_recv(&[RecvWr { wr_id: 0, sgl: &[] }]).is_err(),
+        "a QP on an SRQ has no own receive queue"
+    );
+    const N: usize = 40;
+    for i in 0..N {
+        srq.post_recv(&[RecvWr {
+            wr_id: 100 + i as u64,
+            sgl: &[mb.sge(i * 65536, 65536).unwrap()],
+        }])
+        .unwrap();
+    }
+    // Distinct 20 KiB messages (several packets each) from both QPs at once.
+    for i in 0..N {
+        let msg: Vec<u8> = (0..20_000u32).map(|k| (k as usize * 3 + i) as u8).collect();
+        ma.write(i * 20_000, &msg).unwrap();
+    }
+    for i in 0..N {
+        let q = if i % 2 == 0 { &a1 } else { &a2 };
+        let sge = [ma.sge(i * 20_000, 20_000).unwrap()];
+        q.post_send(&[SendWr { wr_id: i as u64, sgl: &sge, ..SendWr::default() }]).unwrap();
+    }
+    let sent = poll_n(&cqa, N);
+    assert!(sent.iter().all(|c| c.status == WcStatus::Success));
+    let got = poll_n(&cqb, N);
+    let mut used = std::collections::HashSet::new();
+    for c in &got {
+        assert_eq!((c.status, c.byte_len), (WcStatus::Success, 20_000));
+        assert!(c.qp_num == b1.qpn() || c.qp_num == b2.qpn());
+        assert!(used.insert(c.wr_id), "WQE {} used twice", c.wr_id);
+        let mut buf = vec![0u8; 20_000];
+        mb.read((c.wr_id as usize - 100) * 65536, &mut buf).unwrap();
+        // Which message landed: its first byte is 3*0 + i.
+        let i = buf[0] as usize;
+        let want: Vec<u8> = (0..20_000u32).map(|k| (k as usize * 3 + i) as u8).collect();
+        assert_eq!(buf, want, "WQE {} holds a mixed message", c.wr_id);
+    }
+    assert!(srq.is_empty());
+    drop((ca, cb));
+}
+
+#[test]
+fn srq_limit_rnr_and_last_wqe() {
+    let port = 21000 + (std::process::id() % 9000) as u16 + 1;
+    let (_ca, pa, cqa, ma) = open("127.0.0.1", port);
+    let (cb, pb, cqb, mb) = open("127.0.0.2", port);
+    let srq = cb.create_srq(&SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 }).unwrap();
+    assert!(srq.arm_limit(17).is_err());
+    let a = qp(&pa, &cqa, None);
+    let b = qp(&pb, &cqb, Some(&srq));
+    let (ia, ib): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    uroce::connect(&a, ib, port, b.qpn(), 1, 2, ALL).unwrap();
+    uroce::connect(&b, ia, port, a.qpn(), 2, 1, ALL).unwrap();
+    for i in 0..10 {
+        srq.post_recv(&[RecvWr { wr_id: i, sgl: &[mb.sge(i as usize * 4096, 4096).unwrap()] }])
+            .unwrap();
+    }
+    srq.arm_limit(5).unwrap();
+    assert_eq!(srq.query(), SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 5 });
+    let sge = [ma.sge(0, 100).unwrap()];
+    let w = SendWr { wr_id: 1, sgl: &sge, ..SendWr::default() };
+    a.post_send(&[w, w, w, w, w]).unwrap();
+    poll_n(&cqa, 5);
+    poll_n(&cqb, 5);
+    assert!(cb.poll_async_event().is_none(), "5 left: not below the limit yet");
+    a.post_send(&[w]).unwrap();
+    poll_n(&cqa, 1);
+    poll_n(&cqb, 1);
+    assert_eq!(event(&cb), AsyncEvent::SrqLimitReached { srq: srq.handle() });
+    assert_eq!(srq.query().srq_limit, 0, "the event disarms the limit");
+    // Empty the SRQ, then one more SEND waits on RNR until a WQE arrives.
+    a.post_send(&[w, w, w, w, w]).unwrap();
+    poll_n(&cqa, 4);
+    poll_n(&cqb, 4);
+    std::thread::sleep(Duration::from_millis(30));
+    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 4];
+    assert_eq!(cqa.poll(&mut wc).unwrap(), 0, "the fifth waits for a receive");
+    assert!(b.stats().send_rnr_err > 0);
+    srq.post_recv(&[RecvWr { wr_id: 99, sgl: &[mb.sge(0, 4096).unwrap()] }]).unwrap();
+    assert_eq!(poll_n(&cqa, 1)[0].status, WcStatus::Success);
+    assert_eq!(poll_n(&cqb, 1)[0].wr_id, 99);
+    // A QP on the SRQ that goes to ERR reports its last WQE.
+    b.modify(&QpAttr { state: QpState::Error, ..QpAttr::default() }, AttrMask::STATE).unwrap();
+    assert_eq!(event(&cb), AsyncEvent::QpLastWqeReached { qpn: b.qpn() });
+}
