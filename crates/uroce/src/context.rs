@@ -53,6 +53,8 @@ impl Default for Options {
 
 pub(crate) struct Inner {
     engine: Mutex<Engine>,
+    /// The async event queue (also held by the engine, which fills it).
+    async_events: Arc<crate::channel::EventQueue<crate::AsyncEvent>>,
     pub(crate) device: Device,
     pub(crate) options: Options,
     /// When an application thread last polled (ns since `origin`).
@@ -114,8 +116,14 @@ impl Device {
                 source,
             })?),
         };
+        let events = Arc::new(crate::channel::EventQueue::new().map_err(|source| Error::Open {
+            device: self.name().to_string(),
+            addr,
+            source,
+        })?);
         let inner = Arc::new(Inner {
-            engine: Mutex::new(Engine::new(backend)),
+            async_events: events.clone(),
+            engine: Mutex::new(Engine::new(backend, events)),
             device: self.clone(),
             options,
             app_poll_ns: AtomicU64::new(0),
@@ -149,9 +157,42 @@ impl Context {
     /// The next asynchronous event, if any (`ibv_get_async_event`, without
     /// blocking). Runs progress first.
     pub fn poll_async_event(&self) -> Option<crate::AsyncEvent> {
-        let mut e = self.inner.lock();
-        self.inner.app_progress(&mut e);
-        e.events.pop_front()
+        {
+            let mut e = self.inner.lock();
+            self.inner.app_progress(&mut e);
+        }
+        if self.inner.async_events.len() == 0 {
+            return None;
+        }
+        self.inner.async_events.pop().ok()
+    }
+
+    /// Waits for the next asynchronous event (`ibv_get_async_event`). In
+    /// [`ProgressMode::Inline`] nothing produces events while this blocks:
+    /// use [`Context::poll_async_event`] there.
+    ///
+    /// # Errors
+    /// `WouldBlock` if made non-blocking and no event waits.
+    pub fn get_async_event(&self) -> std::io::Result<crate::AsyncEvent> {
+        self.inner.async_events.pop()
+    }
+
+    /// Makes [`Context::get_async_event`] non-blocking (as setting
+    /// `O_NONBLOCK` on `context->async_fd` does in C).
+    ///
+    /// # Errors
+    /// From `fcntl`.
+    pub fn set_async_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        self.inner.async_events.set_nonblocking(on)
+    }
+
+    /// Creates a completion channel (`ibv_create_comp_channel`).
+    ///
+    /// # Errors
+    /// [`Error::Limit`] if no descriptor can be created.
+    pub fn create_comp_channel(&self) -> Result<crate::CompChannel> {
+        let q = crate::channel::EventQueue::new().map_err(|_| Error::Limit("file descriptors"))?;
+        Ok(crate::CompChannel { events: Arc::new(q) })
     }
 
     /// Device attributes (`ibv_query_device`).
@@ -259,5 +300,13 @@ fn progress_thread(weak: &Weak<Inner>) {
             (spin / 2).max(SPIN_MIN)
         };
         last_work = StdInstant::now();
+    }
+}
+
+impl std::os::fd::AsFd for Context {
+    /// The async event descriptor (`context->async_fd`): readable while
+    /// asynchronous events wait.
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.inner.async_events.as_fd()
     }
 }

@@ -14,8 +14,11 @@ use uroce_wire::ipv6::Ipv6Repr;
 use uroce_wire::udp::UdpRepr;
 use uroce_wire::{RocePacket, WireError};
 
+use std::sync::Arc;
+
 use crate::backend::Backend;
 use crate::backend::udp::{MAX_GSO_BYTES, MAX_SEGMENTS};
+use crate::channel::EventQueue;
 use crate::mr::MemTable;
 
 /// An asynchronous event (`ibv_async_event`): something that happened to a
@@ -77,6 +80,12 @@ pub(crate) struct CqState {
     pub(crate) cap: usize,
     /// Set when a completion found the ring full (IBV_EVENT_CQ_ERR).
     pub(crate) overflowed: bool,
+    /// The completion channel, if the CQ was created on one.
+    pub(crate) channel: Option<Arc<EventQueue<u32>>>,
+    /// Armed by `req_notify`: `Some(solicited_only)`.
+    pub(crate) armed: Option<bool>,
+    /// CQ events raised on the channel and not yet acknowledged.
+    pub(crate) unacked_events: u64,
 }
 
 /// How a peer fills its IPv4 identification field, learned from its first
@@ -109,12 +118,12 @@ pub(crate) struct Engine {
     txbuf: Vec<u8>,
     solvers: HashMap<usize, IdSolver>,
     /// Asynchronous events not yet read.
-    pub(crate) events: VecDeque<AsyncEvent>,
+    pub(crate) events: Arc<EventQueue<AsyncEvent>>,
     peers: HashMap<IpAddr, PeerIds>,
 }
 
 impl Engine {
-    pub(crate) fn new(backend: Backend) -> Self {
+    pub(crate) fn new(backend: Backend, events: Arc<EventQueue<AsyncEvent>>) -> Self {
         Self {
             mem: MemTable::default(),
             qps: HashMap::new(),
@@ -130,7 +139,7 @@ impl Engine {
             buf: vec![0; 65536],
             txbuf: vec![0; 65536 + 8192],
             solvers: HashMap::new(),
-            events: VecDeque::new(),
+            events,
             peers: HashMap::new(),
         }
     }
@@ -160,10 +169,18 @@ impl Engine {
         id
     }
 
-    pub(crate) fn alloc_cq(&mut self, cap: usize) -> u32 {
+    pub(crate) fn alloc_cq(&mut self, cap: usize, channel: Option<Arc<EventQueue<u32>>>) -> u32 {
         let id = self.next_cq;
         self.next_cq += 1;
-        self.cqs.insert(id, CqState { ring: VecDeque::with_capacity(cap), cap, overflowed: false });
+        let cq = CqState {
+            ring: VecDeque::with_capacity(cap),
+            cap,
+            overflowed: false,
+            channel,
+            armed: None,
+            unacked_events: 0,
+        };
+        self.cqs.insert(id, cq);
         id
     }
 
@@ -361,17 +378,33 @@ impl Engine {
                 if let Some(cq) = self.cqs.get_mut(&id) {
                     if cq.ring.len() >= cq.cap {
                         if !cq.overflowed {
-                            self.events.push_back(AsyncEvent::CqError { cq: id });
+                            self.events.push(AsyncEvent::CqError { cq: id });
                         }
                         cq.overflowed = true;
                     } else {
                         cq.ring.push_back(c);
+                        // An armed CQ raises one event for the next
+                        // completion (solicited-only: a solicited receive or
+                        // any error), then disarms (IBTA C11-…).
+                        let wanted = match cq.armed {
+                            Some(true) => {
+                                (c.is_recv && c.solicited)
+                                    || c.status != uroce_transport::WcStatus::Success
+                            }
+                            Some(false) => true,
+                            None => false,
+                        };
+                        if let (true, Some(ch)) = (wanted, &cq.channel) {
+                            cq.armed = None;
+                            cq.unacked_events += 1;
+                            ch.push(id);
+                        }
                     }
                 }
             }
             while let Some(e) = slot.qp.poll_event() {
                 any = true;
-                self.events.push_back(match e {
+                self.events.push(match e {
                     QpEvent::QpFatal => AsyncEvent::QpFatal { qpn },
                     QpEvent::QpRequestError => AsyncEvent::QpRequestError { qpn },
                     QpEvent::QpAccessError => AsyncEvent::QpAccessError { qpn },
@@ -383,7 +416,7 @@ impl Engine {
         for (&id, srq) in &mut self.srqs {
             if srq.take_limit_event() {
                 any = true;
-                self.events.push_back(AsyncEvent::SrqLimitReached { srq: id });
+                self.events.push(AsyncEvent::SrqLimitReached { srq: id });
             }
         }
         any

@@ -67,6 +67,8 @@
 mod ah;
 #[allow(unsafe_code)]
 mod backend;
+#[allow(unsafe_code)]
+mod channel;
 pub mod config;
 mod context;
 mod device;
@@ -81,6 +83,7 @@ mod verbs;
 
 pub use ah::{Ah, AhAttr};
 pub use backend::sim::SimNetwork;
+pub use channel::CompChannel;
 pub use config::DeviceConfig;
 pub use context::{Context, Options, ProgressMode};
 pub use device::{Device, DeviceAttr, PortAttr, device, devices};

@@ -47,6 +47,15 @@ impl Context {
     /// [`Error::InvalidArgument`] for 0 or more than `max_cqe` entries,
     /// [`Error::Limit`] past `max_cq`.
     pub fn create_cq(&self, cqe: u32) -> Result<Cq> {
+        self.create_cq_with(cqe, None)
+    }
+
+    /// Creates a completion queue that reports to `channel` once armed
+    /// with [`Cq::req_notify`] (`ibv_create_cq` with a channel).
+    ///
+    /// # Errors
+    /// As [`Context::create_cq`].
+    pub fn create_cq_with(&self, cqe: u32, channel: Option<&crate::CompChannel>) -> Result<Cq> {
         if cqe == 0 || cqe > limits::MAX_CQE {
             return Err(Error::InvalidArgument("cqe out of range"));
         }
@@ -54,7 +63,7 @@ impl Context {
         if e.cqs.len() as u32 >= limits::MAX_CQ {
             return Err(Error::Limit("max_cq"));
         }
-        let id = e.alloc_cq(cqe as usize);
+        let id = e.alloc_cq(cqe as usize, channel.map(|c| c.events.clone()));
         Ok(Cq { inner: Arc::new(CqInner { ctx: self.inner.clone(), id, cqe }) })
     }
 }
@@ -317,6 +326,37 @@ impl Cq {
     /// Capacity.
     pub fn cqe(&self) -> u32 {
         self.inner.cqe
+    }
+
+    /// Arms the CQ (`ibv_req_notify_cq`): the next completion (with
+    /// `solicited_only`, the next solicited receive or error completion)
+    /// raises one event on the CQ's channel. Completions already queued do
+    /// not: poll again after arming, as verbs programs do.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if the CQ has no channel.
+    pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
+        let mut e = self.inner.ctx.lock();
+        let cq = e.cqs.get_mut(&self.inner.id).ok_or(Error::InvalidArgument("CQ destroyed"))?;
+        if cq.channel.is_none() {
+            return Err(Error::InvalidArgument("CQ has no completion channel"));
+        }
+        cq.armed = Some(solicited_only);
+        Ok(())
+    }
+
+    /// Acknowledges `n` events taken from the channel for this CQ
+    /// (`ibv_ack_cq_events`).
+    pub fn ack_events(&self, n: u32) {
+        let mut e = self.inner.ctx.lock();
+        if let Some(cq) = e.cqs.get_mut(&self.inner.id) {
+            cq.unacked_events = cq.unacked_events.saturating_sub(u64::from(n));
+        }
+    }
+
+    /// Events raised and not yet acknowledged.
+    pub fn unacked_events(&self) -> u64 {
+        self.inner.ctx.lock().cqs.get(&self.inner.id).map_or(0, |c| c.unacked_events)
     }
 
     /// Fills `out` with completions, oldest first, and returns how many

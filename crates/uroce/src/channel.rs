@@ -1,0 +1,130 @@
+//! UNSAFE ISLAND (small): completion channels and the async event queue,
+//! each a queue plus an `eventfd` in semaphore mode, so that a descriptor
+//! becomes readable exactly while events wait (usable with poll, epoll and
+//! therefore tokio). The only `unsafe` is the eventfd read/write.
+//!
+//! No lost wake-ups: an event is queued and the counter incremented under
+//! the queue's lock; a reader first takes one count from the descriptor
+//! (blocking, or failing with EAGAIN when non-blocking) and only then pops
+//! one queued event, so counts and queue entries always pair up.
+
+use std::collections::VecDeque;
+use std::io;
+use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
+use std::sync::{Arc, Mutex};
+
+/// A queue of `T` with a readable descriptor.
+#[derive(Debug)]
+pub(crate) struct EventQueue<T> {
+    fd: OwnedFd,
+    queue: Mutex<VecDeque<T>>,
+}
+
+impl<T> EventQueue<T> {
+    pub(crate) fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes no pointers; a negative result is an error.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC | libc::EFD_SEMAPHORE) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self { fd, queue: Mutex::new(VecDeque::new()) })
+    }
+
+    /// Queues an event and makes the descriptor readable.
+    pub(crate) fn push(&self, ev: T) {
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.push_back(ev);
+        let one: u64 = 1;
+        // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
+        unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
+    }
+
+    /// Takes one event: blocks while none waits, unless the descriptor was
+    /// made non-blocking (then `WouldBlock`).
+    pub(crate) fn pop(&self) -> io::Result<T> {
+        let mut count = 0u64;
+        loop {
+            // SAFETY: reads 8 bytes into a live u64 from our own eventfd.
+            let r = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut count).cast(), 8) };
+            if r == 8 {
+                break;
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+        let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
+        q.pop_front().ok_or_else(|| io::Error::other("event count without event"))
+    }
+
+    /// Events waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+
+    /// Sets or clears `O_NONBLOCK` on the descriptor.
+    pub(crate) fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: fcntl on our own descriptor, integer arguments only.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let new = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd, libc::F_SETFL, new) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl<T> AsFd for EventQueue<T> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
+/// A completion channel (`ibv_comp_channel`): CQs created on it report
+/// "a completion arrived" here once armed with [`crate::Cq::req_notify`].
+/// Its descriptor ([`AsFd`]) is readable while events wait.
+#[derive(Clone, Debug)]
+pub struct CompChannel {
+    pub(crate) events: Arc<EventQueue<u32>>,
+}
+
+impl CompChannel {
+    /// Waits for the next CQ event (`ibv_get_cq_event`) and returns the
+    /// handle of the CQ that raised it ([`crate::Cq::handle`]). Blocks
+    /// unless the channel is non-blocking. Completions must still be
+    /// acknowledged on the CQ ([`crate::Cq::ack_events`]).
+    ///
+    /// # Errors
+    /// `WouldBlock` on a non-blocking channel with no event.
+    pub fn get_event(&self) -> io::Result<u32> {
+        self.events.pop()
+    }
+
+    /// Makes [`CompChannel::get_event`] non-blocking (as setting
+    /// `O_NONBLOCK` on `channel->fd` does in C).
+    ///
+    /// # Errors
+    /// From `fcntl`.
+    pub fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        self.events.set_nonblocking(on)
+    }
+
+    /// Events waiting to be read.
+    pub fn pending(&self) -> usize {
+        self.events.len()
+    }
+}
+
+impl AsFd for CompChannel {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.events.as_fd()
+    }
+}
