@@ -128,3 +128,9 @@ impl AsFd for CompChannel {
         self.events.as_fd()
     }
 }
+
+impl AsRawFd for CompChannel {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        self.events.fd.as_raw_fd()
+    }
+}

@@ -44,6 +44,9 @@ pub enum Error {
     /// An access outside a memory region.
     #[error("access outside the memory region")]
     OutOfBounds,
+    /// An I/O error from a descriptor (channels, async events).
+    #[error(transparent)]
+    Io(std::io::Error),
 }
 
 impl Error {
@@ -57,6 +60,7 @@ impl Error {
             Self::Limit(_) => libc::ENOMEM,
             Self::Modify(e) => e.errno(),
             Self::Post { error, .. } => error.errno(),
+            Self::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
         }
     }
 }

@@ -56,6 +56,10 @@
 //! See [`ProgressMode`]: a background thread by default, inline progress
 //! from every poll and post.
 //!
+//! # Cargo features
+//!
+//! - `tokio`: [`AsyncCq`], completions as futures (`cq.next().await`).
+//!
 //! # Status
 //!
 //! RC over the `udp` backend works; UC, UD, SRQs, completion channels and
@@ -65,6 +69,8 @@
 #![deny(unsafe_code)]
 
 mod ah;
+#[cfg(feature = "tokio")]
+mod async_cq;
 #[allow(unsafe_code)]
 mod backend;
 #[allow(unsafe_code)]
@@ -82,6 +88,8 @@ mod netif;
 mod verbs;
 
 pub use ah::{Ah, AhAttr};
+#[cfg(feature = "tokio")]
+pub use async_cq::AsyncCq;
 pub use backend::sim::SimNetwork;
 pub use channel::CompChannel;
 pub use config::DeviceConfig;
