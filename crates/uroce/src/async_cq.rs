@@ -1,5 +1,8 @@
 //! Completions as futures on a tokio runtime (feature `tokio`).
 //!
+//! UNSAFE ISLAND (one call): registering the channel descriptor with
+//! tokio's reactor.
+//!
 //! An [`AsyncCq`] owns a CQ created on a completion channel and registers
 //! the channel's descriptor with tokio's reactor. `next().await` polls the
 //! CQ, arms it, polls again (closing the race with completions that
@@ -7,6 +10,7 @@
 
 use std::io;
 
+use tokio::io::Interest;
 use tokio::io::unix::AsyncFd;
 
 use crate::channel::CompChannel;
@@ -37,7 +41,10 @@ impl AsyncCq {
     /// I/O errors registering the descriptor.
     pub fn new(cq: Cq, channel: CompChannel) -> io::Result<Self> {
         channel.set_nonblocking(true)?;
-        let fd = AsyncFd::new(channel.clone())?;
+        // SAFETY: the clone holds the channel's event queue, which owns the
+        // descriptor, so it stays open (and `as_raw_fd` returns the same
+        // number) for as long as the AsyncFd lives.
+        let fd = unsafe { AsyncFd::register_with_interest(channel.clone(), Interest::READABLE) }?;
         Ok(Self { cq, channel, fd })
     }
 

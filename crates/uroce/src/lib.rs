@@ -70,6 +70,7 @@
 
 mod ah;
 #[cfg(feature = "tokio")]
+#[allow(unsafe_code)]
 mod async_cq;
 #[allow(unsafe_code)]
 mod backend;
