@@ -6,7 +6,7 @@ use std::process::Command;
 #[test]
 fn two_processes_run_every_rc_operation() {
     // A port of our own so parallel test runs do not collide.
-    let port = 30000 + (std::process::id() % 20000) as u16;
+    let port = uroce::testing::free_port();
     let out = Command::new(env!("CARGO_BIN_EXE_uroce"))
         .args(["demo", "-n", "50", "--port", &port.to_string()])
         .output()

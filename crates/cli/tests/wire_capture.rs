@@ -24,7 +24,7 @@ fn captured_packets_are_clean_rocev2_with_good_icrc() {
         eprintln!("tshark not installed: skipped");
         return;
     }
-    let port = 40000 + (std::process::id() % 10000) as u16;
+    let port = uroce::testing::free_port();
     let dir = std::env::temp_dir().join(format!("uroce-cap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cap: PathBuf = dir.join("lo.pcapng");

@@ -4,7 +4,7 @@
 
 use std::cell::RefCell;
 
-use uroce_transport::{Access, AccessError, AtomicOp, Key, Memory};
+use uroce_transport::{Access, AccessError, Accessor, AtomicOp, Key, Memory};
 
 const GUARD: usize = 64;
 const GUARD_BYTE: u8 = 0xa5;
@@ -134,34 +134,40 @@ impl Memory for TestMemory {
     fn check(
         &self,
         key: Key,
-        pd: u32,
+        who: Accessor,
         addr: u64,
         len: u64,
         access: Access,
     ) -> Result<(), AccessError> {
-        self.locate(key, pd, addr, len, access).map(|_| ())
+        self.locate(key, who.pd, addr, len, access).map(|_| ())
     }
 
-    fn read(&self, key: Key, pd: u32, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
+    fn read(&self, key: Key, who: Accessor, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
         let need = if matches!(key, Key::Remote(_)) { Access::REMOTE_READ } else { Access::NONE };
-        let (i, off) = self.locate(key, pd, addr, out.len() as u64, need)?;
+        let (i, off) = self.locate(key, who.pd, addr, out.len() as u64, need)?;
         out.copy_from_slice(&self.regions.borrow()[i].bytes[off..off + out.len()]);
         Ok(())
     }
 
-    fn write(&self, key: Key, pd: u32, addr: u64, data: &[u8]) -> Result<(), AccessError> {
+    fn write(&self, key: Key, who: Accessor, addr: u64, data: &[u8]) -> Result<(), AccessError> {
         let need =
             if matches!(key, Key::Remote(_)) { Access::REMOTE_WRITE } else { Access::LOCAL_WRITE };
-        let (i, off) = self.locate(key, pd, addr, data.len() as u64, need)?;
+        let (i, off) = self.locate(key, who.pd, addr, data.len() as u64, need)?;
         self.regions.borrow_mut()[i].bytes[off..off + data.len()].copy_from_slice(data);
         Ok(())
     }
 
-    fn atomic(&self, rkey: u32, pd: u32, addr: u64, op: AtomicOp) -> Result<u64, AccessError> {
+    fn atomic(
+        &self,
+        rkey: u32,
+        who: Accessor,
+        addr: u64,
+        op: AtomicOp,
+    ) -> Result<u64, AccessError> {
         if !addr.is_multiple_of(8) {
             return Err(AccessError::Misaligned);
         }
-        let (i, off) = self.locate(Key::Remote(rkey), pd, addr, 8, Access::REMOTE_ATOMIC)?;
+        let (i, off) = self.locate(Key::Remote(rkey), who.pd, addr, 8, Access::REMOTE_ATOMIC)?;
         let mut regs = self.regions.borrow_mut();
         let cell = &mut regs[i].bytes[off..off + 8];
         let orig = u64::from_ne_bytes(cell.try_into().map_err(|_| AccessError::OutOfBounds)?);

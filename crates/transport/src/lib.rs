@@ -23,7 +23,7 @@ pub mod stats;
 mod time;
 pub mod wqe;
 
-pub use memory::{AccessError, AtomicOp, Key, Memory};
+pub use memory::{AccessError, Accessor, AtomicOp, Key, Memory, MwBind, MwType};
 pub use qp::attr::{Access, AttrMask, ModifyError, Path, QpAttr, QpState, QpType};
 pub use qp::{AsyncEvent, PostError, Qp, QpCaps, QpInit, Transmit};
 pub use srq::Srq;

@@ -31,6 +31,8 @@ pub(crate) struct SendWqe {
     pub(crate) counted: bool,
     /// UD destination.
     pub(crate) ud: Option<crate::wqe::UdDest>,
+    /// Memory window bind.
+    pub(crate) bind: Option<crate::memory::MwBind>,
 }
 
 impl SendWqe {
@@ -52,6 +54,7 @@ impl SendWqe {
         npsn: 0,
         counted: false,
         ud: None,
+        bind: None,
     };
 
     /// The last PSN of the WQE (valid once assigned).

@@ -147,6 +147,8 @@ pub struct SendWr<'a> {
     pub swap: u64,
     /// Destination of a UD send (required on UD QPs, ignored otherwise).
     pub ud: Option<UdDest>,
+    /// The bind of a `BindMw` WR.
+    pub bind: Option<crate::memory::MwBind>,
 }
 
 impl Default for SendWr<'_> {
@@ -163,6 +165,7 @@ impl Default for SendWr<'_> {
             compare_add: 0,
             swap: 0,
             ud: None,
+            bind: None,
         }
     }
 }

@@ -112,6 +112,7 @@ impl Device {
             max_srq_wr: limits::MAX_SRQ_WR,
             max_srq_sge: limits::MAX_SGE,
             max_ah: limits::MAX_AH,
+            max_mw: limits::MAX_MW,
             atomic_cap_global: true,
             phys_port_cnt: 1,
         }
@@ -170,6 +171,7 @@ pub struct DeviceAttr {
     pub max_srq_wr: u32,
     pub max_srq_sge: u32,
     pub max_ah: u32,
+    pub max_mw: u32,
     /// Atomics are atomic with respect to the CPU and every QP of the host
     /// (`IBV_ATOMIC_GLOB`).
     pub atomic_cap_global: bool,

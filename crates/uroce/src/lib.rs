@@ -101,12 +101,12 @@ pub use error::{Error, Result};
 pub use uroce_sim::LinkConfig;
 pub use uroce_transport as transport;
 pub use uroce_transport::{
-    Access, AttrMask, Completion, Path, QpAttr, QpCaps, QpState, QpType, RecvWr, SendFlags, SendWr,
-    Sge, Stats, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    Access, AttrMask, Completion, MwBind, MwType, Path, QpAttr, QpCaps, QpState, QpType, RecvWr,
+    SendFlags, SendWr, Sge, Stats, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 pub use uroce_wire as wire;
 pub use uroce_wire::{LocalAckTimeout, Mtu, Psn, RnrTimer};
-pub use verbs::{Cq, Mr, Pd, Qp, QpInitAttr, Srq, SrqAttr};
+pub use verbs::{Cq, Mr, Mw, Pd, Qp, QpInitAttr, Srq, SrqAttr, inc_rkey};
 
 /// Moves an RC or UC QP from RESET to RTS connected to `peer` (the usual
 /// three `ibv_modify_qp` calls of every verbs example), with perftest's
@@ -197,4 +197,31 @@ pub fn connect_rc(
     access: Access,
 ) -> Result<()> {
     connect(qp, peer, peer_port, peer_qpn, my_psn, peer_psn, access)
+}
+
+/// Helpers for tests and tools that need ports of their own.
+#[doc(hidden)]
+pub mod testing {
+    use std::net::UdpSocket;
+    use std::sync::atomic::{AtomicU16, Ordering};
+
+    /// A UDP port free on both 127.0.0.1 and 127.0.0.2 right now (the
+    /// kernel picks one for the first address; it is checked on the
+    /// second). Each call in a process returns a different port.
+    pub fn free_port() -> u16 {
+        static LAST: AtomicU16 = AtomicU16::new(0);
+        loop {
+            let Ok(a) = UdpSocket::bind("127.0.0.1:0") else { continue };
+            let Ok(addr) = a.local_addr() else { continue };
+            let port = addr.port();
+            if LAST.swap(port, Ordering::Relaxed) == port {
+                continue;
+            }
+            if UdpSocket::bind(("127.0.0.2", port)).is_ok()
+                && UdpSocket::bind(("::1", port)).is_ok()
+            {
+                return port;
+            }
+        }
+    }
 }

@@ -33,3 +33,5 @@ pub const MAX_SRQ_WR: u32 = 16384;
 /// Address handles per context (AHs are plain values here; the limit is
 /// what `query_device` reports).
 pub const MAX_AH: u32 = 1 << 20;
+/// Memory windows per context.
+pub const MAX_MW: u32 = 1 << 16;

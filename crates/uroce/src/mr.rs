@@ -20,7 +20,9 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use uroce_transport::{Access, AccessError, AtomicOp, Key, Memory};
+use std::cell::RefCell;
+
+use uroce_transport::{Access, AccessError, Accessor, AtomicOp, Key, Memory, MwBind, MwType};
 
 /// One registration.
 #[derive(Debug)]
@@ -46,12 +48,44 @@ struct Slot {
     region: Option<Region>,
 }
 
-/// The key table of one context: lkey == rkey == (index << 8) | key byte.
+/// A memory window's binding.
+#[derive(Debug, Clone, Copy)]
+struct Binding {
+    mr_key: u32,
+    addr: u64,
+    len: u64,
+    access: Access,
+    /// The QP a type 2 window is bound to.
+    qpn: u32,
+}
+
+#[derive(Debug)]
+struct Window {
+    pd: u32,
+    kind: MwType,
+    bound: Option<Binding>,
+}
+
+#[derive(Debug, Default)]
+struct WinSlot {
+    key_byte: u8,
+    win: Option<Window>,
+}
+
+/// Bit 23 of a key's index marks a memory window.
+const MW_INDEX: u32 = 0x80_0000;
+
+/// The key table of one context: an MR's lkey == rkey == (index << 8) | key
+/// byte; a window's rkey has bit 31 set. Windows change state through
+/// `&self` (a bind or an invalidation runs inside the transport), hence the
+/// RefCell; the table is only ever used under the context's lock.
 #[derive(Debug, Default)]
 pub(crate) struct MemTable {
     slots: Vec<Slot>,
     free: Vec<usize>,
     live: usize,
+    windows: RefCell<Vec<WinSlot>>,
+    free_windows: Vec<usize>,
 }
 
 impl MemTable {
@@ -118,19 +152,24 @@ impl MemTable {
     fn locate(
         &self,
         key: Key,
-        pd: u32,
+        who: Accessor,
         addr: u64,
         len: u64,
         access: Access,
     ) -> Result<(&Region, usize), AccessError> {
-        let k = match key {
-            Key::Local(k) | Key::Remote(k) => k,
+        let (k, region_access) = match key {
+            // A window checked the remote rights; the region underneath
+            // only has to be alive and in the same PD.
+            Key::Remote(k) if k & (MW_INDEX << 8) != 0 => {
+                (self.resolve_mw(k, who, addr, len, access)?, Access::NONE)
+            }
+            Key::Local(k) | Key::Remote(k) => (k, access),
         };
         let r = self.lookup(k).ok_or(AccessError::InvalidKey)?;
-        if r.pd != pd {
+        if r.pd != who.pd {
             return Err(AccessError::WrongPd);
         }
-        if !r.access.contains(access) {
+        if !r.access.contains(region_access) {
             return Err(AccessError::NotPermitted);
         }
         let end = addr.checked_add(len).ok_or(AccessError::OutOfBounds)?;
@@ -138,6 +177,83 @@ impl MemTable {
             return Err(AccessError::OutOfBounds);
         }
         Ok((r, (addr - r.addr) as usize))
+    }
+
+    /// Allocates an unbound memory window; returns its R_Key.
+    pub(crate) fn alloc_mw(&mut self, pd: u32, kind: MwType) -> u32 {
+        let wins = self.windows.get_mut();
+        let idx = match self.free_windows.pop() {
+            Some(i) => i,
+            None => {
+                wins.push(WinSlot::default());
+                wins.len() - 1
+            }
+        };
+        let slot = &mut wins[idx];
+        slot.key_byte = slot.key_byte.wrapping_add(0x3b);
+        slot.win = Some(Window { pd, kind, bound: None });
+        ((MW_INDEX | idx as u32) << 8) | u32::from(slot.key_byte)
+    }
+
+    /// Frees a window (named by any of its keys).
+    pub(crate) fn dealloc_mw(&mut self, rkey: u32) -> bool {
+        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
+        match self.windows.get_mut().get_mut(idx) {
+            Some(s) if s.win.is_some() => {
+                s.win = None;
+                self.free_windows.push(idx);
+                true
+            }
+            _ => false,
+        }
+    }
+
+    /// A window's current R_Key.
+    pub(crate) fn mw_rkey(&self, rkey: u32) -> Option<u32> {
+        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
+        let w = self.windows.borrow();
+        let s = w.get(idx)?;
+        s.win.as_ref()?;
+        Some((rkey & !0xff) | u32::from(s.key_byte))
+    }
+
+    /// Windows alive.
+    pub(crate) fn windows_len(&self) -> usize {
+        self.windows.borrow().iter().filter(|w| w.win.is_some()).count()
+    }
+
+    /// Checks an access through window `rkey` and returns the key of the
+    /// region underneath.
+    fn resolve_mw(
+        &self,
+        rkey: u32,
+        who: Accessor,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<u32, AccessError> {
+        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
+        let wins = self.windows.borrow();
+        let s = wins.get(idx).ok_or(AccessError::InvalidKey)?;
+        if u32::from(s.key_byte) != rkey & 0xff {
+            return Err(AccessError::InvalidKey);
+        }
+        let w = s.win.as_ref().ok_or(AccessError::InvalidKey)?;
+        let b = w.bound.ok_or(AccessError::InvalidKey)?;
+        if w.pd != who.pd {
+            return Err(AccessError::WrongPd);
+        }
+        if w.kind == MwType::Type2 && b.qpn != who.qpn {
+            return Err(AccessError::InvalidKey);
+        }
+        if !b.access.contains(access) {
+            return Err(AccessError::NotPermitted);
+        }
+        let end = addr.checked_add(len).ok_or(AccessError::OutOfBounds)?;
+        if addr < b.addr || end > b.addr + b.len {
+            return Err(AccessError::OutOfBounds);
+        }
+        Ok(b.mr_key)
     }
 
     /// Copies into a region for the application (owned buffers), with
@@ -178,16 +294,16 @@ impl Memory for MemTable {
     fn check(
         &self,
         key: Key,
-        pd: u32,
+        who: Accessor,
         addr: u64,
         len: u64,
         access: Access,
     ) -> Result<(), AccessError> {
-        self.locate(key, pd, addr, len, access).map(|_| ())
+        self.locate(key, who, addr, len, access).map(|_| ())
     }
 
-    fn read(&self, key: Key, pd: u32, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
-        let (r, off) = self.locate(key, pd, addr, out.len() as u64, need(key, false))?;
+    fn read(&self, key: Key, who: Accessor, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        let (r, off) = self.locate(key, who, addr, out.len() as u64, need(key, false))?;
         // SAFETY: `locate` checked bounds (invariant 3) and the region is
         // alive (invariants 1, 2). `copy` tolerates overlap, which a caller
         // could produce by registering its own packet buffer.
@@ -195,18 +311,24 @@ impl Memory for MemTable {
         Ok(())
     }
 
-    fn write(&self, key: Key, pd: u32, addr: u64, data: &[u8]) -> Result<(), AccessError> {
-        let (r, off) = self.locate(key, pd, addr, data.len() as u64, need(key, true))?;
+    fn write(&self, key: Key, who: Accessor, addr: u64, data: &[u8]) -> Result<(), AccessError> {
+        let (r, off) = self.locate(key, who, addr, data.len() as u64, need(key, true))?;
         // SAFETY: as in `read`.
         unsafe { std::ptr::copy(data.as_ptr(), r.ptr.as_ptr().add(off), data.len()) };
         Ok(())
     }
 
-    fn atomic(&self, rkey: u32, pd: u32, addr: u64, op: AtomicOp) -> Result<u64, AccessError> {
+    fn atomic(
+        &self,
+        rkey: u32,
+        who: Accessor,
+        addr: u64,
+        op: AtomicOp,
+    ) -> Result<u64, AccessError> {
         if !addr.is_multiple_of(8) {
             return Err(AccessError::Misaligned);
         }
-        let (r, off) = self.locate(Key::Remote(rkey), pd, addr, 8, Access::REMOTE_ATOMIC)?;
+        let (r, off) = self.locate(Key::Remote(rkey), who, addr, 8, Access::REMOTE_ATOMIC)?;
         let p = r.ptr.as_ptr().wrapping_add(off);
         if !(p as usize).is_multiple_of(8) {
             // The IOVA is aligned but the host address is not (a
@@ -225,6 +347,76 @@ impl Memory for MemTable {
             }
             AtomicOp::FetchAdd { add } => cell.fetch_add(add, Ordering::AcqRel),
         })
+    }
+
+    fn bind_mw(&self, who: Accessor, bind: &MwBind) -> Result<u32, AccessError> {
+        if bind.new_rkey & !0xff != bind.mw_rkey & !0xff {
+            return Err(AccessError::InvalidKey);
+        }
+        // The region: alive, same PD, MW_BIND granted, the range inside it,
+        // and local write under remote write or atomic rights.
+        if bind.length > 0 {
+            let r = self.lookup(bind.mr_lkey).ok_or(AccessError::InvalidKey)?;
+            if r.pd != who.pd {
+                return Err(AccessError::WrongPd);
+            }
+            let remote_writes = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0);
+            if !r.access.contains(Access::MW_BIND)
+                || (bind.access.0 & remote_writes.0 != 0 && !r.access.contains(Access::LOCAL_WRITE))
+            {
+                return Err(AccessError::NotPermitted);
+            }
+            let end = bind.addr.checked_add(bind.length).ok_or(AccessError::OutOfBounds)?;
+            if bind.addr < r.addr || end > r.addr + r.len as u64 {
+                return Err(AccessError::OutOfBounds);
+            }
+        }
+        let idx = ((bind.mw_rkey >> 8) & !MW_INDEX) as usize;
+        let mut wins = self.windows.borrow_mut();
+        let s = wins.get_mut(idx).ok_or(AccessError::InvalidKey)?;
+        if u32::from(s.key_byte) != bind.mw_rkey & 0xff {
+            return Err(AccessError::InvalidKey);
+        }
+        let w = s.win.as_mut().ok_or(AccessError::InvalidKey)?;
+        if w.pd != who.pd {
+            return Err(AccessError::WrongPd);
+        }
+        // A bound type 2 window must be invalidated before a new bind.
+        if w.kind == MwType::Type2 && w.bound.is_some() {
+            return Err(AccessError::NotPermitted);
+        }
+        w.bound = (bind.length > 0).then_some(Binding {
+            mr_key: bind.mr_lkey,
+            addr: bind.addr,
+            len: bind.length,
+            access: bind.access,
+            qpn: who.qpn,
+        });
+        s.key_byte = bind.new_rkey as u8;
+        Ok(bind.new_rkey)
+    }
+
+    fn invalidate(&self, who: Accessor, rkey: u32, remote: bool) -> Result<(), AccessError> {
+        if rkey & (MW_INDEX << 8) == 0 {
+            // Regular MRs cannot be invalidated (no fast-registration MRs).
+            return Err(AccessError::NotPermitted);
+        }
+        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
+        let mut wins = self.windows.borrow_mut();
+        let s = wins.get_mut(idx).ok_or(AccessError::InvalidKey)?;
+        if u32::from(s.key_byte) != rkey & 0xff {
+            return Err(AccessError::InvalidKey);
+        }
+        let w = s.win.as_mut().ok_or(AccessError::InvalidKey)?;
+        let b = w.bound.ok_or(AccessError::InvalidKey)?;
+        if w.pd != who.pd {
+            return Err(AccessError::WrongPd);
+        }
+        if w.kind != MwType::Type2 || (remote && b.qpn != who.qpn) {
+            return Err(AccessError::NotPermitted);
+        }
+        w.bound = None;
+        Ok(())
     }
 }
 
@@ -266,6 +458,9 @@ impl Drop for OwnedBuf {
 mod tests {
     use super::*;
 
+    const A7: Accessor = Accessor { pd: 7, qpn: 1 };
+    const A8: Accessor = Accessor { pd: 8, qpn: 1 };
+
     #[test]
     fn keys_checks_and_stale_keys() {
         let buf = OwnedBuf::new(100).unwrap();
@@ -277,32 +472,32 @@ mod tests {
         // SAFETY: `buf` outlives the registration (deregistered below).
         let k = unsafe { t.register(buf.ptr(), 100, 0x1000, 7, all) };
         assert_ne!(k, 0);
-        t.write(Key::Remote(k), 7, 0x1000 + 8, &5u64.to_ne_bytes()).unwrap();
-        assert_eq!(t.atomic(k, 7, 0x1008, AtomicOp::FetchAdd { add: 2 }), Ok(5));
-        assert_eq!(t.atomic(k, 7, 0x1008, AtomicOp::CompareSwap { compare: 7, swap: 1 }), Ok(7));
+        t.write(Key::Remote(k), A7, 0x1000 + 8, &5u64.to_ne_bytes()).unwrap();
+        assert_eq!(t.atomic(k, A7, 0x1008, AtomicOp::FetchAdd { add: 2 }), Ok(5));
+        assert_eq!(t.atomic(k, A7, 0x1008, AtomicOp::CompareSwap { compare: 7, swap: 1 }), Ok(7));
         let mut out = [0u8; 8];
-        t.read(Key::Local(k), 7, 0x1008, &mut out).unwrap();
+        t.read(Key::Local(k), A7, 0x1008, &mut out).unwrap();
         assert_eq!(u64::from_ne_bytes(out), 1);
-        assert_eq!(t.check(Key::Remote(k), 8, 0x1000, 1, Access::NONE), Err(AccessError::WrongPd));
+        assert_eq!(t.check(Key::Remote(k), A8, 0x1000, 1, Access::NONE), Err(AccessError::WrongPd));
         assert_eq!(
-            t.check(Key::Remote(k), 7, 0x1000, 101, Access::NONE),
+            t.check(Key::Remote(k), A7, 0x1000, 101, Access::NONE),
             Err(AccessError::OutOfBounds)
         );
         assert_eq!(
-            t.check(Key::Remote(k), 7, 0xfff, 1, Access::NONE),
+            t.check(Key::Remote(k), A7, 0xfff, 1, Access::NONE),
             Err(AccessError::OutOfBounds)
         );
         assert_eq!(
-            t.check(Key::Remote(k), 7, u64::MAX, 2, Access::NONE),
+            t.check(Key::Remote(k), A7, u64::MAX, 2, Access::NONE),
             Err(AccessError::OutOfBounds)
         );
         assert_eq!(
-            t.atomic(k, 7, 0x1004, AtomicOp::FetchAdd { add: 1 }),
+            t.atomic(k, A7, 0x1004, AtomicOp::FetchAdd { add: 1 }),
             Err(AccessError::Misaligned)
         );
         assert!(t.deregister(k));
         assert_eq!(
-            t.check(Key::Remote(k), 7, 0x1000, 1, Access::NONE),
+            t.check(Key::Remote(k), A7, 0x1000, 1, Access::NONE),
             Err(AccessError::InvalidKey)
         );
         // Re-registration in the same slot gets a different key byte.
@@ -311,11 +506,11 @@ mod tests {
         assert_eq!(k2 >> 8, k >> 8);
         assert_ne!(k2, k);
         assert_eq!(
-            t.check(Key::Remote(k), 7, 0x1000, 1, Access::NONE),
+            t.check(Key::Remote(k), A7, 0x1000, 1, Access::NONE),
             Err(AccessError::InvalidKey)
         );
         assert_eq!(
-            t.check(Key::Remote(k2), 7, 0x1000, 1, Access::REMOTE_READ),
+            t.check(Key::Remote(k2), A7, 0x1000, 1, Access::REMOTE_READ),
             Err(AccessError::NotPermitted)
         );
         assert!(t.deregister(k2));

@@ -4,7 +4,8 @@ use std::ptr::NonNull;
 use std::sync::Arc;
 
 use uroce_transport::{
-    Access, AttrMask, Completion, QpAttr, QpCaps, QpInit, QpType, RecvWr, SendWr, Sge,
+    Access, AttrMask, Completion, MwBind, MwType, QpAttr, QpCaps, QpInit, QpType, RecvWr,
+    SendFlags, SendWr, Sge, WrOpcode,
 };
 
 use crate::context::{Context, Inner};
@@ -583,5 +584,116 @@ impl Srq {
     /// Whether no WQE is waiting.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
+    }
+}
+
+/// A memory window (`ibv_mw`): remote access to part of a region under its
+/// own R_Key and rights, bound with [`Qp::bind_mw`] (type 1) or a
+/// `BindMw` work request (type 2).
+pub struct Mw {
+    ctx: Arc<Inner>,
+    key: u32,
+    kind: MwType,
+    _pd: Pd,
+}
+
+impl std::fmt::Debug for Mw {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Mw({:?}, rkey {:#x})", self.kind, self.rkey())
+    }
+}
+
+/// The next R_Key of a window: same index, next key byte (`ibv_inc_rkey`).
+pub fn inc_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
+}
+
+impl Pd {
+    /// Allocates an unbound memory window (`ibv_alloc_mw`).
+    ///
+    /// # Errors
+    /// [`Error::Limit`] past `max_mw`.
+    pub fn alloc_mw(&self, kind: MwType) -> Result<Mw> {
+        let mut e = self.ctx.lock();
+        if e.mem.windows_len() as u32 >= limits::MAX_MW {
+            return Err(Error::Limit("max_mw"));
+        }
+        let key = e.mem.alloc_mw(self.handle, kind);
+        Ok(Mw { ctx: self.ctx.clone(), key, kind, _pd: self.clone() })
+    }
+}
+
+impl Mw {
+    /// The window's current R_Key (it changes with every bind).
+    pub fn rkey(&self) -> u32 {
+        self.ctx.lock().mem.mw_rkey(self.key).unwrap_or(self.key)
+    }
+
+    /// Type 1 or type 2.
+    pub fn kind(&self) -> MwType {
+        self.kind
+    }
+
+    /// The `bind` of a type 2 `BindMw` work request over `len` bytes of
+    /// `mr` at `offset`, giving the window the R_Key [`inc_rkey`] of its
+    /// current one.
+    ///
+    /// # Errors
+    /// [`Error::OutOfBounds`] for a range outside the region.
+    pub fn bind_info(&self, mr: &Mr, offset: usize, len: usize, access: Access) -> Result<MwBind> {
+        if offset.checked_add(len).is_none_or(|e| e > mr.len()) {
+            return Err(Error::OutOfBounds);
+        }
+        let cur = self.rkey();
+        Ok(MwBind {
+            mw_rkey: cur,
+            new_rkey: inc_rkey(cur),
+            mr_lkey: mr.lkey(),
+            addr: mr.addr() + offset as u64,
+            length: len as u64,
+            access,
+        })
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        self.ctx.lock().mem.dealloc_mw(self.key);
+    }
+}
+
+impl Qp {
+    /// Binds a type 1 window over `len` bytes of `mr` at `offset`
+    /// (`ibv_bind_mw`): posts the bind on this QP's send queue (it runs
+    /// after the WRs before it and completes as `BindMw`) and returns the
+    /// window's new R_Key. A length of 0 unbinds.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a type 2 window; [`Error::OutOfBounds`];
+    /// [`Error::Post`].
+    pub fn bind_mw(
+        &self,
+        mw: &Mw,
+        mr: &Mr,
+        offset: usize,
+        len: usize,
+        access: Access,
+        wr_id: u64,
+    ) -> Result<u32> {
+        if mw.kind != MwType::Type1 {
+            return Err(Error::InvalidArgument(
+                "ibv_bind_mw binds type 1 windows; post a BindMw WR for type 2",
+            ));
+        }
+        let bind = mw.bind_info(mr, offset, len, access)?;
+        let wr = SendWr {
+            wr_id,
+            opcode: WrOpcode::BindMw,
+            flags: SendFlags::SIGNALED,
+            bind: Some(bind),
+            ..SendWr::default()
+        };
+        self.post_send(&[wr])?;
+        Ok(bind.new_rkey)
     }
 }

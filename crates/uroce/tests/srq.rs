@@ -66,7 +66,7 @@ fn event(ctx: &Context) -> AsyncEvent {
 
 #[test]
 fn two_qps_share_one_srq() {
-    let port = 21000 + (std::process::id() % 9000) as u16;
+    let port = uroce::testing::free_port();
     let (ca, pa, cqa, ma) = open("127.0.0.1", port);
     let (cb, pb, cqb, mb) = open("127.0.0.2", port);
     let srq = cb.create_srq(&SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 }).unwrap();
@@ -120,7 +120,7 @@ fn two_qps_share_one_srq() {
 
 #[test]
 fn srq_limit_rnr_and_last_wqe() {
-    let port = 21000 + (std::process::id() % 9000) as u16 + 1;
+    let port = uroce::testing::free_port();
     let (_ca, pa, cqa, ma) = open("127.0.0.1", port);
     let (cb, pb, cqb, mb) = open("127.0.0.2", port);
     let srq = cb.create_srq(&SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 }).unwrap();

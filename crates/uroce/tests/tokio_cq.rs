@@ -12,7 +12,7 @@ const ALL: Access = Access(1 | 2 | 4 | 8);
 
 #[test]
 fn completions_are_awaited() {
-    let port = 23000 + (std::process::id() % 9000) as u16;
+    let port = uroce::testing::free_port();
     let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
     rt.block_on(async {
         let open = |a: &str| {

@@ -298,7 +298,7 @@ impl Qp {
         let mut at = 0usize;
         for (sge, off, l) in sgl_pieces(self.sq.sgl(idx), offset, data.len() as u64) {
             let chunk = &data[at..at + l as usize];
-            if mem.write(Key::Local(sge.lkey), self.init.pd, sge.addr + off, chunk).is_err() {
+            if mem.write(Key::Local(sge.lkey), self.me(), sge.addr + off, chunk).is_err() {
                 return false;
             }
             at += l as usize;

@@ -443,23 +443,19 @@ impl Qp {
             return Err(PostError::QueueFull);
         }
         let supported = match self.init.qp_type {
-            QpType::Rc => matches!(
-                wr.opcode,
+            QpType::Rc => match wr.opcode {
+                WrOpcode::BindMw => wr.bind.is_some(),
+                _ => true,
+            },
+            QpType::Uc => match wr.opcode {
                 WrOpcode::Send
-                    | WrOpcode::SendWithImm
-                    | WrOpcode::RdmaWrite
-                    | WrOpcode::RdmaWriteWithImm
-                    | WrOpcode::RdmaRead
-                    | WrOpcode::AtomicCmpAndSwp
-                    | WrOpcode::AtomicFetchAndAdd
-            ),
-            QpType::Uc => matches!(
-                wr.opcode,
-                WrOpcode::Send
-                    | WrOpcode::SendWithImm
-                    | WrOpcode::RdmaWrite
-                    | WrOpcode::RdmaWriteWithImm
-            ),
+                | WrOpcode::SendWithImm
+                | WrOpcode::RdmaWrite
+                | WrOpcode::RdmaWriteWithImm
+                | WrOpcode::LocalInv => true,
+                WrOpcode::BindMw => wr.bind.is_some(),
+                _ => false,
+            },
             QpType::Ud => {
                 matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm) && wr.ud.is_some()
             }
@@ -467,7 +463,9 @@ impl Qp {
         if !supported {
             return Err(PostError::InvalidOpcode);
         }
-        let inline = wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic();
+        let local_op = matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv);
+        let inline =
+            wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() && !local_op;
         let (length, num_sge, data) = if inline {
             let data = wr.inline_data.unwrap_or(&[]);
             if data.len() > self.sq.max_inline {
@@ -478,7 +476,11 @@ impl Qp {
             if wr.sgl.len() > self.sq.max_sge {
                 return Err(PostError::TooManySge);
             }
-            (wr.sgl.iter().map(|s| u64::from(s.length)).sum::<u64>(), wr.sgl.len(), None)
+            if local_op {
+                (0, 0, None)
+            } else {
+                (wr.sgl.iter().map(|s| u64::from(s.length)).sum::<u64>(), wr.sgl.len(), None)
+            }
         };
         if length > 1 << 31 || (wr.opcode.is_atomic() && length != 8) {
             return Err(PostError::InvalidLength);
@@ -501,6 +503,7 @@ impl Qp {
             inline,
             signaled: self.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
             ud: wr.ud,
+            bind: wr.bind,
             ..SendWqe::EMPTY
         };
         self.sq.push(wqe, if inline { &[] } else { wr.sgl }, data);
@@ -755,6 +758,11 @@ impl Qp {
             self.attr.sq_draining_notify = false;
             self.push_event(AsyncEvent::SqDrained);
         }
+    }
+
+    /// This QP as a memory accessor.
+    pub(crate) fn me(&self) -> crate::memory::Accessor {
+        crate::memory::Accessor { pd: self.init.pd, qpn: self.init.qpn }
     }
 
     pub(crate) fn mtu(&self) -> u32 {

@@ -30,9 +30,24 @@ impl Qp {
         if self.req.rnr_wait_until.is_some_and(|t| now < t) {
             return None;
         }
-        let idx = self.sq.tx;
+        let mut idx = self.sq.tx;
         if idx == self.sq.head {
             return None;
+        }
+        // Local operations (bind, local invalidate) run in order, once every
+        // earlier WR has completed, and send nothing.
+        while matches!(self.sq.get(idx).opcode, WrOpcode::BindMw | WrOpcode::LocalInv) {
+            if self.sq.comp != idx || self.state == QpState::SendQueueDrain {
+                return None;
+            }
+            self.run_local_op(idx, mem);
+            if self.state == QpState::Error {
+                return None;
+            }
+            idx = self.sq.tx;
+            if idx == self.sq.head {
+                return None;
+            }
         }
         let mtu = self.mtu();
         let mut wqe = *self.sq.get(idx);
@@ -104,7 +119,7 @@ impl Qp {
         self.sq.sgl(idx).iter().all(|s| {
             s.length == 0
                 || mem
-                    .check(Key::Local(s.lkey), self.init.pd, s.addr, u64::from(s.length), access)
+                    .check(Key::Local(s.lkey), self.me(), s.addr, u64::from(s.length), access)
                     .is_ok()
         })
     }
@@ -138,16 +153,22 @@ impl Qp {
         match wqe.opcode {
             WrOpcode::Send | WrOpcode::SendWithImm | WrOpcode::SendWithInv => {
                 payload_len = (wqe.length - offset).min(mtu);
-                repr.bth.opcode = match (first, last, imm) {
-                    (true, true, false) => Opcode::RC_SEND_ONLY,
-                    (true, true, true) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
-                    (true, false, _) => Opcode::RC_SEND_FIRST,
-                    (false, false, _) => Opcode::RC_SEND_MIDDLE,
-                    (false, true, false) => Opcode::RC_SEND_LAST,
-                    (false, true, true) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
+                let inv = wqe.opcode == WrOpcode::SendWithInv;
+                repr.bth.opcode = match (first, last, imm, inv) {
+                    (true, true, _, true) => Opcode::RC_SEND_ONLY_WITH_INVALIDATE,
+                    (false, true, _, true) => Opcode::RC_SEND_LAST_WITH_INVALIDATE,
+                    (true, true, false, _) => Opcode::RC_SEND_ONLY,
+                    (true, true, true, _) => Opcode::RC_SEND_ONLY_WITH_IMMEDIATE,
+                    (true, false, _, _) => Opcode::RC_SEND_FIRST,
+                    (false, false, _, _) => Opcode::RC_SEND_MIDDLE,
+                    (false, true, false, _) => Opcode::RC_SEND_LAST,
+                    (false, true, true, _) => Opcode::RC_SEND_LAST_WITH_IMMEDIATE,
                 };
                 if last && imm {
                     repr.immdt = Some(wqe.imm_or_inv);
+                }
+                if last && inv {
+                    repr.ieth = Some(wqe.imm_or_inv);
                 }
             }
             WrOpcode::RdmaWrite | WrOpcode::RdmaWriteWithImm => {
@@ -232,7 +253,7 @@ impl Qp {
                 sgl_pieces(self.sq.sgl(idx), u64::from(offset), u64::from(payload_len))
             {
                 let dst = &mut payload[at..at + l as usize];
-                if mem.read(Key::Local(sge.lkey), self.init.pd, sge.addr + off, dst).is_err() {
+                if mem.read(Key::Local(sge.lkey), self.me(), sge.addr + off, dst).is_err() {
                     ok = false;
                     break;
                 }
@@ -258,6 +279,27 @@ impl Qp {
                 u64::from(matches!(wqe.opcode, WrOpcode::Send | WrOpcode::SendWithImm));
         }
         Some(total)
+    }
+
+    /// Performs the bind or local invalidate at the head of the send queue
+    /// and completes it (an error completes it in error and fails the QP).
+    fn run_local_op(&mut self, idx: u64, mem: &dyn Memory) {
+        let w = *self.sq.get(idx);
+        let result = match (w.opcode, w.bind) {
+            (WrOpcode::BindMw, Some(b)) => {
+                mem.bind_mw(self.me(), &b).map(|_| ()).map_err(|_| WcStatus::MwBindErr)
+            }
+            (WrOpcode::LocalInv, _) => {
+                mem.invalidate(self.me(), w.imm_or_inv, false).map_err(|_| WcStatus::LocProtErr)
+            }
+            _ => Err(WcStatus::LocQpOpErr),
+        };
+        self.sq.tx = idx + 1;
+        self.sq.tx_pkt = 0;
+        match result {
+            Ok(()) => self.complete_sent_uc(),
+            Err(status) => self.complete_send_error(idx, status),
+        }
     }
 
     /// Completes the oldest WQE of a UC or UD QP, sent in full (nothing

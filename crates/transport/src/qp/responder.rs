@@ -327,6 +327,17 @@ impl Qp {
         }
         let total = offset + data.len() as u64;
         if info.ends_message() {
+            // SEND with invalidate: the R_Key in the IETH stops working now
+            // (IBTA §10.6.7.2.3); a key that cannot be invalidated is an
+            // invalid request.
+            if let Some(ieth) = pkt.ieth()
+                && mem.invalidate(self.me(), ieth.rkey(), true).is_err()
+            {
+                return Err(Reject::Fatal {
+                    code: NakCode::InvalidRequest,
+                    recv: Some(WcStatus::LocProtErr),
+                });
+            }
             let mut c = Completion::new(
                 self.recv_cur.wr_id,
                 WcStatus::Success,
@@ -340,6 +351,10 @@ impl Qp {
             if let Some(imm) = pkt.immdt() {
                 c.imm_or_inv = imm.imm();
                 c.flags = WcFlags::WITH_IMM;
+            }
+            if let Some(ieth) = pkt.ieth() {
+                c.imm_or_inv = ieth.rkey();
+                c.flags = WcFlags::WITH_INV;
             }
             self.recv_cur.active = false;
             self.push_completion(c);
@@ -371,7 +386,7 @@ impl Qp {
         let mut at = 0usize;
         for (sge, off, l) in sgl_pieces(&self.recv_cur.sges, offset, data.len() as u64) {
             let chunk = &data[at..at + l as usize];
-            if mem.write(Key::Local(sge.lkey), self.init.pd, sge.addr + off, chunk).is_err() {
+            if mem.write(Key::Local(sge.lkey), self.me(), sge.addr + off, chunk).is_err() {
                 return false;
             }
             at += l as usize;
@@ -421,7 +436,7 @@ impl Qp {
             // the first byte (IBTA C9-…: checked on the first packet).
             let r = mem.check(
                 Key::Remote(rkey),
-                self.init.pd,
+                self.me(),
                 va,
                 u64::from(remaining),
                 Access::REMOTE_WRITE,
@@ -430,7 +445,7 @@ impl Qp {
                 return Err(Reject::Fatal { code: NakCode::RemoteAccessError, recv: None });
             }
         }
-        if plen > 0 && mem.write(Key::Remote(rkey), self.init.pd, va, data).is_err() {
+        if plen > 0 && mem.write(Key::Remote(rkey), self.me(), va, data).is_err() {
             return Err(Reject::Fatal { code: NakCode::RemoteAccessError, recv: None });
         }
         if info.ends_message() {
@@ -479,7 +494,7 @@ impl Qp {
         }
         if len > 0
             && mem
-                .check(Key::Remote(rkey), self.init.pd, va, u64::from(len), Access::REMOTE_READ)
+                .check(Key::Remote(rkey), self.me(), va, u64::from(len), Access::REMOTE_READ)
                 .is_err()
         {
             return Err(Reject::Fatal { code: NakCode::RemoteAccessError, recv: None });
@@ -506,7 +521,7 @@ impl Qp {
         } else {
             AtomicOp::FetchAdd { add: a.swap_add() }
         };
-        let orig = match mem.atomic(a.rkey(), self.init.pd, a.va(), op) {
+        let orig = match mem.atomic(a.rkey(), self.me(), a.va(), op) {
             Ok(v) => v,
             // A misaligned atomic is an invalid request (rxe), the rest are
             // access errors.
@@ -559,7 +574,7 @@ impl Qp {
                     && mem
                         .check(
                             Key::Remote(rkey),
-                            self.init.pd,
+                            self.me(),
                             va,
                             u64::from(len),
                             Access::REMOTE_READ,
@@ -674,7 +689,7 @@ impl Qp {
                 }
                 if n > 0
                     && mem
-                        .read(Key::Remote(rkey), self.init.pd, va, &mut buf[hl..hl + n as usize])
+                        .read(Key::Remote(rkey), self.me(), va, &mut buf[hl..hl + n as usize])
                         .is_err()
                 {
                     // The region went away under a READ in progress.

@@ -66,7 +66,7 @@ impl Qp {
                 if mem
                     .read(
                         Key::Local(sge.lkey),
-                        self.init.pd,
+                        self.me(),
                         sge.addr + off,
                         &mut buf[at..at + l as usize],
                     )
