@@ -288,11 +288,12 @@ fn progress_thread(weak: &Weak<Inner>) {
         // Sleep on the socket without the lock and without a strong
         // reference, so the context can close meanwhile. (A simulated
         // network has no descriptor: nap briefly instead.)
-        let fd = inner.lock().backend().raw_fd();
+        let fds = inner.lock().backend().raw_fds();
         drop(inner);
-        match fd {
-            Some(fd) => crate::backend::udp::wait_readable(fd, Some(wait)),
-            None => std::thread::sleep(wait.min(Duration::from_micros(100))),
+        if fds.is_empty() {
+            std::thread::sleep(wait.min(Duration::from_micros(100)));
+        } else {
+            crate::backend::udp::wait_readable(&fds, Some(wait));
         }
         spin = if slept.elapsed() < spin * 4 {
             (spin * 2).min(SPIN_MAX)

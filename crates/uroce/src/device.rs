@@ -113,6 +113,8 @@ impl Device {
             max_srq_sge: limits::MAX_SGE,
             max_ah: limits::MAX_AH,
             max_mw: limits::MAX_MW,
+            max_mcast_grp: limits::MAX_MCAST_GRP,
+            max_mcast_qp_attach: limits::MAX_MCAST_QP_ATTACH,
             atomic_cap_global: true,
             phys_port_cnt: 1,
         }
@@ -172,6 +174,8 @@ pub struct DeviceAttr {
     pub max_srq_sge: u32,
     pub max_ah: u32,
     pub max_mw: u32,
+    pub max_mcast_grp: u32,
+    pub max_mcast_qp_attach: u32,
     /// Atomics are atomic with respect to the CPU and every QP of the host
     /// (`IBV_ATOMIC_GLOB`).
     pub atomic_cap_global: bool,

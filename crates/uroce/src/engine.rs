@@ -64,6 +64,9 @@ pub enum AsyncEvent {
     },
 }
 
+/// The destination QPN of multicast datagrams (IBTA §10.5.2.1).
+pub(crate) const MULTICAST_QPN: u32 = 0xff_ffff;
+
 /// A QP and where its completions go.
 #[derive(Debug)]
 pub(crate) struct QpSlot {
@@ -107,6 +110,8 @@ pub(crate) struct Engine {
     pub(crate) qps: HashMap<u32, QpSlot>,
     pub(crate) cqs: HashMap<u32, CqState>,
     pub(crate) srqs: HashMap<u32, Srq>,
+    /// Multicast groups and the UD QPs attached to each.
+    mcast: HashMap<IpAddr, Vec<u32>>,
     next_srq: u32,
     backend: Backend,
     origin: StdInstant,
@@ -129,6 +134,7 @@ impl Engine {
             qps: HashMap::new(),
             cqs: HashMap::new(),
             srqs: HashMap::new(),
+            mcast: HashMap::new(),
             next_srq: 1,
             backend,
             origin: StdInstant::now(),
@@ -209,19 +215,26 @@ impl Engine {
         let mut n = 0;
         let mut buf = std::mem::take(&mut self.buf);
         while n < budget {
-            let Ok(Some((len, seg, from))) = self.backend.recv(&mut buf) else { break };
-            // With GRO, one read holds a run of packets of `seg` bytes (the
-            // last possibly shorter), the i-th sent with IP ID i.
-            for (i, pkt) in buf[..len].chunks(seg.max(1)).enumerate() {
+            let local = self.backend.local().ip();
+            if let Ok(Some((len, seg, from))) = self.backend.recv(&mut buf) {
+                // With GRO, one read holds a run of packets of `seg` bytes
+                // (the last possibly shorter), the i-th sent with IP ID i.
+                for (i, pkt) in buf[..len].chunks(seg.max(1)).enumerate() {
+                    n += 1;
+                    self.deliver(now, from, local, pkt, i as u16);
+                }
+            } else if let Some((len, from, group)) = self.backend.recv_group(&mut buf) {
                 n += 1;
-                self.deliver(now, from, pkt, i as u16);
+                self.deliver(now, from, group, &buf[..len], 0);
+            } else {
+                break;
             }
         }
         self.buf = buf;
         n
     }
 
-    fn deliver(&mut self, now: Instant, from: SocketAddr, bytes: &[u8], index: u16) {
+    fn deliver(&mut self, now: Instant, from: SocketAddr, to: IpAddr, bytes: &[u8], index: u16) {
         let pkt = match RocePacket::new_checked(bytes) {
             Ok(p) => p,
             Err(_) => {
@@ -229,25 +242,89 @@ impl Engine {
                 return;
             }
         };
-        if self.icrc_ok(from, &pkt, index).is_err() {
+        if self.icrc_ok(from, to, &pkt, index).is_err() {
             self.stats.icrc_errors += 1;
             return;
         }
         let qpn = pkt.bth().dest_qpn();
+        if qpn == MULTICAST_QPN && to.is_multicast() {
+            // A multicast datagram goes to every QP attached to the group.
+            let n = self.mcast.get(&to).map_or(0, Vec::len);
+            for i in 0..n {
+                let q = self.mcast[&to][i];
+                self.deliver_to(now, q, from, to, &pkt);
+            }
+            return;
+        }
+        self.deliver_to(now, qpn, from, to, &pkt);
+    }
+
+    fn deliver_to(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        from: SocketAddr,
+        to: IpAddr,
+        pkt: &RocePacket<&[u8]>,
+    ) {
         let Some(slot) = self.qps.get_mut(&qpn) else {
             self.stats.drop_unknown_qpn += 1;
             return;
         };
-        let local = self.backend.local().ip();
         match slot.srq.and_then(|id| self.srqs.get_mut(&id)) {
-            Some(srq) => slot.qp.handle_datagram_srq(now, from.ip(), local, &pkt, &self.mem, srq),
-            None => slot.qp.handle_datagram(now, from.ip(), local, &pkt, &self.mem),
+            Some(srq) => slot.qp.handle_datagram_srq(now, from.ip(), to, pkt, &self.mem, srq),
+            None => slot.qp.handle_datagram(now, from.ip(), to, pkt, &self.mem),
         }
+    }
+
+    /// Attaches a UD QP to a multicast group, joining it on first use.
+    pub(crate) fn attach(&mut self, qpn: u32, group: IpAddr) -> std::io::Result<()> {
+        if !self.mcast.contains_key(&group) {
+            self.backend.join(group)?;
+        }
+        let v = self.mcast.entry(group).or_default();
+        if !v.contains(&qpn) {
+            v.push(qpn);
+        }
+        Ok(())
+    }
+
+    /// Detaches a QP; the group is left when its last QP goes.
+    pub(crate) fn detach(&mut self, qpn: u32, group: IpAddr) -> bool {
+        let Some(v) = self.mcast.get_mut(&group) else { return false };
+        let before = v.len();
+        v.retain(|&q| q != qpn);
+        let found = v.len() != before;
+        if v.is_empty() {
+            self.mcast.remove(&group);
+            self.backend.leave(group);
+        }
+        found
+    }
+
+    /// Detaches a QP from every group (QP destruction).
+    pub(crate) fn detach_all(&mut self, qpn: u32) {
+        let groups: Vec<IpAddr> =
+            self.mcast.iter().filter(|(_, v)| v.contains(&qpn)).map(|(g, _)| *g).collect();
+        for g in groups {
+            self.detach(qpn, g);
+        }
+    }
+
+    /// Groups joined, and attachments of one group.
+    pub(crate) fn mcast_counts(&self, group: IpAddr) -> (usize, usize) {
+        (self.mcast.len(), self.mcast.get(&group).map_or(0, Vec::len))
     }
 
     /// The IP and UDP headers the sender's kernel put around a datagram we
     /// received, as far as the ICRC covers them.
-    fn rx_headers(&self, from: SocketAddr, len: usize, ident: u16) -> (HeaderBytes, [u8; 8]) {
+    fn rx_headers(
+        &self,
+        from: SocketAddr,
+        to: IpAddr,
+        len: usize,
+        ident: u16,
+    ) -> (HeaderBytes, [u8; 8]) {
         let local = self.backend.local();
         let udp = UdpRepr {
             src_port: from.port(),
@@ -255,7 +332,7 @@ impl Engine {
             payload_len: len,
             checksum: 0,
         };
-        let ip = ip_header(from.ip(), local.ip(), 8 + len, ident);
+        let ip = ip_header(from.ip(), to, 8 + len, ident);
         (ip, udp.to_bytes().unwrap_or([0; 8]))
     }
 
@@ -266,16 +343,17 @@ impl Engine {
     fn icrc_ok(
         &mut self,
         from: SocketAddr,
+        to: IpAddr,
         pkt: &RocePacket<&[u8]>,
         index: u16,
     ) -> Result<(), WireError> {
         let len = pkt.as_bytes().len();
-        let (ip, udp) = self.rx_headers(from, len, 0);
+        let (ip, udp) = self.rx_headers(from, to, len, 0);
         let computed = icrc::compute(ip.icrc(), &udp, pkt.covered());
         let peer = self.peers.get(&from.ip()).copied();
         // A uroce sender: ID 0, or ID `index` within a GSO run.
         let gso_match = index > 0 && from.is_ipv4() && {
-            let (ip_i, _) = self.rx_headers(from, len, index);
+            let (ip_i, _) = self.rx_headers(from, to, len, index);
             icrc::compute(ip_i.icrc(), &udp, pkt.covered()) == pkt.icrc()
         };
         if computed == pkt.icrc() || gso_match {

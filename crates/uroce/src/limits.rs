@@ -35,3 +35,7 @@ pub const MAX_SRQ_WR: u32 = 16384;
 pub const MAX_AH: u32 = 1 << 20;
 /// Memory windows per context.
 pub const MAX_MW: u32 = 1 << 16;
+/// Multicast groups per context.
+pub const MAX_MCAST_GRP: u32 = 1024;
+/// QPs attached to one multicast group.
+pub const MAX_MCAST_QP_ATTACH: u32 = 64;

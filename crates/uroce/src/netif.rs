@@ -49,3 +49,13 @@ pub(crate) fn interface_of(addr: IpAddr) -> Option<String> {
     // 127.0.0.2 and friends live on lo without being listed.
     found.or_else(|| addr.is_loopback().then(|| "lo".to_string()))
 }
+
+/// The interface index of the interface that has `addr` (for IPv6
+/// multicast membership).
+pub(crate) fn index_of(addr: IpAddr) -> Option<u32> {
+    let name = interface_of(addr)?;
+    let c = std::ffi::CString::new(name).ok()?;
+    // SAFETY: a valid NUL-terminated name.
+    let i = unsafe { libc::if_nametoindex(c.as_ptr()) };
+    (i != 0).then_some(i)
+}

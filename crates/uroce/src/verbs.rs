@@ -477,7 +477,47 @@ impl Qp {
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        self.ctx.lock().qps.remove(&self.qpn);
+        let mut e = self.ctx.lock();
+        e.detach_all(self.qpn);
+        e.qps.remove(&self.qpn);
+    }
+}
+
+impl Qp {
+    /// Attaches this UD QP to multicast group `gid` (`ibv_attach_mcast`):
+    /// an IPv4 (or IPv4-mapped) or IPv6 multicast address. Datagrams sent
+    /// to the group with remote QPN 0xFFFFFF reach every attached QP.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a non-UD QP or a non-multicast
+    /// address; [`Error::Limit`] past the device's group limits; an I/O
+    /// error joining the group.
+    pub fn attach_mcast(&self, gid: std::net::IpAddr) -> Result<()> {
+        let gid = crate::AhAttr::from_gid(crate::wire::grh::gid_of(gid)).dst;
+        if self.qp_type != QpType::Ud || !gid.is_multicast() {
+            return Err(Error::InvalidArgument("multicast needs a UD QP and a multicast GID"));
+        }
+        let mut e = self.ctx.lock();
+        let (groups, here) = e.mcast_counts(gid);
+        if (here == 0 && groups as u32 >= limits::MAX_MCAST_GRP)
+            || here as u32 >= limits::MAX_MCAST_QP_ATTACH
+        {
+            return Err(Error::Limit("multicast groups"));
+        }
+        e.attach(self.qpn, gid).map_err(Error::Io)
+    }
+
+    /// Detaches this QP from group `gid` (`ibv_detach_mcast`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if it was not attached.
+    pub fn detach_mcast(&self, gid: std::net::IpAddr) -> Result<()> {
+        let gid = crate::AhAttr::from_gid(crate::wire::grh::gid_of(gid)).dst;
+        if self.ctx.lock().detach(self.qpn, gid) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument("not attached"))
+        }
     }
 }
 

@@ -500,3 +500,107 @@ fn ud_exchange_with_grh_qkeys_and_replies_from_the_completion() {
     // An AH of the wrong family.
     assert!(pa.create_ah(&uroce::AhAttr::new("::1".parse().unwrap())).is_err());
 }
+
+#[test]
+fn ud_multicast_reaches_every_attached_qp() {
+    let p = port(7);
+    let group: IpAddr = format!("239.77.{}.{}", p >> 8, p & 0xff).parse().unwrap();
+    let mk = |addr: &str| {
+        let ctx = Device::from_config(DeviceConfig {
+            name: "m".into(),
+            addr: addr.parse().unwrap(),
+            port: p,
+        })
+        .open()
+        .unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let mr = pd.alloc_mr(MB, ALL).unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        (ctx, pd, mr, cq)
+    };
+    let ud = |pd: &uroce::Pd, cq: &Cq| {
+        let cap = QpCaps {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        };
+        let q = pd
+            .create_qp(&QpInitAttr {
+                send_cq: cq,
+                recv_cq: cq,
+                cap,
+                qp_type: QpType::Ud,
+                sq_sig_all: true,
+                srq: None,
+            })
+            .unwrap();
+        uroce::activate_ud(&q, 0x5555, 1).unwrap();
+        q
+    };
+    let (_ca, pa, ma, cqa) = mk("127.0.0.1");
+    let (cb, pb, mb, cqb) = mk("127.0.0.2");
+    let sender = ud(&pa, &cqa);
+    let (r1, r2) = (ud(&pb, &cqb), ud(&pb, &cqb));
+    r1.attach_mcast(group).unwrap();
+    r2.attach_mcast(group).unwrap();
+    assert!(sender.attach_mcast("10.0.0.1".parse().unwrap()).is_err(), "not a multicast address");
+    for (i, q) in [&r1, &r2].iter().enumerate() {
+        q.post_recv(&[RecvWr { wr_id: i as u64, sgl: &[mb.sge(i * 8192, 8192).unwrap()] }])
+            .unwrap();
+    }
+    let mut attr = uroce::AhAttr::new(group);
+    attr.port = p;
+    let ah = pa.create_ah(&attr).unwrap();
+    ma.write(0, b"to the group").unwrap();
+    let sge = [ma.sge(0, 12).unwrap()];
+    sender
+        .post_send(&[SendWr {
+            wr_id: 1,
+            sgl: &sge,
+            ud: Some(ah.dest(0xff_ffff, 0x5555)),
+            ..SendWr::default()
+        }])
+        .unwrap();
+    assert_eq!(wait(&cqa).status, WcStatus::Success);
+    let (c1, c2) = (wait(&cqb), wait(&cqb));
+    let mut qpns = [c1.qp_num, c2.qp_num];
+    qpns.sort();
+    let mut want = [r1.qpn(), r2.qpn()];
+    want.sort();
+    assert_eq!(qpns, want, "both attached QPs receive");
+    for c in [c1, c2] {
+        assert_eq!((c.byte_len, c.src_qp), (52, sender.qpn()));
+        let mut buf = [0u8; 52];
+        mb.read(c.wr_id as usize * 8192, &mut buf).unwrap();
+        assert_eq!(&buf[40..], b"to the group");
+        // The GRH names the group as destination.
+        assert_eq!(
+            &buf[36..40],
+            &match group {
+                IpAddr::V4(g) => g.octets(),
+                _ => unreachable!(),
+            }
+        );
+    }
+    // Detach one: only the other receives.
+    r2.detach_mcast(group).unwrap();
+    assert!(r2.detach_mcast(group).is_err());
+    r1.post_recv(&[RecvWr { wr_id: 9, sgl: &[mb.sge(0, 8192).unwrap()] }]).unwrap();
+    r2.post_recv(&[RecvWr { wr_id: 10, sgl: &[mb.sge(8192, 8192).unwrap()] }]).unwrap();
+    sender
+        .post_send(&[SendWr {
+            wr_id: 2,
+            sgl: &sge,
+            ud: Some(ah.dest(0xff_ffff, 0x5555)),
+            ..SendWr::default()
+        }])
+        .unwrap();
+    assert_eq!(wait(&cqa).status, WcStatus::Success);
+    assert_eq!(wait(&cqb).wr_id, 9);
+    std::thread::sleep(Duration::from_millis(50));
+    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false)];
+    assert_eq!(cqb.poll(&mut wc).unwrap(), 0, "a detached QP receives nothing");
+    drop(cb);
+}

@@ -54,10 +54,36 @@ impl Backend {
         }
     }
 
-    /// A descriptor to sleep on, if the backend has one.
-    pub(crate) fn raw_fd(&self) -> Option<i32> {
+    /// Descriptors to sleep on (none for the simulated network).
+    pub(crate) fn raw_fds(&self) -> Vec<i32> {
         match self {
-            Self::Udp(b) => Some(b.raw_fd()),
+            Self::Udp(b) => b.raw_fds(),
+            Self::Sim(_) => Vec::new(),
+        }
+    }
+
+    /// Joins a multicast group.
+    pub(crate) fn join(&mut self, group: std::net::IpAddr) -> io::Result<()> {
+        match self {
+            Self::Udp(b) => b.join(group),
+            Self::Sim(_) => Err(io::Error::from(io::ErrorKind::Unsupported)),
+        }
+    }
+
+    /// Leaves a multicast group.
+    pub(crate) fn leave(&mut self, group: std::net::IpAddr) {
+        if let Self::Udp(b) = self {
+            b.leave(group);
+        }
+    }
+
+    /// A datagram received on a joined group: `(bytes, sender, group)`.
+    pub(crate) fn recv_group(
+        &mut self,
+        buf: &mut [u8],
+    ) -> Option<(usize, SocketAddr, std::net::IpAddr)> {
+        match self {
+            Self::Udp(b) => b.recv_group(buf),
             Self::Sim(_) => None,
         }
     }

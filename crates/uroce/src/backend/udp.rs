@@ -18,7 +18,7 @@
 
 use std::io;
 use std::mem::{size_of, zeroed};
-use std::net::{Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6, UdpSocket};
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
@@ -34,6 +34,9 @@ pub(crate) struct UdpBackend {
     local: SocketAddr,
     gso: bool,
     gro: bool,
+    /// One socket per joined multicast group, bound to (group, port): a
+    /// socket bound to a unicast address never sees multicast datagrams.
+    groups: Vec<(IpAddr, UdpSocket)>,
 }
 
 fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
@@ -121,10 +124,30 @@ impl UdpBackend {
         let sock = UdpSocket::bind(addr)?;
         sock.set_nonblocking(true)?;
         let fd = sock.as_raw_fd();
-        if addr.is_ipv4() {
-            setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
-        } else {
-            setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
+        match addr.ip() {
+            IpAddr::V4(ip) => {
+                setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
+                // Multicast sends leave from the device's address.
+                let a = libc::in_addr { s_addr: u32::from(ip).to_be() };
+                // SAFETY: passes a live in_addr of the stated size.
+                unsafe {
+                    libc::setsockopt(
+                        fd,
+                        libc::IPPROTO_IP,
+                        libc::IP_MULTICAST_IF,
+                        (&raw const a).cast(),
+                        size_of::<libc::in_addr>() as libc::socklen_t,
+                    )
+                };
+            }
+            IpAddr::V6(_) => {
+                setsockopt_int(
+                    fd,
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_MTU_DISCOVER,
+                    libc::IP_PMTUDISC_DO,
+                )?;
+            }
         }
         // Deep buffers: a window's burst must not be dropped by the socket
         // (the kernel caps these at net.core.*mem_max).
@@ -134,7 +157,97 @@ impl UdpBackend {
             && setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         let gso = std::env::var_os("UROCE_NO_GSO").is_none();
         let local = sock.local_addr()?;
-        Ok(Self { sock, local, gso, gro })
+        Ok(Self { sock, local, gso, gro, groups: Vec::new() })
+    }
+
+    /// Joins multicast `group` on the device's interface.
+    pub(crate) fn join(&mut self, group: IpAddr) -> io::Result<()> {
+        if self.groups.iter().any(|(g, _)| *g == group) {
+            return Ok(());
+        }
+        // SO_REUSEADDR before bind, so that several contexts (and
+        // processes) on this host can listen to one group.
+        let domain = if group.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+        // SAFETY: socket() takes no pointers; the result is checked.
+        let fd = unsafe { libc::socket(domain, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` is a fresh socket nobody else owns.
+        let sock = unsafe { <UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
+        let (raw, len) = to_raw(SocketAddr::new(group, self.local.port()));
+        // SAFETY: binds to a live sockaddr of the stated length.
+        if unsafe { libc::bind(fd, (&raw const raw).cast(), len) } != 0 {
+            return Err(io::Error::last_os_error());
+        }
+        match (group, self.local.ip()) {
+            (IpAddr::V4(g), IpAddr::V4(local)) => {
+                let mreq = libc::ip_mreq {
+                    imr_multiaddr: libc::in_addr { s_addr: u32::from(g).to_be() },
+                    imr_interface: libc::in_addr { s_addr: u32::from(local).to_be() },
+                };
+                // SAFETY: passes a live ip_mreq of the stated size.
+                let r = unsafe {
+                    libc::setsockopt(
+                        fd,
+                        libc::IPPROTO_IP,
+                        libc::IP_ADD_MEMBERSHIP,
+                        (&raw const mreq).cast(),
+                        size_of::<libc::ip_mreq>() as libc::socklen_t,
+                    )
+                };
+                if r != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            (IpAddr::V6(g), _) => {
+                let ifindex = crate::netif::index_of(self.local.ip()).unwrap_or(0);
+                let mreq = libc::ipv6_mreq {
+                    ipv6mr_multiaddr: libc::in6_addr { s6_addr: g.octets() },
+                    ipv6mr_interface: ifindex,
+                };
+                // SAFETY: passes a live ipv6_mreq of the stated size.
+                let r = unsafe {
+                    libc::setsockopt(
+                        fd,
+                        libc::IPPROTO_IPV6,
+                        libc::IPV6_ADD_MEMBERSHIP,
+                        (&raw const mreq).cast(),
+                        size_of::<libc::ipv6_mreq>() as libc::socklen_t,
+                    )
+                };
+                if r != 0 {
+                    return Err(io::Error::last_os_error());
+                }
+            }
+            _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
+        }
+        sock.set_nonblocking(true)?;
+        self.groups.push((group, sock));
+        Ok(())
+    }
+
+    /// Leaves multicast `group` (closing its socket drops the membership).
+    pub(crate) fn leave(&mut self, group: IpAddr) {
+        self.groups.retain(|(g, _)| *g != group);
+    }
+
+    /// Receives from the joined groups: `(bytes, sender, group)`.
+    pub(crate) fn recv_group(&self, buf: &mut [u8]) -> Option<(usize, SocketAddr, IpAddr)> {
+        for (g, s) in &self.groups {
+            if let Ok((n, from)) = s.recv_from(buf) {
+                return Some((n, from, *g));
+            }
+        }
+        None
+    }
+
+    /// Every descriptor to wait on.
+    pub(crate) fn raw_fds(&self) -> Vec<i32> {
+        let mut v = vec![self.sock.as_raw_fd()];
+        v.extend(self.groups.iter().map(|(_, s)| s.as_raw_fd()));
+        v
     }
 
     /// The bound address.
@@ -244,25 +357,21 @@ impl UdpBackend {
         let Some(from) = from_raw(&addr) else { return Ok(None) };
         Ok(Some((n, seg, from)))
     }
-
-    /// The socket's descriptor number, for [`wait_readable`].
-    pub(crate) fn raw_fd(&self) -> i32 {
-        self.sock.as_raw_fd()
-    }
 }
 
 /// Blocks until descriptor `fd` is readable or `timeout` passes. Takes a
 /// bare number so that a sleeping progress thread keeps no reference to the
 /// socket: if the context is closed meanwhile, the poll returns at once
 /// (POLLNVAL) or at the timeout, and never touches memory.
-pub(crate) fn wait_readable(fd: i32, timeout: Option<Duration>) {
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+pub(crate) fn wait_readable(fds: &[i32], timeout: Option<Duration>) {
+    let mut pfds: Vec<libc::pollfd> =
+        fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
     let ts = timeout.map(|t| libc::timespec {
         tv_sec: t.as_secs().min(i32::MAX as u64) as libc::time_t,
         tv_nsec: libc::c_long::from(t.subsec_nanos() as i32),
     });
     let tp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
-    // SAFETY: one valid pollfd, count 1; `tp` is null or points to a
-    // timespec alive across the call; no signal mask is passed.
-    unsafe { libc::ppoll(&raw mut pfd, 1, tp, std::ptr::null()) };
+    // SAFETY: `pfds` holds `len` valid pollfds; `tp` is null or points to
+    // a timespec alive across the call; no signal mask is passed.
+    unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, tp, std::ptr::null()) };
 }
