@@ -29,7 +29,7 @@ fn captured_packets_are_clean_rocev2_with_good_icrc() {
     std::fs::create_dir_all(&dir).unwrap();
     let cap: PathBuf = dir.join("lo.pcapng");
     let mut tshark = Command::new("tshark")
-        .args(["-i", "lo", "-f", &format!("udp port {port}"), "-w"])
+        .args(["-i", "lo", "-B", "64", "-f", &format!("udp port {port}"), "-w"])
         .arg(&cap)
         .stdout(Stdio::null())
         .stderr(Stdio::piped())
