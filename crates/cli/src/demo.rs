@@ -38,15 +38,22 @@ struct Info {
     psn: u32,
     addr: u64,
     rkey: u32,
+    /// The second RC QP (on the server: the one on the SRQ).
+    qpn2: u32,
+    /// The UD QP.
+    ud_qpn: u32,
 }
 
 impl Info {
     fn line(&self) -> String {
-        format!("{:06x} {:06x} {:016x} {:08x}", self.qpn, self.psn, self.addr, self.rkey)
+        format!(
+            "{:06x} {:06x} {:016x} {:08x} {:06x} {:06x}",
+            self.qpn, self.psn, self.addr, self.rkey, self.qpn2, self.ud_qpn
+        )
     }
     fn parse(s: &str) -> Result<Self> {
         let f: Vec<&str> = s.split_whitespace().collect();
-        if f.len() != 4 {
+        if f.len() != 6 {
             bail!("bad connection line {s:?}");
         }
         Ok(Self {
@@ -54,16 +61,45 @@ impl Info {
             psn: u32::from_str_radix(f[1], 16)?,
             addr: u64::from_str_radix(f[2], 16)?,
             rkey: u32::from_str_radix(f[3], 16)?,
+            qpn2: u32::from_str_radix(f[4], 16)?,
+            ud_qpn: u32::from_str_radix(f[5], 16)?,
         })
     }
 }
 
 struct Side {
     ctx: uroce::Context,
+    pd: uroce::Pd,
     qp: Qp,
     cq: Cq,
     mr: Mr,
     psn: u32,
+}
+
+const SRQ_MSGS: u64 = 16;
+const UD_QKEY: u32 = 0x1234_5678;
+
+/// A second RC QP (on an SRQ when given) and a UD QP, on the side's CQ.
+fn extra_qps(s: &Side, srq: Option<&uroce::Srq>) -> Result<(Qp, Qp)> {
+    let cap = QpCaps {
+        max_send_wr: 32,
+        max_recv_wr: 32,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let attr = |qp_type, srq| QpInitAttr {
+        send_cq: &s.cq,
+        recv_cq: &s.cq,
+        cap,
+        qp_type,
+        sq_sig_all: true,
+        srq,
+    };
+    let rc2 = s.pd.create_qp(&attr(QpType::Rc, srq))?;
+    let ud = s.pd.create_qp(&attr(QpType::Ud, None))?;
+    uroce::activate_ud(&ud, UD_QKEY, s.psn)?;
+    Ok((rc2, ud))
 }
 
 fn open(addr: &str, port: u16) -> Result<Side> {
@@ -90,7 +126,7 @@ fn open(addr: &str, port: u16) -> Result<Side> {
         srq: None,
     })?;
     let psn = (std::process::id().wrapping_mul(2_654_435_761)) & 0xff_ffff;
-    Ok(Side { ctx, qp, cq, mr, psn })
+    Ok(Side { ctx, pd, qp, cq, mr, psn })
 }
 
 fn wait(cq: &Cq) -> Result<Completion> {
@@ -115,27 +151,72 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
 
 fn serve(a: &Args) -> Result<ExitCode> {
     let s = open("127.0.0.2", a.port)?;
-    let me = Info { qpn: s.qp.qpn(), psn: s.psn, addr: s.mr.addr(), rkey: s.mr.rkey() };
+    // An SRQ-backed receiver and a UD QP beside the main RC QP.
+    let srq = s.ctx.create_srq(&uroce::SrqAttr { max_wr: 64, max_sge: 1, srq_limit: 0 })?;
+    let (rc2, ud) = extra_qps(&s, Some(&srq))?;
+    let me = Info {
+        qpn: s.qp.qpn(),
+        psn: s.psn,
+        addr: s.mr.addr(),
+        rkey: s.mr.rkey(),
+        qpn2: rc2.qpn(),
+        ud_qpn: ud.qpn(),
+    };
     println!("{}", me.line());
     std::io::stdout().flush()?;
     let mut line = String::new();
     std::io::stdin().lock().read_line(&mut line)?;
     let peer = Info::parse(&line)?;
-    uroce::connect_rc(
-        &s.qp,
-        "127.0.0.1".parse::<IpAddr>()?,
-        a.port,
-        peer.qpn,
-        s.psn,
-        peer.psn,
-        ALL,
-    )?;
-    // The closing SEND lands at 512 KiB (a SEND arriving before this is
-    // answered with RNR NAKs and retried).
+    let client: IpAddr = "127.0.0.1".parse()?;
+    uroce::connect(&s.qp, client, a.port, peer.qpn, s.psn, peer.psn, ALL)?;
+    uroce::connect(&rc2, client, a.port, peer.qpn2, s.psn, peer.psn, ALL)?;
+    // Receives: the closing SEND at 512 KiB, SRQ messages above it, the UD
+    // datagram (GRH + payload) at 768 KiB. A SEND arriving before its
+    // receive is posted is answered with RNR NAKs and retried.
     s.qp.post_recv(&[RecvWr { wr_id: 1, sgl: &[s.mr.sge(REGION / 2, 4096)?] }])?;
-    // Passive from here: the progress thread serves WRITE, READ and
-    // atomics; we only wait for the closing SEND.
-    let wc = wait(&s.cq)?;
+    for i in 0..SRQ_MSGS {
+        srq.post_recv(&[RecvWr {
+            wr_id: 100 + i,
+            sgl: &[s.mr.sge(REGION / 2 + 4096 * (1 + i as usize), 4096)?],
+        }])?;
+    }
+    let ud_buf = REGION * 3 / 4;
+    ud.post_recv(&[RecvWr { wr_id: 200, sgl: &[s.mr.sge(ud_buf, 40 + 4096)?] }])?;
+    // Passive for RC: the progress thread serves WRITE, READ and atomics.
+    let (mut srq_got, mut ud_done, mut closing) = (0, false, None);
+    while srq_got < SRQ_MSGS || !ud_done || closing.is_none() {
+        let wc = wait(&s.cq)?;
+        if wc.qp_num == rc2.qpn() {
+            srq_got += 1;
+        } else if wc.qp_num == ud.qpn() && wc.is_recv {
+            let mut grh = [0u8; 40];
+            s.mr.read(ud_buf, &mut grh)?;
+            let mut attr = uroce::AhAttr::from_wc(&wc, &grh)?;
+            attr.port = a.port;
+            let ah = s.pd.create_ah(&attr)?;
+            let reply = b"pong from the server's UD QP";
+            s.mr.write(ud_buf + 4096 + 64, reply)?;
+            let sge = [s.mr.sge(ud_buf + 4096 + 64, reply.len() as u32)?];
+            ud.post_send(&[SendWr {
+                wr_id: 201,
+                sgl: &sge,
+                ud: Some(ah.dest(wc.src_qp, UD_QKEY)),
+                ..SendWr::default()
+            }])?;
+            println!(
+                "server: UD datagram of {} bytes from QP {:#x} at {} (GRH), replied through an AH made from it",
+                wc.byte_len - 40,
+                wc.src_qp,
+                attr.dst
+            );
+        } else if wc.qp_num == ud.qpn() {
+            ud_done = true;
+        } else if wc.qp_num == s.qp.qpn() && wc.is_recv {
+            closing = Some(wc);
+        }
+    }
+    println!("server: {srq_got} SENDs on QP {:#x} landed in the shared receive queue", rc2.qpn());
+    let wc = closing.context("closing SEND")?;
     let mut msg = vec![0u8; wc.byte_len as usize];
     s.mr.read(REGION / 2, &mut msg)?;
     println!("server: received SEND of {} bytes: {:?}", wc.byte_len, String::from_utf8_lossy(&msg));
@@ -155,17 +236,19 @@ fn client(a: &Args) -> Result<ExitCode> {
     out.read_line(&mut line)?;
     let peer = Info::parse(&line).context("server did not start")?;
     let c = open("127.0.0.1", a.port)?;
-    let me = Info { qpn: c.qp.qpn(), psn: c.psn, addr: c.mr.addr(), rkey: c.mr.rkey() };
+    let (rc2, ud) = extra_qps(&c, None)?;
+    let me = Info {
+        qpn: c.qp.qpn(),
+        psn: c.psn,
+        addr: c.mr.addr(),
+        rkey: c.mr.rkey(),
+        qpn2: rc2.qpn(),
+        ud_qpn: ud.qpn(),
+    };
     writeln!(child.stdin.as_mut().context("server stdin")?, "{}", me.line())?;
-    uroce::connect_rc(
-        &c.qp,
-        "127.0.0.2".parse::<IpAddr>()?,
-        a.port,
-        peer.qpn,
-        c.psn,
-        peer.psn,
-        ALL,
-    )?;
+    let server: IpAddr = "127.0.0.2".parse()?;
+    uroce::connect(&c.qp, server, a.port, peer.qpn, c.psn, peer.psn, ALL)?;
+    uroce::connect(&rc2, server, a.port, peer.qpn2, c.psn, peer.psn, ALL)?;
     println!(
         "uroce demo: client 127.0.0.1 QP {:#x} <-> server 127.0.0.2 QP {:#x} (RC over UDP port {})",
         me.qpn, peer.qpn, a.port
@@ -298,6 +381,45 @@ fn client(a: &Args) -> Result<ExitCode> {
     if back != pattern[..65536] {
         bail!("READ returned different bytes than WRITE stored");
     }
+    // SENDs on the second RC QP: the server takes them from its SRQ.
+    let sge = [c.mr.sge(0, 1024)?];
+    for i in 0..SRQ_MSGS {
+        rc2.post_send(&[SendWr { wr_id: 300 + i, sgl: &sge, ..SendWr::default() }])?;
+    }
+    for _ in 0..SRQ_MSGS {
+        wait(&c.cq)?;
+    }
+    println!("  SEND 1 KiB to an SRQ-backed QP       {SRQ_MSGS} x  done");
+    // A UD datagram to the server's UD QP; its reply comes back here.
+    let ud_buf = REGION * 3 / 4;
+    ud.post_recv(&[RecvWr { wr_id: 400, sgl: &[c.mr.sge(ud_buf, 40 + 4096)?] }])?;
+    let mut attr = uroce::AhAttr::new(server);
+    attr.port = a.port;
+    let ah = c.pd.create_ah(&attr)?;
+    let ping = b"ping over UD";
+    c.mr.write(ud_buf + 8192, ping)?;
+    let sge = [c.mr.sge(ud_buf + 8192, ping.len() as u32)?];
+    let t = Instant::now();
+    ud.post_send(&[SendWr {
+        wr_id: 401,
+        sgl: &sge,
+        ud: Some(ah.dest(peer.ud_qpn, UD_QKEY)),
+        ..SendWr::default()
+    }])?;
+    let (mut sent, mut reply) = (false, None);
+    while !sent || reply.is_none() {
+        let wc = wait(&c.cq)?;
+        if wc.is_recv { reply = Some(wc) } else { sent = true }
+    }
+    let reply = reply.context("UD reply")?;
+    let mut text = vec![0u8; reply.byte_len as usize - 40];
+    c.mr.read(ud_buf + 40, &mut text)?;
+    println!(
+        "  UD SEND + reply                        1 x  {:>9.2} us   (from QP {:#x}: {:?})",
+        t.elapsed().as_secs_f64() * 1e6,
+        reply.src_qp,
+        String::from_utf8_lossy(&text)
+    );
     let msg = b"hello from uroce";
     c.mr.write(0, msg)?;
     let sge = [c.mr.sge(0, msg.len() as u32)?];

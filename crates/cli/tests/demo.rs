@@ -23,6 +23,11 @@ fn two_processes_run_every_rc_operation() {
         "(51 fetch-adds counted, then swapped to 0xc0ffee)",
         "data verified",
         "server: received SEND of 16 bytes: \"hello from uroce\"",
+        "SEND 1 KiB to an SRQ-backed QP",
+        "server: 16 SENDs on QP",
+        "landed in the shared receive queue",
+        "\"pong from the server's UD QP\"",
+        "replied through an AH made from it",
     ] {
         assert!(stdout.contains(want), "missing {want:?} in:\n{stdout}");
     }
