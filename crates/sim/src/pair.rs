@@ -26,6 +26,8 @@ pub struct Node {
     pub completions: Vec<Completion>,
     /// Datagrams whose ICRC failed (corrupted in flight).
     pub icrc_drops: u64,
+    /// The SRQ the QP receives from, if it uses one.
+    pub srq: Option<uroce_transport::Srq>,
 }
 
 /// Connection parameters for both QPs.
@@ -49,8 +51,12 @@ pub struct PairConfig {
     pub max_unacked_psns: u32,
     /// Every WR signaled.
     pub sq_sig_all: bool,
-    /// RC or UC.
+    /// RC, UC or UD.
     pub qp_type: QpType,
+    /// B's QP receives from a shared receive queue (`b.srq`).
+    pub srq_b: bool,
+    /// The Q_Key of UD QPs.
+    pub qkey: u32,
 }
 
 impl Default for PairConfig {
@@ -72,6 +78,8 @@ impl Default for PairConfig {
             max_unacked_psns: 512,
             sq_sig_all: false,
             qp_type: QpType::Rc,
+            srq_b: false,
+            qkey: 0x1111_1111,
         }
     }
 }
@@ -101,7 +109,7 @@ impl RcPair {
         let mut rng = SplitMix64::new(seed ^ 0x5eed);
         let a_addr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
         let b_addr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 2));
-        let mk = |qpn| {
+        let mk = |qpn, uses_srq| {
             Qp::new(QpInit {
                 qpn,
                 qp_type: cfg.qp_type,
@@ -110,22 +118,27 @@ impl RcPair {
                 sq_sig_all: cfg.sq_sig_all,
                 max_unacked_psns: cfg.max_unacked_psns,
                 port_mtu: cfg.mtu,
-                uses_srq: false,
+                uses_srq,
             })
         };
         let mut a = Node {
             addr: a_addr,
-            qp: mk(0x11),
+            qp: mk(0x11, false),
             mem: TestMemory::new(),
             completions: vec![],
             icrc_drops: 0,
+            srq: None,
         };
+        let srq = cfg
+            .srq_b
+            .then(|| uroce_transport::Srq::new(cfg.caps.max_recv_wr, cfg.caps.max_recv_sge));
         let mut b = Node {
             addr: b_addr,
-            qp: mk(0x22),
+            qp: mk(0x22, cfg.srq_b),
             mem: TestMemory::new(),
             completions: vec![],
             icrc_drops: 0,
+            srq,
         };
         let psn_a = Psn::new(rng.next_u64() as u32);
         let psn_b = Psn::new(rng.next_u64() as u32);
@@ -165,7 +178,10 @@ impl RcPair {
                 node.icrc_drops += 1;
                 continue;
             }
-            node.qp.handle_packet(self.now, src, &pkt, &node.mem);
+            match node.srq.as_mut() {
+                Some(srq) => node.qp.handle_datagram_srq(self.now, src, dst, &pkt, &node.mem, srq),
+                None => node.qp.handle_datagram(self.now, src, dst, &pkt, &node.mem),
+            }
         }
         for node in [&mut self.a, &mut self.b] {
             if node.qp.poll_timeout().is_some_and(|t| t <= self.now) {
@@ -227,6 +243,23 @@ impl RcPair {
 
 fn connect(qp: &mut Qp, peer: IpAddr, peer_qpn: u32, sq_psn: Psn, rq_psn: Psn, cfg: &PairConfig) {
     let now = Instant::ZERO;
+    if cfg.qp_type == QpType::Ud {
+        // UD: INIT with a Q_Key, RTR, RTS with a first PSN; no peer.
+        let mut attr = QpAttr { state: QpState::Init, qkey: cfg.qkey, ..QpAttr::default() };
+        qp.modify(
+            now,
+            &attr,
+            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::QKEY,
+        )
+        .expect("UD INIT");
+        attr.state = QpState::ReadyToReceive;
+        qp.modify(now, &attr, AttrMask::STATE).expect("UD RTR");
+        attr.state = QpState::ReadyToSend;
+        attr.sq_psn = sq_psn;
+        qp.modify(now, &attr, AttrMask::STATE | AttrMask::SQ_PSN).expect("UD RTS");
+        let _ = (peer, peer_qpn, rq_psn);
+        return;
+    }
     let mut attr = QpAttr {
         state: QpState::Init,
         access: Access::LOCAL_WRITE
