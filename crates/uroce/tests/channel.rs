@@ -246,3 +246,61 @@ fn async_event_descriptor() {
     }
     assert_eq!(a.ctx.get_async_event().unwrap(), uroce::AsyncEvent::CqError { cq: small.handle() });
 }
+
+#[test]
+fn concurrent_pollers_share_a_cq_and_its_channel() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    const N: u64 = 2000;
+    let (a, b, ch) = pair(port(3));
+    for i in 0..N {
+        b.qp.post_recv(&[RecvWr { wr_id: i, sgl: &[b.mr.sge(0, 64).unwrap()] }]).unwrap();
+    }
+    ch.set_nonblocking(true).unwrap();
+    let total = Arc::new(AtomicU64::new(0));
+    let seen = Arc::new(std::sync::Mutex::new(std::collections::HashSet::new()));
+    let mut workers = vec![];
+    for _ in 0..2 {
+        let (cq, ch, total, seen) = (b.cq.clone(), ch.clone(), total.clone(), seen.clone());
+        workers.push(std::thread::spawn(move || {
+            let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 32];
+            let deadline = Instant::now() + Duration::from_secs(60);
+            while total.load(Ordering::SeqCst) < N {
+                assert!(Instant::now() < deadline, "stuck at {}", total.load(Ordering::SeqCst));
+                cq.req_notify(false).unwrap();
+                let n = cq.poll(&mut wc).unwrap();
+                if n > 0 {
+                    let mut s = seen.lock().unwrap();
+                    for c in &wc[..n] {
+                        assert!(s.insert(c.wr_id), "completion {} delivered twice", c.wr_id);
+                    }
+                    total.fetch_add(n as u64, Ordering::SeqCst);
+                    continue;
+                }
+                if readable(ch.as_fd().as_raw_fd(), 50) && ch.get_event().is_ok() {
+                    cq.ack_events(1);
+                }
+            }
+        }));
+    }
+    for i in 0..N {
+        loop {
+            let r = a.qp.post_send(&[SendWr {
+                wr_id: i,
+                flags: SendFlags::INLINE | SendFlags::SIGNALED,
+                inline_data: Some(b"y"),
+                ..SendWr::default()
+            }]);
+            if r.is_ok() {
+                break;
+            }
+            let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 64];
+            let _ = a.cq.poll(&mut wc);
+        }
+    }
+    for w in workers {
+        w.join().unwrap();
+    }
+    assert_eq!(total.load(Ordering::SeqCst), N);
+    assert_eq!(seen.lock().unwrap().len() as u64, N);
+}
