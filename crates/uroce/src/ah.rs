@@ -71,10 +71,16 @@ impl AhAttr {
 }
 
 /// An address handle.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Ah {
     attr: AhAttr,
-    _pd: Pd,
+    pd: Pd,
+}
+
+impl Drop for Ah {
+    fn drop(&mut self) {
+        self.pd.ah_count().fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+    }
 }
 
 impl Pd {
@@ -96,7 +102,12 @@ impl Pd {
                 "destination address family differs from the device's",
             ));
         }
-        Ok(Ah { attr: *attr, _pd: self.clone() })
+        let live = self.ah_count().fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        if live >= crate::limits::MAX_AH {
+            self.ah_count().fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
+            return Err(Error::Limit("max_ah"));
+        }
+        Ok(Ah { attr: *attr, pd: self.clone() })
     }
 }
 

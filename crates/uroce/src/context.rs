@@ -53,6 +53,8 @@ impl Default for Options {
 
 pub(crate) struct Inner {
     engine: Mutex<Engine>,
+    /// Live address handles (AHs hold no engine state, only a count).
+    pub(crate) ah_count: std::sync::atomic::AtomicU32,
     /// The async event queue (also held by the engine, which fills it).
     async_events: Arc<crate::channel::EventQueue<crate::AsyncEvent>>,
     pub(crate) device: Device,
@@ -123,6 +125,7 @@ impl Device {
         })?);
         let inner = Arc::new(Inner {
             async_events: events.clone(),
+            ah_count: std::sync::atomic::AtomicU32::new(0),
             engine: Mutex::new(Engine::new(backend, events)),
             device: self.clone(),
             options,

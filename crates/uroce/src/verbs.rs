@@ -108,6 +108,11 @@ fn check_access(access: Access) -> Result<()> {
 }
 
 impl Pd {
+    /// The context's count of live address handles.
+    pub(crate) fn ah_count(&self) -> &std::sync::atomic::AtomicU32 {
+        &self.ctx.ah_count
+    }
+
     /// The address of the device this PD's context is on.
     pub(crate) fn device_addr(&self) -> std::net::IpAddr {
         self.ctx.device.socket_addr().ip()

@@ -495,6 +495,19 @@ fn ud_exchange_with_grh_qkeys_and_replies_from_the_completion() {
         }])
         .is_err()
     );
+    // An AH to nowhere: UD is unreliable, the send completes and nothing
+    // comes back.
+    let mut nowhere = uroce::AhAttr::new("127.0.0.99".parse().unwrap());
+    nowhere.port = p;
+    let ah_x = pa.create_ah(&nowhere).unwrap();
+    a.qp.post_send(&[SendWr {
+        wr_id: 11,
+        sgl: &sge,
+        ud: Some(ah_x.dest(0x123, 1)),
+        ..SendWr::default()
+    }])
+    .unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
     // A UD WR without an address is refused too.
     assert!(a.qp.post_send(&[SendWr { wr_id: 10, sgl: &sge, ..SendWr::default() }]).is_err());
     // An AH of the wrong family.
