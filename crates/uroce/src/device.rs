@@ -125,7 +125,7 @@ impl Device {
         let link_mtu = link_mtu(self.cfg.addr);
         let over = if self.cfg.addr.is_ipv4() { 20 } else { 40 } + 8 + 12 + 28 + 4;
         PortAttr {
-            active: true,
+            active: crate::netif::link_up(self.cfg.addr),
             max_mtu: Mtu::Mtu4096,
             active_mtu: Mtu::for_link_mtu(link_mtu, over).unwrap_or(Mtu::Mtu256),
             gid_tbl_len: 1,

@@ -45,6 +45,11 @@ pub enum AsyncEvent {
         /// QP number.
         qpn: u32,
     },
+    /// `IBV_EVENT_PORT_ACTIVE`: the device's interface is up again.
+    PortActive,
+    /// `IBV_EVENT_PORT_ERR`: the device's interface went down or lost the
+    /// device's address.
+    PortError,
     /// `IBV_EVENT_CQ_ERR`: the CQ overflowed and lost completions.
     CqError {
         /// CQ handle ([`crate::Cq::handle`]).
@@ -110,6 +115,9 @@ pub(crate) struct Engine {
     pub(crate) qps: HashMap<u32, QpSlot>,
     pub(crate) cqs: HashMap<u32, CqState>,
     pub(crate) srqs: HashMap<u32, Srq>,
+    /// Whether the port is active, and when it was last checked.
+    pub(crate) port_up: bool,
+    port_checked: Option<Instant>,
     /// Multicast groups and the UD QPs attached to each.
     mcast: HashMap<IpAddr, Vec<u32>>,
     next_srq: u32,
@@ -135,6 +143,8 @@ impl Engine {
             cqs: HashMap::new(),
             srqs: HashMap::new(),
             mcast: HashMap::new(),
+            port_up: true,
+            port_checked: None,
             next_srq: 1,
             backend,
             origin: StdInstant::now(),
@@ -194,6 +204,7 @@ impl Engine {
     /// whether anything happened.
     pub(crate) fn progress(&mut self) -> bool {
         let now = self.now();
+        self.check_port(now);
         let mut work = self.receive(now, 256) > 0;
         for slot in self.qps.values_mut() {
             if slot.qp.poll_timeout().is_some_and(|t| t <= now) {
@@ -204,6 +215,24 @@ impl Engine {
         work |= self.transmit(now) > 0;
         work |= self.collect();
         work
+    }
+
+    /// Looks at the device's interface every 100 ms: a port that goes
+    /// down raises PORT_ERR, one that comes back PORT_ACTIVE.
+    fn check_port(&mut self, now: Instant) {
+        const EVERY: u64 = 100_000_000;
+        if self.port_checked.is_some_and(|t| now.as_nanos() < t.as_nanos() + EVERY) {
+            return;
+        }
+        self.port_checked = Some(now);
+        if matches!(self.backend, Backend::Sim(_)) {
+            return;
+        }
+        let up = crate::netif::link_up(self.backend.local().ip());
+        if up != self.port_up {
+            self.port_up = up;
+            self.events.push(if up { AsyncEvent::PortActive } else { AsyncEvent::PortError });
+        }
     }
 
     /// The earliest QP deadline.

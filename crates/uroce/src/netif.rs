@@ -8,6 +8,24 @@ use std::net::IpAddr;
 
 /// The name of the interface that has `addr`, if any.
 pub(crate) fn interface_of(addr: IpAddr) -> Option<String> {
+    find(addr).map(|(name, _)| name)
+}
+
+/// Whether `addr` is on an interface that is up and running (the port
+/// state a uroce device reports). 127.0.0.0/8 addresses other than the
+/// listed ones live on `lo`, which is always up.
+pub(crate) fn link_up(addr: IpAddr) -> bool {
+    match find(addr) {
+        Some((_, flags)) => {
+            let want = (libc::IFF_UP | libc::IFF_RUNNING) as u32;
+            flags & want == want
+        }
+        None => addr.is_loopback(),
+    }
+}
+
+/// The interface holding `addr`: its name and `ifa_flags`.
+fn find(addr: IpAddr) -> Option<(String, u32)> {
     let mut head: *mut libc::ifaddrs = std::ptr::null_mut();
     // SAFETY: getifaddrs writes a list head we free below.
     if unsafe { libc::getifaddrs(&raw mut head) } != 0 {
@@ -40,14 +58,17 @@ pub(crate) fn interface_of(addr: IpAddr) -> Option<String> {
         };
         if a == addr {
             // SAFETY: ifa_name is a NUL-terminated string owned by the list.
-            found = Some(unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned());
+            let name = unsafe { CStr::from_ptr(ifa.ifa_name) }.to_string_lossy().into_owned();
+            found = Some((name, ifa.ifa_flags));
             break;
         }
     }
     // SAFETY: frees the list getifaddrs allocated, once.
     unsafe { libc::freeifaddrs(head) };
     // 127.0.0.2 and friends live on lo without being listed.
-    found.or_else(|| addr.is_loopback().then(|| "lo".to_string()))
+    found.or_else(|| {
+        addr.is_loopback().then(|| ("lo".to_string(), (libc::IFF_UP | libc::IFF_RUNNING) as u32))
+    })
 }
 
 /// The interface index of the interface that has `addr` (for IPv6
