@@ -1,7 +1,10 @@
 //! The `uroce` command.
 
+mod common;
 mod decode;
 mod demo;
+mod devinfo;
+mod pingpong;
 
 use std::process::ExitCode;
 
@@ -23,6 +26,13 @@ enum Command {
     /// Two processes on this host run every RC operation over UDP and
     /// report what they did and how long it took.
     Demo(demo::Args),
+    /// List the devices, as ibv_devices does.
+    Devices(devinfo::DevicesArgs),
+    /// Print device and port attributes, as ibv_devinfo does.
+    Devinfo(devinfo::DevinfoArgs),
+    /// ibv_rc/uc/ud/srq_pingpong: SEND ping-pong over a TCP-exchanged
+    /// connection, with rdma-core's options and report.
+    Pingpong(pingpong::Args),
 }
 
 fn main() -> ExitCode {
@@ -30,6 +40,9 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Decode(a) => decode::run(&a),
         Command::Demo(a) => demo::run(&a),
+        Command::Devices(a) => devinfo::devices(&a),
+        Command::Devinfo(a) => devinfo::devinfo(&a),
+        Command::Pingpong(a) => pingpong::run(&a),
     };
     match result {
         Ok(code) => code,

@@ -130,6 +130,12 @@ impl SendQueue {
         &self.inline[s * self.max_inline..s * self.max_inline + n]
     }
 
+    /// The inline storage of the WQE at `idx` (its whole capacity).
+    pub(crate) fn inline_storage_mut(&mut self, idx: u64) -> &mut [u8] {
+        let s = self.slot(idx);
+        &mut self.inline[s * self.max_inline..(s + 1) * self.max_inline]
+    }
+
     /// Appends a WQE; the caller has checked capacity and sizes.
     pub(crate) fn push(&mut self, wqe: SendWqe, sgl: &[Sge], inline: Option<&[u8]>) {
         let s = self.slot(self.head);

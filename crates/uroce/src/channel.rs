@@ -60,6 +60,25 @@ impl<T> EventQueue<T> {
         q.pop_front().ok_or_else(|| io::Error::other("event count without event"))
     }
 
+    /// Waits up to `timeout` for the descriptor to become readable.
+    /// `Ok(false)` on timeout. A later `pop` may still block if another
+    /// reader took the event first.
+    pub(crate) fn wait_readable(&self, timeout: std::time::Duration) -> io::Result<bool> {
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        loop {
+            // SAFETY: one live pollfd, count 1.
+            let r = unsafe { libc::poll(&raw mut pfd, 1, ms) };
+            if r >= 0 {
+                return Ok(r > 0);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
     /// Events waiting.
     pub(crate) fn len(&self) -> usize {
         self.queue.lock().unwrap_or_else(|e| e.into_inner()).len()
@@ -94,6 +113,9 @@ impl<T> AsFd for EventQueue<T> {
 #[derive(Clone, Debug)]
 pub struct CompChannel {
     pub(crate) events: Arc<EventQueue<u32>>,
+    /// The context's record of application polling, released before a
+    /// blocking wait so that the progress thread serves the wait.
+    pub(crate) activity: Arc<crate::context::Activity>,
 }
 
 impl CompChannel {
@@ -105,7 +127,20 @@ impl CompChannel {
     /// # Errors
     /// `WouldBlock` on a non-blocking channel with no event.
     pub fn get_event(&self) -> io::Result<u32> {
+        self.activity.release();
         self.events.pop()
+    }
+
+    /// [`CompChannel::get_event`] giving up after `timeout`: `Ok(None)` when
+    /// no event came. (With several readers on one channel, one that saw
+    /// the descriptor readable may lose the event to another and then
+    /// block; give each reader its own channel.)
+    ///
+    /// # Errors
+    /// From `poll` or the descriptor read.
+    pub fn get_event_timeout(&self, timeout: std::time::Duration) -> io::Result<Option<u32>> {
+        self.activity.release();
+        if self.events.wait_readable(timeout)? { self.events.pop().map(Some) } else { Ok(None) }
     }
 
     /// Makes [`CompChannel::get_event`] non-blocking (as setting

@@ -59,10 +59,51 @@ pub(crate) struct Inner {
     async_events: Arc<crate::channel::EventQueue<crate::AsyncEvent>>,
     pub(crate) device: Device,
     pub(crate) options: Options,
-    /// When an application thread last polled (ns since `origin`).
-    app_poll_ns: AtomicU64,
-    origin: StdInstant,
+    /// When an application thread last drove progress.
+    pub(crate) activity: Arc<Activity>,
     stop: AtomicBool,
+}
+
+/// When an application thread last drove progress itself (the background
+/// thread then steps aside), shared with completion channels: a thread
+/// about to block on one hands progress back at once instead of leaving
+/// the background thread asleep for the rest of its step-aside.
+#[derive(Debug)]
+pub(crate) struct Activity {
+    origin: StdInstant,
+    /// Last application poll, ns since `origin` (0: none recently).
+    app_poll_ns: AtomicU64,
+    progress_thread: std::sync::OnceLock<std::thread::Thread>,
+}
+
+impl Activity {
+    fn new() -> Self {
+        Self {
+            origin: StdInstant::now(),
+            app_poll_ns: AtomicU64::new(0),
+            progress_thread: std::sync::OnceLock::new(),
+        }
+    }
+
+    fn touch(&self) {
+        self.app_poll_ns.store(self.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    }
+
+    fn since_app(&self) -> Duration {
+        self.origin
+            .elapsed()
+            .saturating_sub(Duration::from_nanos(self.app_poll_ns.load(Ordering::Relaxed)))
+    }
+
+    /// The application stops polling (it is about to sleep on a channel or
+    /// has armed a CQ to do so): the background thread resumes now.
+    pub(crate) fn release(&self) {
+        if self.app_poll_ns.swap(0, Ordering::Relaxed) != 0
+            && let Some(t) = self.progress_thread.get()
+        {
+            t.unpark();
+        }
+    }
 }
 
 impl Inner {
@@ -76,7 +117,7 @@ impl Inner {
     /// Called by application polls: run progress inline, and tell the
     /// background thread to keep out of the way for a while.
     pub(crate) fn app_progress(&self, engine: &mut Engine) {
-        self.app_poll_ns.store(self.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+        self.activity.touch();
         engine.progress();
     }
 }
@@ -129,16 +170,16 @@ impl Device {
             engine: Mutex::new(Engine::new(backend, events)),
             device: self.clone(),
             options,
-            app_poll_ns: AtomicU64::new(0),
-            origin: StdInstant::now(),
+            activity: Arc::new(Activity::new()),
             stop: AtomicBool::new(false),
         });
         if options.progress == ProgressMode::Thread {
             let weak = Arc::downgrade(&inner);
-            std::thread::Builder::new()
+            let handle = std::thread::Builder::new()
                 .name(format!("uroce-{}", self.name()))
                 .spawn(move || progress_thread(&weak))
                 .map_err(|source| Error::Open { device: self.name().to_string(), addr, source })?;
+            let _ = inner.activity.progress_thread.set(handle.thread().clone());
         }
         Ok(Context { inner })
     }
@@ -195,7 +236,7 @@ impl Context {
     /// [`Error::Limit`] if no descriptor can be created.
     pub fn create_comp_channel(&self) -> Result<crate::CompChannel> {
         let q = crate::channel::EventQueue::new().map_err(|_| Error::Limit("file descriptors"))?;
-        Ok(crate::CompChannel { events: Arc::new(q) })
+        Ok(crate::CompChannel { events: Arc::new(q), activity: self.inner.activity.clone() })
     }
 
     /// Device attributes (`ibv_query_device`).
@@ -258,14 +299,12 @@ fn progress_thread(weak: &Weak<Inner>) {
         if inner.stop.load(Ordering::Relaxed) {
             return;
         }
-        let since_app = inner
-            .origin
-            .elapsed()
-            .saturating_sub(Duration::from_nanos(inner.app_poll_ns.load(Ordering::Relaxed)));
+        let since_app = inner.activity.since_app();
         if since_app < STEP_ASIDE {
-            // An application thread is polling and drives progress itself.
+            // An application thread is polling and drives progress itself
+            // (until it releases progress, which unparks us).
             drop(inner);
-            std::thread::sleep(STEP_ASIDE - since_app);
+            std::thread::park_timeout(STEP_ASIDE - since_app);
             continue;
         }
         let (worked, deadline) = {
@@ -279,7 +318,10 @@ fn progress_thread(weak: &Weak<Inner>) {
         }
         let idle = last_work.elapsed();
         if idle < spin {
-            std::hint::spin_loop();
+            // Yield rather than spin: on a small machine the thread that
+            // needs the core may be an application thread just woken by a
+            // completion event.
+            std::thread::yield_now();
             continue;
         }
         // Going to sleep: if traffic comes back soon after, the window was

@@ -39,3 +39,13 @@ pub const MAX_MW: u32 = 1 << 16;
 pub const MAX_MCAST_GRP: u32 = 1024;
 /// QPs attached to one multicast group.
 pub const MAX_MCAST_QP_ATTACH: u32 = 64;
+
+/// `ibv_device_attr.device_cap_flags`: CURR_QP_STATE_MOD, PORT_ACTIVE_EVENT,
+/// SYS_IMAGE_GUID, RC_RNR_NAK_GEN, MEM_WINDOW, MEM_MGT_EXTENSIONS (local and
+/// remote invalidation) and MEM_WINDOW_TYPE_2B — what the transport does.
+pub const DEVICE_CAP_FLAGS: u32 =
+    (1 << 7) | (1 << 10) | (1 << 11) | (1 << 12) | (1 << 17) | (1 << 21) | (1 << 24);
+/// Largest message (`ibv_port_attr.max_msg_sz`), as rxe: 2 GiB.
+pub const MAX_MSG_SZ: u32 = 1 << 31;
+/// `local_ca_ack_delay` reported (rxe's value).
+pub const LOCAL_CA_ACK_DELAY: u8 = 15;

@@ -348,6 +348,9 @@ impl Cq {
             return Err(Error::InvalidArgument("CQ has no completion channel"));
         }
         cq.armed = Some(solicited_only);
+        drop(e);
+        // Arming means the caller is about to sleep on the channel.
+        self.inner.ctx.activity.release();
         Ok(())
     }
 
@@ -458,8 +461,17 @@ impl Qp {
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut e = self.ctx.lock();
         let now = e.now();
-        let slot = e.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
-        let r = slot.qp.post_send(now, wrs);
+        let eng = &mut *e;
+        let slot = eng.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        // Inline WRs without their bytes take them from their gather list,
+        // read now (ibv_post_send semantics).
+        let gather =
+            wrs.iter().any(|w| w.flags.contains(SendFlags::INLINE) && w.inline_data.is_none());
+        let r = if gather {
+            slot.qp.post_send_gather(now, wrs, &eng.mem)
+        } else {
+            slot.qp.post_send(now, wrs)
+        };
         self.ctx.app_progress(&mut e);
         r.map_err(|(index, error)| Error::Post { index, error })
     }

@@ -132,13 +132,20 @@ pub enum PostError {
     InvalidLength,
     /// Receives go to the QP's shared receive queue.
     UsesSrq,
+    /// An inline WR's gather list names memory this QP cannot read (a bad
+    /// L_Key, another PD, or out of bounds).
+    BadInlineAddress,
 }
+
+/// Copies an inline WR's gather list into the WQE being posted.
+type GatherFn<'a> = dyn Fn(&mut Qp) -> Result<(), PostError> + 'a;
 
 impl PostError {
     /// The errno: `ENOMEM` for a full queue, `EINVAL` otherwise.
     pub const fn errno(self) -> i32 {
         match self {
             Self::QueueFull => 12,
+            Self::BadInlineAddress => 14,
             _ => 22,
         }
     }
@@ -154,6 +161,7 @@ impl core::fmt::Display for PostError {
             Self::InvalidOpcode => "opcode not supported on this QP",
             Self::InvalidLength => "invalid message length",
             Self::UsesSrq => "the QP receives through a shared receive queue",
+            Self::BadInlineAddress => "inline gather list names memory the QP cannot read",
         })
     }
 }
@@ -430,12 +438,57 @@ impl Qp {
         wrs: &[SendWr<'_>],
     ) -> Result<(), (usize, PostError)> {
         for (i, wr) in wrs.iter().enumerate() {
-            self.post_one_send(now, wr).map_err(|e| (i, e))?;
+            self.post_one_send(now, wr, None).map_err(|e| (i, e))?;
         }
         Ok(())
     }
 
-    fn post_one_send(&mut self, _now: Instant, wr: &SendWr<'_>) -> Result<(), PostError> {
+    /// [`Qp::post_send`] where an `INLINE` WR without
+    /// [`SendWr::inline_data`] takes its bytes from its gather list, read
+    /// now through `mem` with the SGEs' L_Keys, as `ibv_post_send` copies
+    /// inline data at post time.
+    ///
+    /// # Errors
+    /// As [`Qp::post_send`], and [`PostError::BadInlineAddress`].
+    pub fn post_send_gather<M: Memory + ?Sized>(
+        &mut self,
+        now: Instant,
+        wrs: &[SendWr<'_>],
+        mem: &M,
+    ) -> Result<(), (usize, PostError)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            self.post_one_send(now, wr, Some(&|q: &mut Self| q.gather_inline(wr, mem)))
+                .map_err(|e| (i, e))?;
+        }
+        Ok(())
+    }
+
+    /// Copies an inline WR's gather list into the inline storage of the
+    /// WQE about to be pushed.
+    fn gather_inline<M: Memory + ?Sized>(
+        &mut self,
+        wr: &SendWr<'_>,
+        mem: &M,
+    ) -> Result<(), PostError> {
+        let who = self.me();
+        let dst = self.sq.inline_storage_mut(self.sq.head);
+        let mut off = 0;
+        for sge in wr.sgl {
+            let n = sge.length as usize;
+            let out = dst.get_mut(off..off + n).ok_or(PostError::InlineTooLong)?;
+            mem.read(crate::memory::Key::Local(sge.lkey), who, sge.addr, out)
+                .map_err(|_| PostError::BadInlineAddress)?;
+            off += n;
+        }
+        Ok(())
+    }
+
+    fn post_one_send(
+        &mut self,
+        _now: Instant,
+        wr: &SendWr<'_>,
+        gather: Option<&GatherFn<'_>>,
+    ) -> Result<(), PostError> {
         if matches!(self.state, QpState::Reset | QpState::Init | QpState::ReadyToReceive) {
             return Err(PostError::InvalidState);
         }
@@ -466,7 +519,17 @@ impl Qp {
         let local_op = matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv);
         let inline =
             wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() && !local_op;
-        let (length, num_sge, data) = if inline {
+        let from_sgl = inline && wr.inline_data.is_none() && gather.is_some();
+        let (length, num_sge, data) = if from_sgl {
+            if wr.sgl.len() > self.sq.max_sge {
+                return Err(PostError::TooManySge);
+            }
+            let len: u64 = wr.sgl.iter().map(|s| u64::from(s.length)).sum();
+            if len > self.sq.max_inline as u64 {
+                return Err(PostError::InlineTooLong);
+            }
+            (len, 0, None)
+        } else if inline {
             let data = wr.inline_data.unwrap_or(&[]);
             if data.len() > self.sq.max_inline {
                 return Err(PostError::InlineTooLong);
@@ -506,6 +569,9 @@ impl Qp {
             bind: wr.bind,
             ..SendWqe::EMPTY
         };
+        if from_sgl && let Some(g) = gather {
+            g(self)?;
+        }
         self.sq.push(wqe, if inline { &[] } else { wr.sgl }, data);
         if self.state == QpState::Error {
             self.flush_all();

@@ -1,0 +1,184 @@
+//! `uroce devices` and `uroce devinfo`: what `ibv_devices` and
+//! `ibv_devinfo` print, line for line, from the device configuration the
+//! library uses (`UROCE_DEVICES`, the config file, or the default device).
+
+use std::net::Ipv6Addr;
+use std::process::ExitCode;
+
+use anyhow::{Result, bail};
+use uroce::{Device, limits};
+
+#[derive(clap::Args)]
+pub(crate) struct DevicesArgs {}
+
+#[derive(clap::Args)]
+pub(crate) struct DevinfoArgs {
+    /// Use this device (default: all devices).
+    #[arg(short = 'd', long = "ib-dev")]
+    dev: Option<String>,
+    /// Show only this port (uroce devices have one port, 1).
+    #[arg(short = 'i', long = "ib-port")]
+    port: Option<u8>,
+    /// Print only the device names.
+    #[arg(short = 'l', long)]
+    list: bool,
+    /// Print all attributes, the GID table included.
+    #[arg(short = 'v', long)]
+    verbose: bool,
+}
+
+pub(crate) fn devices(_: &DevicesArgs) -> Result<ExitCode> {
+    let list = uroce::devices()?;
+    println!("    {:<16}\t   node GUID", "device");
+    println!("    {:<16}\t----------------", "------");
+    for d in &list {
+        println!("    {:<16}\t{:016x}", d.name(), d.guid());
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// `xxxx:xxxx:xxxx:xxxx`, as ibv_devinfo prints GUIDs.
+pub(crate) fn guid_str(g: u64) -> String {
+    format!(
+        "{:04x}:{:04x}:{:04x}:{:04x}",
+        g >> 48,
+        (g >> 32) & 0xffff,
+        (g >> 16) & 0xffff,
+        g & 0xffff
+    )
+}
+
+const CAP_NAMES: [(u32, &str); 7] = [
+    (1 << 7, "CURR_QP_STATE_MOD"),
+    (1 << 10, "PORT_ACTIVE_EVENT"),
+    (1 << 11, "SYS_IMAGE_GUID"),
+    (1 << 12, "RC_RNR_NAK_GEN"),
+    (1 << 17, "MEM_WINDOW"),
+    (1 << 21, "MEM_MGT_EXTENSIONS"),
+    (1 << 24, "MEM_WINDOW_TYPE_2B"),
+];
+
+pub(crate) fn devinfo(a: &DevinfoArgs) -> Result<ExitCode> {
+    let list = uroce::devices()?;
+    if a.list {
+        println!("{} HCA{} found:", list.len(), if list.len() == 1 { "" } else { "s" });
+        for d in &list {
+            println!("\t{}", d.name());
+        }
+        println!();
+        return Ok(ExitCode::SUCCESS);
+    }
+    if a.port == Some(0) {
+        bail!("invalid port 0 (ports are numbered from 1)");
+    }
+    let chosen: Vec<&Device> = match &a.dev {
+        Some(n) => match list.iter().find(|d| d.name() == n) {
+            Some(d) => vec![d],
+            None => bail!("IB device '{n}' wasn't found (configured: {})", names(&list)),
+        },
+        None if list.is_empty() => bail!("No IB devices found"),
+        None => list.iter().collect(),
+    };
+    for d in chosen {
+        print_device(d, a)?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn names(list: &[Device]) -> String {
+    let v: Vec<&str> = list.iter().map(Device::name).collect();
+    if v.is_empty() { "none".into() } else { v.join(", ") }
+}
+
+fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
+    let at = d.attr();
+    if let Some(p) = a.port
+        && p > at.phys_port_cnt
+    {
+        bail!("Invalid port {p} requested for device {} (it has {})", d.name(), at.phys_port_cnt);
+    }
+    println!("hca_id:\t{}", d.name());
+    println!("\ttransport:\t\t\tInfiniBand (0)");
+    println!("\tfw_ver:\t\t\t\t{}", at.fw_ver);
+    println!("\tnode_guid:\t\t\t{}", guid_str(at.node_guid));
+    println!("\tsys_image_guid:\t\t\t{}", guid_str(at.sys_image_guid));
+    println!("\tvendor_id:\t\t\t0x{:04x}", at.vendor_id);
+    println!("\tvendor_part_id:\t\t\t{}", at.vendor_part_id);
+    println!("\thw_ver:\t\t\t\t0x{:X}", at.hw_ver);
+    println!("\tphys_port_cnt:\t\t\t{}", at.phys_port_cnt);
+    if a.verbose {
+        println!("\tmax_mr_size:\t\t\t0x{:x}", at.max_mr_size);
+        println!("\tpage_size_cap:\t\t\t0x{:x}", at.page_size_cap);
+        println!("\tmax_qp:\t\t\t\t{}", at.max_qp);
+        println!("\tmax_qp_wr:\t\t\t{}", at.max_qp_wr);
+        println!("\tdevice_cap_flags:\t\t0x{:08x}", limits::DEVICE_CAP_FLAGS);
+        for (bit, name) in CAP_NAMES {
+            if limits::DEVICE_CAP_FLAGS & bit != 0 {
+                println!("\t\t\t\t\t{name}");
+            }
+        }
+        println!("\tmax_sge:\t\t\t{}", at.max_sge);
+        println!("\tmax_sge_rd:\t\t\t{}", at.max_sge);
+        println!("\tmax_cq:\t\t\t\t{}", at.max_cq);
+        println!("\tmax_cqe:\t\t\t{}", at.max_cqe);
+        println!("\tmax_mr:\t\t\t\t{}", at.max_mr);
+        println!("\tmax_pd:\t\t\t\t{}", at.max_pd);
+        println!("\tmax_qp_rd_atom:\t\t\t{}", at.max_qp_rd_atom);
+        println!("\tmax_ee_rd_atom:\t\t\t0");
+        println!("\tmax_res_rd_atom:\t\t{}", at.max_qp_rd_atom * at.max_qp);
+        println!("\tmax_qp_init_rd_atom:\t\t{}", at.max_qp_init_rd_atom);
+        println!("\tmax_ee_init_rd_atom:\t\t0");
+        let (cap, code) = if at.atomic_cap_global { ("ATOMIC_GLOB", 2) } else { ("ATOMIC_HCA", 1) };
+        println!("\tatomic_cap:\t\t\t{cap} ({code})");
+        println!("\tmax_ee:\t\t\t\t0");
+        println!("\tmax_rdd:\t\t\t0");
+        println!("\tmax_mw:\t\t\t\t{}", at.max_mw);
+        println!("\tmax_raw_ipv6_qp:\t\t0");
+        println!("\tmax_raw_ethy_qp:\t\t0");
+        println!("\tmax_mcast_grp:\t\t\t{}", at.max_mcast_grp);
+        println!("\tmax_mcast_qp_attach:\t\t{}", at.max_mcast_qp_attach);
+        println!("\tmax_total_mcast_qp_attach:\t{}", at.max_mcast_grp * at.max_mcast_qp_attach);
+        println!("\tmax_ah:\t\t\t\t{}", at.max_ah);
+        println!("\tmax_fmr:\t\t\t0");
+        println!("\tmax_srq:\t\t\t{}", at.max_srq);
+        println!("\tmax_srq_wr:\t\t\t{}", at.max_srq_wr);
+        println!("\tmax_srq_sge:\t\t\t{}", at.max_srq_sge);
+        println!("\tmax_pkeys:\t\t\t1");
+        println!("\tlocal_ca_ack_delay:\t\t{}", limits::LOCAL_CA_ACK_DELAY);
+    }
+    let p = d.port_attr();
+    if a.port.is_none_or(|x| x == 1) {
+        println!("\t\tport:\t1");
+        let (state, code) = if p.active { ("PORT_ACTIVE", 4) } else { ("PORT_DOWN", 1) };
+        println!("\t\t\tstate:\t\t\t{state} ({code})");
+        println!("\t\t\tmax_mtu:\t\t{} ({})", p.max_mtu.bytes(), p.max_mtu.to_ibv());
+        println!("\t\t\tactive_mtu:\t\t{} ({})", p.active_mtu.bytes(), p.active_mtu.to_ibv());
+        println!("\t\t\tsm_lid:\t\t\t0");
+        println!("\t\t\tport_lid:\t\t0");
+        println!("\t\t\tport_lmc:\t\t0x00");
+        println!("\t\t\tlink_layer:\t\tEthernet");
+        if a.verbose {
+            println!("\t\t\tmax_msg_sz:\t\t0x{:x}", limits::MAX_MSG_SZ);
+            println!("\t\t\tport_cap_flags:\t\t0x{:08x}", PORT_CAP_FLAGS);
+            println!("\t\t\tport_cap_flags2:\t0x0000");
+            println!("\t\t\tmax_vl_num:\t\t1 (1)");
+            println!("\t\t\tbad_pkey_cntr:\t\t0x0");
+            println!("\t\t\tqkey_viol_cntr:\t\t0x0");
+            println!("\t\t\tsm_sl:\t\t\t0");
+            println!("\t\t\tpkey_tbl_len:\t\t{}", p.pkey_tbl_len);
+            println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
+            println!("\t\t\tsubnet_timeout:\t\t0");
+            println!("\t\t\tinit_type_reply:\t0");
+            println!("\t\t\tactive_width:\t\t1X (1)");
+            println!("\t\t\tactive_speed:\t\t2.5 Gbps (1)");
+            let gid = Ipv6Addr::from(d.gid());
+            println!("\t\t\tGID[  0]:\t\t{gid}, RoCE v2");
+        }
+        println!();
+    }
+    Ok(())
+}
+
+/// `IBV_PORT_IP_BASED_GIDS`, as a RoCE port reports (CM_SUP comes with
+/// RDMA CM).
+const PORT_CAP_FLAGS: u32 = 0x0400_0000;

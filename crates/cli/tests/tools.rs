@@ -1,0 +1,187 @@
+//! The user tools run as two processes over the `udp` backend (server on
+//! 127.0.0.1, client on 127.0.0.2), checking the report's shape, the data
+//! (`-c`), and that a newcomer's mistakes fail fast with one clear line.
+
+use std::process::{Child, Command, Output, Stdio};
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_uroce");
+
+fn free_tcp_port() -> u16 {
+    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+fn uroce(addr: &str, udp: u16, args: &[&str]) -> Command {
+    let mut c = Command::new(BIN);
+    c.args(args)
+        .env("UROCE_DEVICES", format!("uroce0={addr}:{udp}"))
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+/// Waits for a child with a deadline, killing it when it overstays.
+fn finish(mut child: Child, limit: Duration) -> Output {
+    let start = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if start.elapsed() > limit {
+            child.kill().unwrap();
+            let out = child.wait_with_output().unwrap();
+            panic!(
+                "still running after {limit:?}: {}{}",
+                String::from_utf8_lossy(&out.stdout),
+                String::from_utf8_lossy(&out.stderr)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Runs a server and a client with the same tool arguments; returns both
+/// outputs after checking both succeeded.
+fn pair(tool: &[&str], extra: &[&str]) -> (String, String) {
+    let udp = uroce::testing::free_port();
+    let tcp = free_tcp_port().to_string();
+    let mut sargs: Vec<&str> = tool.to_vec();
+    sargs.extend_from_slice(&["-p", &tcp]);
+    sargs.extend_from_slice(extra);
+    let server = uroce("127.0.0.1", udp, &sargs).spawn().unwrap();
+    let mut cargs: Vec<&str> = tool.to_vec();
+    cargs.push("127.0.0.1");
+    cargs.extend_from_slice(&["-p", &tcp]);
+    cargs.extend_from_slice(extra);
+    let client = uroce("127.0.0.2", udp, &cargs).spawn().unwrap();
+    let c = finish(client, Duration::from_secs(30));
+    let s = finish(server, Duration::from_secs(30));
+    let (st, ct) = (text(&s), text(&c));
+    assert!(s.status.success() && c.status.success(), "server:\n{st}\nclient:\n{ct}");
+    (st, ct)
+}
+
+/// The two report lines of rdma-core's pingpong tools.
+fn assert_pingpong_report(out: &str, bytes: u64, iters: u32) {
+    let bw = out.lines().find(|l| l.contains("Mbit/sec")).unwrap_or_else(|| panic!("{out}"));
+    assert!(bw.starts_with(&format!("{bytes} bytes in ")), "{bw}");
+    assert!(bw.contains(" seconds = "), "{bw}");
+    let it = out.lines().find(|l| l.contains("usec/iter")).unwrap_or_else(|| panic!("{out}"));
+    assert!(it.starts_with(&format!("{iters} iters in ")), "{it}");
+    let usec: f64 = it.split(" = ").nth(1).unwrap().split(' ').next().unwrap().parse().unwrap();
+    assert!(usec > 0.0, "{it}");
+    assert!(out.contains("  local address:  LID 0x0000, QPN 0x"), "{out}");
+    assert!(out.contains("  remote address:  LID 0x0000, QPN 0x"), "{out}");
+}
+
+#[test]
+fn pingpong_rc_uc_ud_srq_exchange_and_verify_data() {
+    for (kind, size, extra) in [
+        ("rc", 4096u64, &[][..]),
+        ("rc", 100, &["-e", "-s", "100"][..]),
+        ("uc", 4096, &["-m", "2048"][..]),
+        ("ud", 1024, &["-s", "1024"][..]),
+        ("srq", 4096, &["-q", "4"][..]),
+    ] {
+        let mut args = vec!["-n", "50", "-c"];
+        args.extend_from_slice(extra);
+        let (s, c) = pair(&["pingpong", kind], &args);
+        assert_pingpong_report(&s, size * 100, 50);
+        assert_pingpong_report(&c, size * 100, 50);
+        assert!(s.contains("GID ::ffff:127.0.0.2"), "{kind}: {s}");
+        assert!(c.contains("GID ::ffff:127.0.0.1"), "{kind}: {c}");
+    }
+}
+
+/// A failure within `limit`, non-zero, with a line containing `needle`.
+fn fails_fast(mut cmd: Command, needle: &str, limit: Duration) {
+    let start = Instant::now();
+    let out = finish(cmd.spawn().unwrap(), limit + Duration::from_secs(5));
+    let t = text(&out);
+    assert!(!out.status.success(), "succeeded: {t}");
+    assert!(start.elapsed() < limit, "took {:?}: {t}", start.elapsed());
+    assert!(t.contains(needle), "expected {needle:?} in: {t}");
+}
+
+#[test]
+fn newcomer_mistakes_fail_fast_with_one_clear_line() {
+    let udp = uroce::testing::free_port();
+    let tcp = free_tcp_port().to_string();
+    let secs = Duration::from_secs(4);
+    // Nobody listening.
+    fails_fast(
+        uroce("127.0.0.2", udp, &["pingpong", "rc", "127.0.0.1", "-p", &tcp]),
+        "Couldn't connect to 127.0.0.1",
+        secs,
+    );
+    // Unknown device, wrong GID index, wrong port, bad MTU.
+    fails_fast(
+        uroce("127.0.0.2", udp, &["pingpong", "rc", "-d", "mlx5_0"]),
+        "mlx5_0 not found",
+        secs,
+    );
+    fails_fast(uroce("127.0.0.2", udp, &["pingpong", "rc", "-g", "3"]), "gid index 3", secs);
+    fails_fast(uroce("127.0.0.2", udp, &["pingpong", "rc", "-i", "2"]), "port 2", secs);
+    fails_fast(uroce("127.0.0.2", udp, &["pingpong", "rc", "-m", "1500"]), "Invalid MTU", secs);
+    fails_fast(uroce("127.0.0.2", udp, &["devinfo", "-d", "nope"]), "wasn't found", secs);
+    // TCP port in use.
+    let busy = std::net::TcpListener::bind("0.0.0.0:0").unwrap();
+    let busy_port = busy.local_addr().unwrap().port().to_string();
+    fails_fast(
+        uroce("127.0.0.2", udp, &["pingpong", "rc", "-p", &busy_port]),
+        "Couldn't listen to port",
+        secs,
+    );
+    // UDP port (the device) in use by another process's device.
+    let _held = std::net::UdpSocket::bind(("127.0.0.2", udp)).unwrap();
+    fails_fast(uroce("127.0.0.2", udp, &["pingpong", "rc"]), "Couldn't open device", secs);
+}
+
+#[test]
+fn mismatched_sizes_fail_on_both_sides_instead_of_hanging() {
+    let udp = uroce::testing::free_port();
+    let tcp = free_tcp_port().to_string();
+    let server = uroce("127.0.0.1", udp, &["pingpong", "rc", "-p", &tcp, "-s", "1024", "-n", "5"])
+        .spawn()
+        .unwrap();
+    let client = uroce(
+        "127.0.0.2",
+        udp,
+        &["pingpong", "rc", "127.0.0.1", "-p", &tcp, "-s", "4096", "-n", "5"],
+    )
+    .spawn()
+    .unwrap();
+    let c = finish(client, Duration::from_secs(15));
+    let s = finish(server, Duration::from_secs(15));
+    assert!(!s.status.success() && !c.status.success(), "{}\n{}", text(&s), text(&c));
+    assert!(text(&s).contains("Failed status"), "{}", text(&s));
+    assert!(text(&c).contains("Failed status"), "{}", text(&c));
+}
+
+#[test]
+fn devices_and_devinfo_print_what_rdma_core_prints() {
+    let o = uroce("127.0.0.1", 4791, &["devices"]).output().unwrap();
+    let t = text(&o);
+    assert!(t.starts_with("    device          \t   node GUID\n"), "{t}");
+    assert!(t.contains("    uroce0          \t0275ffff7f000001"), "{t}");
+    let o = uroce("127.0.0.1", 4791, &["devinfo", "-v"]).output().unwrap();
+    let t = text(&o);
+    for needle in [
+        "hca_id:\turoce0\n",
+        "\ttransport:\t\t\tInfiniBand (0)\n",
+        "\tnode_guid:\t\t\t0275:ffff:7f00:0001\n",
+        "\tphys_port_cnt:\t\t\t1\n",
+        "\t\tport:\t1\n",
+        "\t\t\tstate:\t\t\tPORT_ACTIVE (4)\n",
+        "\t\t\tmax_mtu:\t\t4096 (5)\n",
+        "\t\t\tlink_layer:\t\tEthernet\n",
+        "\t\t\tGID[  0]:\t\t::ffff:127.0.0.1, RoCE v2\n",
+        "\tmax_qp_rd_atom:\t\t\t16\n",
+    ] {
+        assert!(t.contains(needle), "{needle:?} missing from:\n{t}");
+    }
+    let o = uroce("127.0.0.1", 4791, &["devinfo", "-l"]).output().unwrap();
+    assert_eq!(text(&o), "1 HCA found:\n\turoce0\n\n");
+}
