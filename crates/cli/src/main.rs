@@ -1,10 +1,13 @@
 //! The `uroce` command.
 
+mod bench;
 mod common;
 mod decode;
 mod demo;
 mod devinfo;
+mod measure;
 mod pingpong;
+mod plot;
 
 use std::process::ExitCode;
 
@@ -33,6 +36,9 @@ enum Command {
     /// ibv_rc/uc/ud/srq_pingpong: SEND ping-pong over a TCP-exchanged
     /// connection, with rdma-core's options and report.
     Pingpong(pingpong::Args),
+    /// Sweep message sizes over WRITE, READ, SEND and atomics between two
+    /// local processes: table, CSV and plots.
+    Bench(bench::Args),
 }
 
 fn main() -> ExitCode {
@@ -43,6 +49,7 @@ fn main() -> ExitCode {
         Command::Devices(a) => devinfo::devices(&a),
         Command::Devinfo(a) => devinfo::devinfo(&a),
         Command::Pingpong(a) => pingpong::run(&a),
+        Command::Bench(a) => bench::run(&a),
     };
     match result {
         Ok(code) => code,

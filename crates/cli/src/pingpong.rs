@@ -462,6 +462,9 @@ fn check_recv(c: &Ctx, st: &mut RecvState, slot: u32, byte_len: u32, rcnt: u32) 
     let mut got = vec![0u8; c.size];
     c.mr.read(slot as usize * c.slot_len + c.data_off, &mut got)?;
     let k = if c.size >= 4 { u32::from_le_bytes([got[0], got[1], got[2], got[3]]) } else { rcnt };
+    if k as usize >= st.seen.len() {
+        bail!("message {rcnt}: not the -c pattern (does the peer run with -c too?)");
+    }
     let expect_order = c.qps.len() == 1;
     if (expect_order && k != rcnt) || st.seen.get(k as usize).is_none_or(|&s| s) {
         bail!("message {rcnt}: holds message number {k} (lost, repeated or reordered)");

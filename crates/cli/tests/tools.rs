@@ -185,3 +185,32 @@ fn devices_and_devinfo_print_what_rdma_core_prints() {
     let o = uroce("127.0.0.1", 4791, &["devinfo", "-l"]).output().unwrap();
     assert_eq!(text(&o), "1 HCA found:\n\turoce0\n\n");
 }
+
+#[test]
+fn bench_sweeps_sizes_and_writes_table_csv_and_svg() {
+    let udp = uroce::testing::free_port();
+    let out = std::env::temp_dir().join(format!("uroce-bench-{}", std::process::id()));
+    let o = Command::new(BIN)
+        .args(["bench", "--ops", "write,read,send,atomic", "--min-size", "64", "--max-size", "64K"])
+        .args(["--scale", "0.02", "--port", &udp.to_string(), "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    // 11 sizes for write, read and send, one atomic row.
+    let rows: Vec<&str> = t.lines().filter(|l| l.split_whitespace().count() == 8).collect();
+    assert_eq!(rows.len(), 3 * 11 + 1, "{t}");
+    let csv = std::fs::read_to_string(out.join("bench.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 3 * 11 + 1, "{csv}");
+    for l in csv.lines().skip(1) {
+        let f: Vec<&str> = l.split(',').collect();
+        assert_eq!(f.len(), 14, "{l}");
+        let bw: f64 = f[4].parse().unwrap();
+        let lat: f64 = f[9].parse().unwrap();
+        assert!(bw > 0.0 && lat > 0.0, "{l}");
+    }
+    let svg = std::fs::read_to_string(out.join("bench.svg")).unwrap();
+    assert!(svg.contains("uroce write") && svg.contains("uroce atomic"));
+    let _ = std::fs::remove_dir_all(&out);
+}

@@ -1,0 +1,397 @@
+//! `uroce bench`: a responder process and a requester process on loopback
+//! (127.0.0.2 and 127.0.0.1, one RC connection over UDP), a sweep of
+//! message sizes over the chosen operations measuring bandwidth, message
+//! rate and latency, a summary table, and CSV + SVG (+ PNG when
+//! `rsvg-convert` exists) in the output directory.
+//!
+//! The parent is the requester and starts the responder itself; the two
+//! talk over the child's stdin/stdout, one line per step.
+
+use std::io::{BufRead, BufReader, IsTerminal, Write};
+use std::net::IpAddr;
+use std::path::PathBuf;
+use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+
+use anyhow::{Context as _, Result, bail};
+use uroce::{Device, DeviceConfig};
+
+use crate::measure::{BwResult, Conn, LatStats, Op, RECV_DEPTH, Remote};
+use crate::plot;
+
+#[derive(clap::Args)]
+pub(crate) struct Args {
+    /// Operations, comma-separated: write, read, send, atomic.
+    #[arg(long, value_delimiter = ',', default_value = "write,read,send,atomic")]
+    ops: Vec<Op>,
+    /// Smallest message size (bytes; a power of two; K and M suffixes).
+    #[arg(long, default_value = "2", value_parser = parse_size)]
+    min_size: usize,
+    /// Largest message size.
+    #[arg(long, default_value = "8M", value_parser = parse_size)]
+    max_size: usize,
+    /// Multiplies every iteration count (0.1 for a quick look).
+    #[arg(long, default_value_t = 1.0)]
+    scale: f64,
+    /// Directory for bench.csv, bench.svg and bench.png.
+    #[arg(long, default_value = "bench-out")]
+    out: PathBuf,
+    /// UDP port of the two devices.
+    #[arg(long, default_value_t = 4791)]
+    port: u16,
+    /// Internal: run as the responder.
+    #[arg(long, hide = true)]
+    serve: bool,
+}
+
+fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mul) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1024),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    let v: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    let v = v * mul;
+    if !v.is_power_of_two() || !(2..=(8 << 20)).contains(&v) {
+        return Err(format!("{s}: sizes are powers of two from 2 to 8M"));
+    }
+    Ok(v)
+}
+
+const SERVER_IP: &str = "127.0.0.2";
+const CLIENT_IP: &str = "127.0.0.1";
+
+fn open(ip: &str, port: u16, max: usize) -> Result<Conn> {
+    let ctx = Device::from_config(DeviceConfig { name: "uroce0".into(), addr: ip.parse()?, port })
+        .open()
+        .with_context(|| format!("opening a device on {ip}:{port} (is another bench running?)"))?;
+    Conn::new(ctx, 2 * max)
+}
+
+fn line(r: &Remote) -> String {
+    format!("{:x} {:x} {:x} {:x}", r.qpn, r.psn, r.addr, r.rkey)
+}
+
+fn parse_line(s: &str) -> Result<Remote> {
+    let f: Vec<u64> = s
+        .split_whitespace()
+        .map(|x| u64::from_str_radix(x, 16))
+        .collect::<Result<_, _>>()
+        .with_context(|| format!("bad connection line {s:?}"))?;
+    if f.len() != 4 {
+        bail!("bad connection line {s:?}");
+    }
+    Ok(Remote { qpn: f[0] as u32, psn: f[1] as u32, addr: f[2], rkey: f[3] as u32 })
+}
+
+pub(crate) fn run(a: &Args) -> Result<ExitCode> {
+    if a.serve { serve(a) } else { client(a) }
+}
+
+/// The responder: connects, then obeys one command per line.
+fn serve(a: &Args) -> Result<ExitCode> {
+    let c = open(SERVER_IP, a.port, a.max_size)?;
+    println!("{}", line(&c.me()));
+    std::io::stdout().flush()?;
+    let stdin = std::io::stdin();
+    let mut lines = stdin.lock().lines();
+    let peer = parse_line(&lines.next().context("no peer line")??)?;
+    c.connect(CLIENT_IP.parse::<IpAddr>()?, &peer)?;
+    c.post_recvs(RECV_DEPTH)?;
+    println!("connected");
+    std::io::stdout().flush()?;
+    for l in lines {
+        let l = l?;
+        let f: Vec<&str> = l.split_whitespace().collect();
+        let reply = match f.as_slice() {
+            ["quit"] => return Ok(ExitCode::SUCCESS),
+            ["sends", iters] => {
+                println!("ready");
+                std::io::stdout().flush()?;
+                c.serve_sends(iters.parse()?)
+            }
+            ["pong", op, size, iters] => {
+                println!("ready");
+                std::io::stdout().flush()?;
+                let op = Op::parse(op).context("bad op")?;
+                c.pong(op, size.parse()?, iters.parse()?, &peer)
+            }
+            _ => bail!("unknown command {l:?}"),
+        };
+        match reply {
+            Ok(()) => println!("done"),
+            Err(e) => println!("error {e:#}"),
+        }
+        std::io::stdout().flush()?;
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+struct Responder {
+    child: Child,
+    tx: ChildStdin,
+    rx: BufReader<ChildStdout>,
+}
+
+impl Responder {
+    fn send(&mut self, l: &str) -> Result<()> {
+        writeln!(self.tx, "{l}").context("the responder exited")?;
+        self.tx.flush()?;
+        Ok(())
+    }
+
+    fn expect(&mut self, want: &str) -> Result<()> {
+        let mut l = String::new();
+        self.rx.read_line(&mut l)?;
+        let l = l.trim();
+        if l != want {
+            bail!("responder: {}", if l.is_empty() { "exited" } else { l });
+        }
+        Ok(())
+    }
+}
+
+impl Drop for Responder {
+    fn drop(&mut self) {
+        let _ = writeln!(self.tx, "quit");
+        let _ = self.tx.flush();
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
+        while std::time::Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// One row of results.
+struct Row {
+    op: Op,
+    size: usize,
+    bw: Option<BwResult>,
+    lat: Option<LatStats>,
+}
+
+/// Iterations for bandwidth: about 128 MiB per point, within bounds.
+fn bw_iters(size: usize, scale: f64) -> u32 {
+    let base = ((128usize << 20) / size).clamp(40, 20_000) as f64;
+    ((base * scale) as u32).max(8)
+}
+
+/// Iterations for latency: about 32 MiB per point, within bounds.
+fn lat_iters(size: usize, scale: f64) -> u32 {
+    let base = ((32usize << 20) / size).clamp(20, 2_000) as f64;
+    ((base * scale) as u32).max(5)
+}
+
+fn sizes(a: &Args, op: Op) -> Vec<usize> {
+    if op == Op::Atomic {
+        return vec![8];
+    }
+    let mut v = Vec::new();
+    let mut s = a.min_size;
+    while s <= a.max_size {
+        v.push(s);
+        s *= 2;
+    }
+    v
+}
+
+fn client(a: &Args) -> Result<ExitCode> {
+    if a.min_size > a.max_size {
+        bail!("--min-size is larger than --max-size");
+    }
+    let exe = std::env::current_exe()?;
+    let mut child = Command::new(exe)
+        .args(["bench", "--serve", "--port", &a.port.to_string()])
+        .args(["--max-size", &a.max_size.to_string()])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .context("starting the responder process")?;
+    let tx = child.stdin.take().context("stdin")?;
+    let rx = BufReader::new(child.stdout.take().context("stdout")?);
+    let mut r = Responder { child, tx, rx };
+    let mut first = String::new();
+    r.rx.read_line(&mut first)?;
+    if first.trim().is_empty() {
+        bail!("the responder exited before connecting (see its error above)");
+    }
+    let peer = parse_line(first.trim())?;
+    let c = open(CLIENT_IP, a.port, a.max_size)?;
+    r.send(&line(&c.me()))?;
+    r.expect("connected")?;
+    c.connect(SERVER_IP.parse::<IpAddr>()?, &peer)?;
+    c.post_recvs(RECV_DEPTH)?;
+
+    let plan: Vec<(Op, usize)> =
+        a.ops.iter().flat_map(|&op| sizes(a, op).into_iter().map(move |s| (op, s))).collect();
+    let tty = std::io::stderr().is_terminal();
+    let mut rows = Vec::new();
+    for (i, &(op, size)) in plan.iter().enumerate() {
+        progress(tty, i, plan.len(), op, size);
+        let iters = bw_iters(size, a.scale);
+        let bw = if op == Op::Send {
+            r.send(&format!("sends {iters}"))?;
+            r.expect("ready")?;
+            let b = c.bw(op, size, iters, &peer)?;
+            r.expect("done")?;
+            b
+        } else {
+            c.bw(op, size, iters, &peer)?
+        };
+        let iters = lat_iters(size, a.scale);
+        let samples = if matches!(op, Op::Write | Op::Send) {
+            r.send(&format!("pong {} {size} {iters}", op.name()))?;
+            r.expect("ready")?;
+            let s = c.lat(op, size, iters, &peer)?;
+            r.expect("done")?;
+            s
+        } else {
+            c.lat(op, size, iters, &peer)?
+        };
+        rows.push(Row { op, size, bw: Some(bw), lat: Some(LatStats::from_samples(samples)) });
+    }
+    if tty {
+        eprint!("\r{:72}\r", "");
+    }
+    drop(r);
+    print_table(&rows);
+    write_outputs(a, &rows)?;
+    Ok(ExitCode::SUCCESS)
+}
+
+fn progress(tty: bool, i: usize, n: usize, op: Op, size: usize) {
+    let width = 30;
+    let done = i * width / n.max(1);
+    let bar: String = "#".repeat(done) + &".".repeat(width - done);
+    if tty {
+        eprint!("\r[{bar}] {:>3}%  {:<6} {:>8} B ", i * 100 / n.max(1), op.name(), size);
+    } else if i == 0 {
+        eprintln!("measuring {n} points…");
+    }
+}
+
+fn print_table(rows: &[Row]) {
+    println!(
+        "{:<7} {:>9} {:>12} {:>12} {:>10} {:>10} {:>10} {:>10}",
+        "op", "bytes", "BW avg MB/s", "BW peak", "Mmsg/s", "lat typ us", "lat avg", "lat p99"
+    );
+    for r in rows {
+        let (bw, peak, rate) =
+            r.bw.map_or((0.0, 0.0, 0.0), |b| (b.avg_bps / 1e6, b.peak_bps / 1e6, b.msg_rate / 1e6));
+        let (typ, avg, p99) = r.lat.map_or((0.0, 0.0, 0.0), |l| (l.typical, l.avg, l.p99));
+        println!(
+            "{:<7} {:>9} {:>12.2} {:>12.2} {:>10.3} {:>10.2} {:>10.2} {:>10.2}",
+            r.op.name(),
+            r.size,
+            bw,
+            peak,
+            rate,
+            typ,
+            avg,
+            p99
+        );
+    }
+}
+
+fn machine() -> String {
+    let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
+    let model = std::fs::read_to_string("/proc/cpuinfo")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find(|l| l.starts_with("model name"))
+                .map(|l| l.split(':').nth(1).unwrap_or("").trim().to_string())
+        })
+        .unwrap_or_default();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default();
+    format!("{cpus} CPUs ({model}), Linux {}, loopback, udp backend", kernel.trim())
+}
+
+fn write_outputs(a: &Args, rows: &[Row]) -> Result<()> {
+    std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
+    let mut csv = String::from(
+        "tool,op,bytes,iterations,bw_avg_MBps,bw_peak_MBps,msg_rate_Mpps,lat_min_us,lat_max_us,lat_typical_us,lat_avg_us,lat_stdev_us,lat_p99_us,lat_p999_us\n",
+    );
+    for r in rows {
+        let (iters, bw, peak, rate) = r.bw.map_or((0, 0.0, 0.0, 0.0), |b| {
+            (b.iters, b.avg_bps / 1e6, b.peak_bps / 1e6, b.msg_rate / 1e6)
+        });
+        let l = r.lat.unwrap_or(LatStats::from_samples(Vec::new()));
+        csv.push_str(&format!(
+            "uroce,{},{},{iters},{bw:.3},{peak:.3},{rate:.4},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3},{:.3}\n",
+            r.op.name(),
+            r.size,
+            l.min,
+            l.max,
+            l.typical,
+            l.avg,
+            l.stdev,
+            l.p99,
+            l.p999
+        ));
+    }
+    let csv_path = a.out.join("bench.csv");
+    std::fs::write(&csv_path, csv)?;
+    let mut bw = Vec::new();
+    let mut lat = Vec::new();
+    for (i, op) in a.ops.iter().enumerate() {
+        let pts = |f: &dyn Fn(&Row) -> Option<f64>| -> Vec<(f64, f64)> {
+            rows.iter()
+                .filter(|r| r.op == *op)
+                .filter_map(|r| f(r).map(|y| (r.size as f64, y)))
+                .collect()
+        };
+        let color = plot::COLORS[i % plot::COLORS.len()];
+        let name = format!("uroce {}", op.name());
+        bw.push(plot::Series {
+            name: name.clone(),
+            color,
+            dashed: false,
+            points: pts(&|r| r.bw.map(|b| b.avg_bps / 1e6)),
+        });
+        lat.push(plot::Series {
+            name,
+            color,
+            dashed: false,
+            points: pts(&|r| r.lat.map(|l| l.typical)),
+        });
+    }
+    let svg = plot::svg(
+        &[
+            plot::Panel {
+                title: "Bandwidth".into(),
+                y_label: "MB/s (10^6 bytes)".into(),
+                series: bw,
+            },
+            plot::Panel {
+                title: "Latency (typical)".into(),
+                y_label: "microseconds".into(),
+                series: lat,
+            },
+        ],
+        &format!("uroce bench — {}", machine()),
+    );
+    let svg_path = a.out.join("bench.svg");
+    std::fs::write(&svg_path, svg)?;
+    let png_path = a.out.join("bench.png");
+    let png = Command::new("rsvg-convert")
+        .arg("-o")
+        .arg(&png_path)
+        .arg(&svg_path)
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|s| s.success());
+    println!();
+    println!("wrote {} and {}", csv_path.display(), svg_path.display());
+    if png {
+        println!("wrote {}", png_path.display());
+    } else {
+        println!("(no PNG: rsvg-convert not found; apt-get install librsvg2-bin)");
+    }
+    Ok(())
+}
