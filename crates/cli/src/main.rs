@@ -6,6 +6,7 @@ mod decode;
 mod demo;
 mod devinfo;
 mod measure;
+mod perf;
 mod pingpong;
 mod plot;
 
@@ -39,6 +40,9 @@ enum Command {
     /// Sweep message sizes over WRITE, READ, SEND and atomics between two
     /// local processes: table, CSV and plots.
     Bench(bench::Args),
+    /// perftest's ib_{send,write,read,atomic}_{bw,lat}: same flags,
+    /// exchange and tables.
+    Perf(perf::Args),
 }
 
 fn main() -> ExitCode {
@@ -50,6 +54,7 @@ fn main() -> ExitCode {
         Command::Devinfo(a) => devinfo::devinfo(&a),
         Command::Pingpong(a) => pingpong::run(&a),
         Command::Bench(a) => bench::run(&a),
+        Command::Perf(a) => perf::run(&a),
     };
     match result {
         Ok(code) => code,

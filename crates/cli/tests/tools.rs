@@ -214,3 +214,68 @@ fn bench_sweeps_sizes_and_writes_table_csv_and_svg() {
     assert!(svg.contains("uroce write") && svg.contains("uroce atomic"));
     let _ = std::fs::remove_dir_all(&out);
 }
+
+/// The perftest table row after `header`, split into fields.
+fn table_rows(out: &str, header: &str) -> Vec<Vec<String>> {
+    let mut lines = out.lines().skip_while(|l| !l.starts_with(header));
+    assert!(lines.next().is_some(), "no {header:?} in:\n{out}");
+    lines
+        .take_while(|l| !l.starts_with("----"))
+        .map(|l| l.split_whitespace().map(str::to_string).collect())
+        .collect()
+}
+
+#[test]
+fn perf_tools_run_every_test_with_perftest_tables() {
+    let bw_head = " #bytes     #iterations    BW peak[MB/sec]";
+    let lat_head = " #bytes #iterations    t_min[usec]";
+    for (test, extra, rows_client, rows_server) in [
+        ("write-bw", &["-n", "200"][..], 1, 1),
+        ("write-bw", &["-n", "20", "-a"][..], 23, 1),
+        ("read-bw", &["-n", "100", "-q", "2", "-s", "4K"][..], 1, 1),
+        ("atomic-bw", &["-n", "100", "-A", "CMP_AND_SWAP"][..], 1, 1),
+        ("send-bw", &["-n", "100", "-s", "1000"][..], 1, 1),
+        ("write-lat", &["-n", "100", "-s", "100"][..], 1, 1),
+        ("read-lat", &["-n", "100"][..], 1, 0),
+        ("atomic-lat", &["-n", "100"][..], 1, 0),
+        ("send-lat", &["-n", "100", "-s", "64"][..], 1, 1),
+    ] {
+        let mut args = vec![test];
+        args.extend_from_slice(extra);
+        let mut tool = vec!["perf"];
+        tool.extend_from_slice(&args[..1]);
+        let (s, c) = pair(&tool, &args[1..]);
+        let head = if test.ends_with("bw") { bw_head } else { lat_head };
+        let cr = table_rows(&c, head);
+        assert_eq!(cr.len(), rows_client, "{test} client:\n{c}");
+        let fields = if test.ends_with("bw") { 5 } else { 9 };
+        for r in &cr {
+            assert_eq!(r.len(), fields, "{test}: {r:?}");
+            let vals: Vec<f64> = r.iter().map(|v| v.parse().unwrap()).collect();
+            assert!(vals.iter().all(|v| *v >= 0.0) && vals[2] > 0.0, "{test}: {r:?}");
+        }
+        if rows_server > 0 {
+            let sr = table_rows(&s, head);
+            assert_eq!(sr.len(), rows_server, "{test} server:\n{s}");
+        }
+        for out in [&s, &c] {
+            assert!(out.contains(" Link type       : Ethernet"), "{test}:\n{out}");
+            assert!(out.contains(" local address: LID 0000 QPN 0x"), "{test}:\n{out}");
+            assert!(
+                out.contains(" GID: 00:00:00:00:00:00:00:00:00:00:255:255:127:00:00:0"),
+                "{test}:\n{out}"
+            );
+        }
+    }
+}
+
+#[test]
+fn perf_output_option_prints_one_number() {
+    let (s, c) =
+        pair(&["perf", "write-bw"], &["-n", "100", "--output", "bandwidth", "--report_gbits"]);
+    let v: f64 = c.trim().parse().unwrap_or_else(|_| panic!("{c}"));
+    assert!(v > 0.0);
+    assert!(s.trim().parse::<f64>().is_ok(), "{s}");
+    let (_, c) = pair(&["perf", "send-lat"], &["-n", "50", "--output", "latency"]);
+    assert!(c.trim().parse::<f64>().unwrap() > 0.0, "{c}");
+}
