@@ -9,6 +9,7 @@ mod measure;
 mod perf;
 mod pingpong;
 mod plot;
+mod rping;
 
 use std::process::ExitCode;
 
@@ -43,6 +44,9 @@ enum Command {
     /// perftest's ib_{send,write,read,atomic}_{bw,lat}: same flags,
     /// exchange and tables.
     Perf(perf::Args),
+    /// librdmacm's rping: SEND of buffer advertisements, RDMA READ of the
+    /// pattern, RDMA WRITE back, verify (connected over TCP for now).
+    Rping(rping::Args),
 }
 
 fn main() -> ExitCode {
@@ -55,6 +59,7 @@ fn main() -> ExitCode {
         Command::Pingpong(a) => pingpong::run(&a),
         Command::Bench(a) => bench::run(&a),
         Command::Perf(a) => perf::run(&a),
+        Command::Rping(a) => rping::run(&a),
     };
     match result {
         Ok(code) => code,

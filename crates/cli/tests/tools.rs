@@ -279,3 +279,59 @@ fn perf_output_option_prints_one_number() {
     let (_, c) = pair(&["perf", "send-lat"], &["-n", "50", "--output", "latency"]);
     assert!(c.trim().parse::<f64>().unwrap() > 0.0, "{c}");
 }
+
+#[test]
+fn rping_reads_the_pattern_writes_it_back_and_verifies() {
+    let udp = uroce::testing::free_port();
+    let tcp = free_tcp_port().to_string();
+    let server =
+        uroce("127.0.0.1", udp, &["rping", "-s", "-a", "127.0.0.1", "-p", &tcp, "-v", "-S", "100"])
+            .spawn()
+            .unwrap();
+    let client = uroce(
+        "127.0.0.2",
+        udp,
+        &["rping", "-c", "-a", "127.0.0.1", "-p", &tcp, "-C", "20", "-v", "-S", "100"],
+    )
+    .spawn()
+    .unwrap();
+    let c = finish(client, Duration::from_secs(20));
+    let s = finish(server, Duration::from_secs(20));
+    let (ct, st) = (text(&c), text(&s));
+    assert!(c.status.success() && s.status.success(), "{ct}\n{st}");
+    let pings: Vec<&str> = ct.lines().filter(|l| l.starts_with("ping data: rdma-ping-")).collect();
+    assert_eq!(pings.len(), 20, "{ct}");
+    assert!(
+        pings[0].starts_with(
+            "ping data: rdma-ping-0: ABCDEFGHIJKLMNOPQRSTUVWXYZ[\\]^_`abcdefghijklmnopqrstuvwxyzABC"
+        ),
+        "{}",
+        pings[0]
+    );
+    assert!(pings[1].starts_with("ping data: rdma-ping-1: BCD"), "{}", pings[1]);
+    // 99 bytes of text (the last is the NUL).
+    assert_eq!(pings[5].len() - "ping data: ".len(), 99, "{}", pings[5]);
+    assert_eq!(
+        st.lines().filter(|l| l.starts_with("server ping data: rdma-ping-")).count(),
+        20,
+        "{st}"
+    );
+
+    // Different -S on the two sides: both end at once with a clear line.
+    let tcp = free_tcp_port().to_string();
+    let server =
+        uroce("127.0.0.1", udp, &["rping", "-s", "-a", "127.0.0.1", "-p", &tcp]).spawn().unwrap();
+    let start = Instant::now();
+    let client = uroce(
+        "127.0.0.2",
+        udp,
+        &["rping", "-c", "-a", "127.0.0.1", "-p", &tcp, "-S", "4096", "-C", "3"],
+    )
+    .spawn()
+    .unwrap();
+    let c = finish(client, Duration::from_secs(10));
+    let s = finish(server, Duration::from_secs(10));
+    assert!(start.elapsed() < Duration::from_secs(4), "{:?}", start.elapsed());
+    assert!(!c.status.success() && !s.status.success());
+    assert!(text(&s).contains("use the same -S"), "{}", text(&s));
+}
