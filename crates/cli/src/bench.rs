@@ -7,6 +7,7 @@
 //! The parent is the requester and starts the responder itself; the two
 //! talk over the child's stdin/stdout, one line per step.
 
+use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
 use std::net::IpAddr;
 use std::path::PathBuf;
@@ -16,6 +17,7 @@ use anyhow::{Context as _, Result, bail};
 use uroce::{Device, DeviceConfig};
 
 use crate::measure::{BwResult, Conn, LatStats, Op, RECV_DEPTH, Remote};
+use crate::peers::{self, PeerRun};
 use crate::plot;
 
 #[derive(clap::Args)]
@@ -38,6 +40,13 @@ pub(crate) struct Args {
     /// UDP port of the two devices.
     #[arg(long, default_value_t = 4791)]
     port: u16,
+    /// Also measure the tools users would pick instead, when installed:
+    /// ucx_perftest (tcp, shm), fi_pingpong (tcp, udp), qperf, sockperf.
+    #[arg(long)]
+    peers: bool,
+    /// With --peers: install the missing ones with apt-get first.
+    #[arg(long, requires = "peers")]
+    install: bool,
     /// Internal: run as the responder.
     #[arg(long, hide = true)]
     serve: bool,
@@ -260,7 +269,31 @@ fn client(a: &Args) -> Result<ExitCode> {
     }
     drop(r);
     print_table(&rows);
-    write_outputs(a, &rows)?;
+    let peer_runs = if a.peers {
+        if a.install {
+            peers::install();
+        }
+        let sizes = sizes(a, Op::Send);
+        let mut tick = |name: &str, size: usize| {
+            if tty {
+                eprint!("\r{:72}\r  peers: {name:<14} {size:>8} B", "");
+            }
+        };
+        let runs = peers::run(&sizes, a.scale, &mut tick);
+        if tty {
+            eprint!("\r{:72}\r", "");
+        }
+        if runs.is_empty() {
+            println!(
+                "\n(no peer tool installed: add --install, or apt-get install ucx-utils libfabric-bin qperf sockperf)"
+            );
+        }
+        print_peers(&rows, &runs);
+        runs
+    } else {
+        Vec::new()
+    };
+    write_outputs(a, &rows, &peer_runs)?;
     Ok(ExitCode::SUCCESS)
 }
 
@@ -298,6 +331,49 @@ fn print_table(rows: &[Row]) {
     }
 }
 
+/// The uroce operation peers are compared with: SEND (two-sided, as the
+/// peers' messaging is) when measured.
+fn reference(rows: &[Row]) -> Option<Op> {
+    if rows.iter().any(|r| r.op == Op::Send) { Some(Op::Send) } else { rows.first().map(|r| r.op) }
+}
+
+fn print_peers(rows: &[Row], runs: &[PeerRun]) {
+    let Some(op) = reference(rows) else { return };
+    for (title, bw) in
+        [("bandwidth, 10^6 bytes/s", true), ("latency (one way), microseconds", false)]
+    {
+        println!();
+        println!(
+            "{title}: uroce {} and the peers (uroce's ratio to each in brackets; higher is better for bandwidth, lower for latency)",
+            op.name()
+        );
+        let mut head = format!("{:>9} {:>12}", "bytes", format!("uroce {}", op.name()));
+        for p in runs {
+            let _ = write!(head, " {:>22}", p.name);
+        }
+        println!("{head}");
+        for r in rows.iter().filter(|r| r.op == op) {
+            let mine = if bw { r.bw.map(|b| b.avg_bps / 1e6) } else { r.lat.map(|l| l.typical) };
+            let mut line =
+                format!("{:>9} {:>12}", r.size, mine.map_or("-".into(), |v| format!("{v:.2}")));
+            for p in runs {
+                let theirs = p
+                    .points
+                    .iter()
+                    .find(|(s, _, _)| *s == r.size)
+                    .and_then(|&(_, b, l)| if bw { b } else { l });
+                let cell = match (mine, theirs) {
+                    (Some(m), Some(t)) if t > 0.0 => format!("{t:.2} ({:.2}x)", m / t),
+                    (_, Some(t)) => format!("{t:.2}"),
+                    _ => "-".into(),
+                };
+                let _ = write!(line, " {cell:>22}");
+            }
+            println!("{line}");
+        }
+    }
+}
+
 fn machine() -> String {
     let cpus = std::thread::available_parallelism().map_or(0, std::num::NonZero::get);
     let model = std::fs::read_to_string("/proc/cpuinfo")
@@ -312,7 +388,7 @@ fn machine() -> String {
     format!("{cpus} CPUs ({model}), Linux {}, loopback, udp backend", kernel.trim())
 }
 
-fn write_outputs(a: &Args, rows: &[Row]) -> Result<()> {
+fn write_outputs(a: &Args, rows: &[Row], peers: &[PeerRun]) -> Result<()> {
     std::fs::create_dir_all(&a.out).with_context(|| format!("creating {}", a.out.display()))?;
     let mut csv = String::from(
         "tool,op,bytes,iterations,bw_avg_MBps,bw_peak_MBps,msg_rate_Mpps,lat_min_us,lat_max_us,lat_typical_us,lat_avg_us,lat_stdev_us,lat_p99_us,lat_p999_us\n",
@@ -334,6 +410,12 @@ fn write_outputs(a: &Args, rows: &[Row]) -> Result<()> {
             l.p99,
             l.p999
         ));
+    }
+    for p in peers {
+        for &(size, bw, lat) in &p.points {
+            let f = |v: Option<f64>| v.map_or(String::new(), |v| format!("{v:.3}"));
+            csv.push_str(&format!("{},msg,{size},,{},,,,,{},,,,\n", p.name, f(bw), f(lat)));
+        }
     }
     let csv_path = a.out.join("bench.csv");
     std::fs::write(&csv_path, csv)?;
@@ -359,6 +441,19 @@ fn write_outputs(a: &Args, rows: &[Row]) -> Result<()> {
             color,
             dashed: false,
             points: pts(&|r| r.lat.map(|l| l.typical)),
+        });
+    }
+    for (i, p) in peers.iter().enumerate() {
+        let color = plot::COLORS[(a.ops.len() + i) % plot::COLORS.len()];
+        let pts = |f: &dyn Fn(&peers::Point) -> Option<f64>| -> Vec<(f64, f64)> {
+            p.points.iter().filter_map(|pt| f(pt).map(|y| (pt.0 as f64, y))).collect()
+        };
+        bw.push(plot::Series { name: p.name.into(), color, dashed: true, points: pts(&|pt| pt.1) });
+        lat.push(plot::Series {
+            name: p.name.into(),
+            color,
+            dashed: true,
+            points: pts(&|pt| pt.2),
         });
     }
     let svg = plot::svg(

@@ -6,6 +6,7 @@ mod decode;
 mod demo;
 mod devinfo;
 mod measure;
+mod peers;
 mod perf;
 mod pingpong;
 mod plot;
