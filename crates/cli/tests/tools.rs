@@ -335,3 +335,23 @@ fn rping_reads_the_pattern_writes_it_back_and_verifies() {
     assert!(!c.status.success() && !s.status.success());
     assert!(text(&s).contains("use the same -S"), "{}", text(&s));
 }
+
+#[test]
+fn perf_duration_mode_counts_iterations_in_the_sample_window() {
+    let (s, c) = pair(&["perf", "write-bw"], &["-D", "3"]);
+    let rows = table_rows(&c, " #bytes     #iterations    BW peak[MB/sec]");
+    assert_eq!(rows.len(), 1, "{c}");
+    assert!(rows[0][1].parse::<u64>().unwrap() > 100, "{c}");
+    assert_eq!(table_rows(&s, " #bytes     #iterations    BW peak[MB/sec]").len(), 1, "{s}");
+    let (s, c) = pair(&["perf", "send-lat"], &["-D", "3"]);
+    for out in [&s, &c] {
+        let rows = table_rows(out, " #bytes        #iterations       t_avg[usec]    tps average");
+        assert_eq!(rows.len(), 1, "{out}");
+        let iters: u64 = rows[0][1].parse().unwrap();
+        let avg: f64 = rows[0][2].parse().unwrap();
+        let tps: f64 = rows[0][3].parse().unwrap();
+        assert!(iters > 100 && avg > 0.0 && tps > 0.0, "{out}");
+        // t_avg is half the round trip: tps * 2 * t_avg ≈ 1 s.
+        assert!((tps * 2.0 * avg / 1e6 - 1.0).abs() < 0.05, "{out}");
+    }
+}

@@ -207,9 +207,6 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
     if a.duration.is_some() && a.all {
         bail!("Duration mode currently doesn't support running on all sizes");
     }
-    if a.duration.is_some() && !t.is_bw() {
-        bail!("-D is supported on the bw tests only (for now)");
-    }
     if a.duration.is_some_and(|d| d < 3) {
         bail!("-D needs at least 3 seconds (a quarter is kept as a margin at each end)");
     }

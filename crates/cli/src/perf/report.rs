@@ -196,6 +196,10 @@ pub(super) fn lat_header(a: &Args) {
         return;
     }
     println!("{RESULT_LINE}");
+    if a.duration.is_some() {
+        println!(" #bytes        #iterations       t_avg[usec]    tps average");
+        return;
+    }
     println!(
         " #bytes #iterations    t_min[usec]    t_max[usec]  t_typical[usec]    t_avg[usec]    t_stdev[usec]   99% percentile[usec]   99.9% percentile[usec] "
     );
