@@ -53,13 +53,7 @@ pub(crate) struct Args {
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
-    let (num, mul) = match s.as_bytes().last() {
-        Some(b'K' | b'k') => (&s[..s.len() - 1], 1024),
-        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    let v: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let v = v * mul;
+    let v = crate::common::parse_size(s)?;
     if !v.is_power_of_two() || !(2..=(8 << 20)).contains(&v) {
         return Err(format!("{s}: sizes are powers of two from 2 to 8M"));
     }

@@ -218,3 +218,43 @@ fn check(wcs: &[Completion]) -> Result<()> {
 pub(crate) fn wc_array<const N: usize>() -> [Completion; N] {
     [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); N]
 }
+
+/// A byte count with an optional K or M suffix (×1024, ×1048576), as
+/// perftest's `-s` takes it.
+pub(crate) fn parse_size(s: &str) -> Result<usize, String> {
+    let (num, mul) = match s.as_bytes().last() {
+        Some(b'K' | b'k') => (&s[..s.len() - 1], 1024),
+        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
+        _ => (s, 1),
+    };
+    let v: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
+    v.checked_mul(mul).ok_or_else(|| format!("size {s} too large"))
+}
+
+/// A 24-bit starting PSN (rdma-core's tools draw theirs with `lrand48`;
+/// any value does).
+pub(crate) fn random_psn(salt: u32) -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (t ^ salt.wrapping_mul(2_654_435_761) ^ std::process::id().rotate_left(13)) & 0xff_ffff
+}
+
+/// The attributes rdma-core's examples and perftest give on RESET→RTR of
+/// an RC QP.
+pub(crate) fn rc_rtr_mask() -> uroce::AttrMask {
+    use uroce::AttrMask as M;
+    M::STATE
+        | M::AV
+        | M::PATH_MTU
+        | M::DEST_QPN
+        | M::RQ_PSN
+        | M::MAX_DEST_RD_ATOMIC
+        | M::MIN_RNR_TIMER
+}
+
+/// The attributes of RTR→RTS for an RC QP.
+pub(crate) fn rc_rts_mask() -> uroce::AttrMask {
+    use uroce::AttrMask as M;
+    M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC
+}

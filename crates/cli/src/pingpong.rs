@@ -208,7 +208,7 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
     let mine: Vec<Dest> = c
         .qps
         .iter()
-        .map(|qp| Dest { lid: 0, qpn: qp.qpn(), psn: random_psn(qp.qpn()), gid })
+        .map(|qp| Dest { lid: 0, qpn: qp.qpn(), psn: common::random_psn(qp.qpn()), gid })
         .collect();
     for d in &mine {
         d.print("local");
@@ -306,14 +306,6 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
     );
     let _ = waiter.events();
     Ok(ExitCode::SUCCESS)
-}
-
-/// rdma-core draws PSNs with `lrand48`; any 24-bit value does.
-fn random_psn(salt: u32) -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    (t ^ salt.wrapping_mul(2_654_435_761) ^ std::process::id().rotate_left(13)) & 0xff_ffff
 }
 
 fn recv_state(a: &Args) -> RecvState {
@@ -517,21 +509,7 @@ fn connect_qps(c: &Ctx, a: &Args, mtu: Mtu, mine: &[Dest], rem: &[Dest]) -> Resu
             ..QpAttr::default()
         };
         let (rtr, rts) = match qp.qp_type() {
-            QpType::Rc => (
-                AttrMask::STATE
-                    | AttrMask::AV
-                    | AttrMask::PATH_MTU
-                    | AttrMask::DEST_QPN
-                    | AttrMask::RQ_PSN
-                    | AttrMask::MAX_DEST_RD_ATOMIC
-                    | AttrMask::MIN_RNR_TIMER,
-                AttrMask::STATE
-                    | AttrMask::TIMEOUT
-                    | AttrMask::RETRY_CNT
-                    | AttrMask::RNR_RETRY
-                    | AttrMask::SQ_PSN
-                    | AttrMask::MAX_QP_RD_ATOMIC,
-            ),
+            QpType::Rc => (common::rc_rtr_mask(), common::rc_rts_mask()),
             QpType::Uc => (
                 AttrMask::STATE
                     | AttrMask::AV

@@ -142,13 +142,7 @@ pub(crate) struct Args {
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
-    let (num, mul) = match s.as_bytes().last() {
-        Some(b'K' | b'k') => (&s[..s.len() - 1], 1024),
-        Some(b'M' | b'm') => (&s[..s.len() - 1], 1 << 20),
-        _ => (s, 1),
-    };
-    let v: usize = num.parse().map_err(|_| format!("bad size {s:?}"))?;
-    let v = v.checked_mul(mul).ok_or("size too large")?;
+    let v = common::parse_size(s)?;
     if v == 0 || v > (u32::MAX / 2) as usize {
         return Err(format!("size {s} out of range"));
     }
@@ -324,7 +318,7 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
             lid: 0,
             out_reads,
             qpn: q.qpn(),
-            psn: psn(q.qpn()),
+            psn: common::random_psn(q.qpn()),
             rkey: res.mr.rkey(),
             vaddr: res.mr.addr() + ((su.qps + i) * inc(buff, cache_line)) as u64,
             gid,
@@ -341,14 +335,6 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
         _ => rdma_lat(&su, a, &res, &mut oob, &me),
     }?;
     Ok(ExitCode::SUCCESS)
-}
-
-/// perftest draws PSNs with `lrand48`; any 24-bit value does.
-fn psn(salt: u32) -> u32 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    (t ^ salt.wrapping_mul(2_654_435_761) ^ std::process::id().rotate_left(11)) & 0xff_ffff
 }
 
 fn access(verb: Verb) -> Access {
@@ -450,28 +436,10 @@ fn connect(su: &Setup, res: &Res, me: &[Dest], rem: &[Dest]) -> Result<()> {
             max_rd_atomic: (r.out_reads as u8).clamp(1, su.out_reads.max(1) as u8),
             ..QpAttr::default()
         };
-        qp.modify(
-            &attr,
-            AttrMask::STATE
-                | AttrMask::AV
-                | AttrMask::PATH_MTU
-                | AttrMask::DEST_QPN
-                | AttrMask::RQ_PSN
-                | AttrMask::MAX_DEST_RD_ATOMIC
-                | AttrMask::MIN_RNR_TIMER,
-        )
-        .context("Failed to modify QP to RTR")?;
+        qp.modify(&attr, common::rc_rtr_mask()).context("Failed to modify QP to RTR")?;
         if rts {
-            qp.modify(
-                &QpAttr { state: QpState::ReadyToSend, ..attr },
-                AttrMask::STATE
-                    | AttrMask::TIMEOUT
-                    | AttrMask::RETRY_CNT
-                    | AttrMask::RNR_RETRY
-                    | AttrMask::SQ_PSN
-                    | AttrMask::MAX_QP_RD_ATOMIC,
-            )
-            .context("Failed to modify QP to RTS")?;
+            qp.modify(&QpAttr { state: QpState::ReadyToSend, ..attr }, common::rc_rts_mask())
+                .context("Failed to modify QP to RTS")?;
         }
     }
     Ok(())
