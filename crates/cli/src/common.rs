@@ -258,3 +258,47 @@ pub(crate) fn rc_rts_mask() -> uroce::AttrMask {
     use uroce::AttrMask as M;
     M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN | M::MAX_QP_RD_ATOMIC
 }
+
+/// Completions polled while waiting for another kind, kept for later: a
+/// receive may complete before the ACK of one's own SEND arrives, and
+/// waiting for one must not lose the other.
+#[derive(Default)]
+pub(crate) struct Stash(std::collections::VecDeque<Completion>);
+
+impl Stash {
+    /// The next completion `want` accepts, stashed ones first. A completion
+    /// with an error status is returned as soon as it is polled, whatever
+    /// `want` says. Between empty polls `keep_waiting` decides whether to
+    /// go on (`Ok(false)`: give up with `None`).
+    pub(crate) fn next(
+        &mut self,
+        cq: &Cq,
+        want: impl Fn(&Completion) -> bool,
+        mut keep_waiting: impl FnMut() -> Result<bool>,
+    ) -> Result<Option<Completion>> {
+        if let Some(i) = self.0.iter().position(&want) {
+            return Ok(self.0.remove(i));
+        }
+        let mut wc = wc_array::<8>();
+        loop {
+            let n = cq.poll(&mut wc)?;
+            let mut found = None;
+            for w in &wc[..n] {
+                if w.status != WcStatus::Success {
+                    return Ok(Some(*w));
+                }
+                if found.is_none() && want(w) {
+                    found = Some(*w);
+                } else {
+                    self.0.push_back(*w);
+                }
+            }
+            if found.is_some() {
+                return Ok(found);
+            }
+            if n == 0 && !keep_waiting()? {
+                return Ok(None);
+            }
+        }
+    }
+}

@@ -82,9 +82,8 @@ struct Side {
     cq: Cq,
     qp: Qp,
     b: Bufs,
-    /// Completions polled while waiting for another kind (a receive may
-    /// complete before the ACK of our own SEND arrives).
-    early: std::cell::RefCell<std::collections::VecDeque<Completion>>,
+    /// Completions polled while waiting for another kind.
+    early: std::cell::RefCell<common::Stash>,
     /// The TCP connection: the peer closing it is how a side sees the
     /// other leave (as a disconnect event in rping).
     stream: std::cell::RefCell<TcpStream>,
@@ -183,48 +182,38 @@ impl Side {
     /// Waits for the next completion that is a receive (`recv`) or a send
     /// of `op`; `None` when the peer hung up meanwhile.
     fn expect(&self, op: WrOpcode, recv: bool) -> Result<Option<Completion>> {
-        let wanted = |w: &Completion| w.is_recv == recv && (recv || w.opcode == wc_of(op));
-        {
-            let mut early = self.early.borrow_mut();
-            if let Some(i) = early.iter().position(wanted) {
-                return Ok(early.remove(i));
-            }
-        }
-        let mut wc = common::wc_array::<1>();
         let start = Instant::now();
         let mut polls = 0u32;
-        loop {
-            if self.cq.poll(&mut wc)? == 1 {
-                let w = wc[0];
-                if w.status != uroce::WcStatus::Success {
-                    bail!(
-                        "cq completion failed status {} ({})",
-                        w.status.as_str(),
-                        w.status as u32
-                    );
+        let w = self.early.borrow_mut().next(
+            &self.cq,
+            |w| w.is_recv == recv && (recv || w.opcode == wc_of(op)),
+            || {
+                polls += 1;
+                if polls.is_multiple_of(4096) && self.hung_up()? {
+                    return Ok(false);
                 }
-                if wanted(&w) {
-                    return Ok(Some(w));
+                if start.elapsed() > STALL {
+                    bail!("no completion within {STALL:?}: the peer stopped or packets are lost");
                 }
-                self.early.borrow_mut().push_back(w);
-                continue;
-            }
-            polls += 1;
-            if polls.is_multiple_of(4096) {
-                let mut st = self.stream.borrow_mut();
-                st.set_nonblocking(true)?;
-                let mut b = [0u8; 1];
-                let r = st.read(&mut b);
-                st.set_nonblocking(false)?;
-                match r {
-                    Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-                    _ => return Ok(None),
-                }
-            }
-            if start.elapsed() > STALL {
-                bail!("no completion within {STALL:?}: the peer stopped or packets are lost");
-            }
+                Ok(true)
+            },
+        )?;
+        if let Some(w) = &w
+            && w.status != uroce::WcStatus::Success
+        {
+            bail!("cq completion failed status {} ({})", w.status.as_str(), w.status as u32);
         }
+        Ok(w)
+    }
+
+    /// Whether the peer closed the TCP connection.
+    fn hung_up(&self) -> Result<bool> {
+        let mut st = self.stream.borrow_mut();
+        st.set_nonblocking(true)?;
+        let mut b = [0u8; 1];
+        let r = st.read(&mut b);
+        st.set_nonblocking(false)?;
+        Ok(!matches!(r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock))
     }
 
     fn send_info(&self, addr: u64, rkey: u32, size: u32) -> Result<()> {

@@ -7,10 +7,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use uroce_transport::Instant;
-use uroce_wire::icrc::{self, IcrcIp};
-use uroce_wire::ipv4::{IPPROTO_UDP, Ipv4Repr};
-use uroce_wire::ipv6::Ipv6Repr;
-use uroce_wire::udp::UdpRepr;
+use uroce_wire::icrc;
+use uroce_wire::udp::{LinuxIpHeader, UdpRepr};
 
 use crate::SplitMix64;
 
@@ -206,47 +204,15 @@ impl SimNet {
 pub fn encapsulate(src: IpAddr, dst: IpAddr, sport: u16, dport: u16, roce: &[u8]) -> Vec<u8> {
     let udp_len = 8 + roce.len();
     let udp = UdpRepr { src_port: sport, dst_port: dport, payload_len: roce.len(), checksum: 0 };
-    let mut out = Vec::with_capacity(40 + udp_len);
-    let ip_len = match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let h = Ipv4Repr {
-                src: s,
-                dst: d,
-                tos: 0,
-                ident: 0,
-                dont_frag: true,
-                ttl: 64,
-                protocol: IPPROTO_UDP,
-                payload_len: udp_len,
-            };
-            out.extend_from_slice(&h.to_bytes().expect("datagram fits IPv4"));
-            20
-        }
-        (s, d) => {
-            let v6 = |a: IpAddr| match a {
-                IpAddr::V4(x) => x.to_ipv6_mapped(),
-                IpAddr::V6(x) => x,
-            };
-            let h = Ipv6Repr {
-                src: v6(s),
-                dst: v6(d),
-                traffic_class: 0,
-                flow_label: 0,
-                next_header: IPPROTO_UDP,
-                hop_limit: 64,
-                payload_len: udp_len,
-            };
-            out.extend_from_slice(&h.to_bytes().expect("datagram fits IPv6"));
-            40
-        }
-    };
+    let ip = LinuxIpHeader::new(src, dst, udp_len, 0);
+    let ip_len = ip.as_bytes().len();
+    let mut out = Vec::with_capacity(ip_len + udp_len);
+    out.extend_from_slice(ip.as_bytes());
     out.extend_from_slice(&udp.to_bytes().expect("datagram fits UDP"));
     out.extend_from_slice(roce);
     let n = out.len();
-    let (hdrs, pkt) = out.split_at_mut(ip_len + 8);
-    let ip = IcrcIp::from_header(&hdrs[..ip_len]).expect("own IP header");
-    let udp_hdr: [u8; 8] = hdrs[ip_len..].try_into().expect("8-byte UDP header");
-    let c = icrc::compute(ip, &udp_hdr, &pkt[..pkt.len() - 4]);
+    let udp_hdr: [u8; 8] = out[ip_len..ip_len + 8].try_into().expect("8-byte UDP header");
+    let c = icrc::compute(ip.icrc(), &udp_hdr, &out[ip_len + 8..n - 4]);
     out[n - 4..].copy_from_slice(&c.to_le_bytes());
     out
 }

@@ -8,10 +8,8 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Instant as StdInstant;
 
 use uroce_transport::{AsyncEvent as QpEvent, Completion, Instant, Qp, Srq, Stats};
-use uroce_wire::icrc::{self, IcrcIp, ipv4_id::IdSolver};
-use uroce_wire::ipv4::{IPPROTO_UDP, Ipv4Repr};
-use uroce_wire::ipv6::Ipv6Repr;
-use uroce_wire::udp::UdpRepr;
+use uroce_wire::icrc::{self, ipv4_id::IdSolver};
+use uroce_wire::udp::{LinuxIpHeader, UdpRepr};
 use uroce_wire::{RocePacket, WireError};
 
 use std::sync::Arc;
@@ -353,7 +351,7 @@ impl Engine {
         to: IpAddr,
         len: usize,
         ident: u16,
-    ) -> (HeaderBytes, [u8; 8]) {
+    ) -> (LinuxIpHeader, [u8; 8]) {
         let local = self.backend.local();
         let udp = UdpRepr {
             src_port: from.port(),
@@ -361,7 +359,7 @@ impl Engine {
             payload_len: len,
             checksum: 0,
         };
-        let ip = ip_header(from.ip(), to, 8 + len, ident);
+        let ip = LinuxIpHeader::new(from.ip(), to, 8 + len, ident);
         (ip, udp.to_bytes().unwrap_or([0; 8]))
     }
 
@@ -454,7 +452,7 @@ impl Engine {
                     payload_len: t.len,
                     checksum: 0,
                 };
-                let ip = ip_header(local.ip(), t.dst, 8 + t.len, run.count as u16);
+                let ip = LinuxIpHeader::new(local.ip(), t.dst, 8 + t.len, run.count as u16);
                 let pkt = &mut batch[at..at + t.len];
                 let c =
                     icrc::compute(ip.icrc(), &udp.to_bytes().unwrap_or([0; 8]), &pkt[..t.len - 4]);
@@ -548,58 +546,5 @@ impl Run {
             stats.send_err += self.count as u64;
         }
         *self = Self::default();
-    }
-}
-
-/// An IP header as the ICRC needs it.
-pub(crate) enum HeaderBytes {
-    V4([u8; 20]),
-    V6([u8; 40]),
-}
-
-impl HeaderBytes {
-    fn icrc(&self) -> IcrcIp<'_> {
-        match self {
-            Self::V4(h) => IcrcIp::V4(h),
-            Self::V6(h) => IcrcIp::V6(h),
-        }
-    }
-}
-
-fn ip_header(src: IpAddr, dst: IpAddr, payload_len: usize, ident: u16) -> HeaderBytes {
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => HeaderBytes::V4(
-            Ipv4Repr {
-                src: s,
-                dst: d,
-                tos: 0,
-                ident,
-                dont_frag: true,
-                ttl: 64,
-                protocol: IPPROTO_UDP,
-                payload_len,
-            }
-            .to_bytes()
-            .unwrap_or([0; 20]),
-        ),
-        (s, d) => {
-            let v6 = |a: IpAddr| match a {
-                IpAddr::V4(x) => x.to_ipv6_mapped(),
-                IpAddr::V6(x) => x,
-            };
-            HeaderBytes::V6(
-                Ipv6Repr {
-                    src: v6(s),
-                    dst: v6(d),
-                    traffic_class: 0,
-                    flow_label: 0,
-                    next_header: IPPROTO_UDP,
-                    hop_limit: 64,
-                    payload_len,
-                }
-                .to_bytes()
-                .unwrap_or([0; 40]),
-            )
-        }
     }
 }

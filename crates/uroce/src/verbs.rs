@@ -465,13 +465,7 @@ impl Qp {
         let slot = eng.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         // Inline WRs without their bytes take them from their gather list,
         // read now (ibv_post_send semantics).
-        let gather =
-            wrs.iter().any(|w| w.flags.contains(SendFlags::INLINE) && w.inline_data.is_none());
-        let r = if gather {
-            slot.qp.post_send_gather(now, wrs, &eng.mem)
-        } else {
-            slot.qp.post_send(now, wrs)
-        };
+        let r = slot.qp.post_send_gather(now, wrs, &eng.mem);
         self.ctx.app_progress(&mut e);
         r.map_err(|(index, error)| Error::Post { index, error })
     }

@@ -164,3 +164,76 @@ mod tests {
         assert_eq!(rxe_ud_sport(1), 0xd872);
     }
 }
+
+/// The fixed IP header Linux puts in front of a RoCEv2 datagram sent from
+/// an unconnected UDP socket with `IP_PMTUDISC_DO`: IPv4 with the given ID,
+/// DF, TTL 64, TOS 0; IPv6 with class 0, flow label 0, hop limit 64. An
+/// IPv4 address paired with an IPv6 one is taken in its mapped form. This
+/// is what a receiver's ICRC check and a UD receive's GRH area assume.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LinuxIpHeader {
+    /// 20 bytes.
+    V4([u8; crate::ipv4::IPV4_HEADER_LEN]),
+    /// 40 bytes.
+    V6([u8; crate::ipv6::IPV6_HEADER_LEN]),
+}
+
+impl LinuxIpHeader {
+    /// The header of a datagram from `src` to `dst` whose UDP part (header
+    /// and payload) is `udp_len` bytes. A length no IP packet can carry
+    /// gives an all-zero header (whose ICRC then matches nothing).
+    pub fn new(src: core::net::IpAddr, dst: core::net::IpAddr, udp_len: usize, ident: u16) -> Self {
+        use core::net::IpAddr;
+        match (src, dst) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => Self::V4(
+                crate::ipv4::Ipv4Repr {
+                    src: s,
+                    dst: d,
+                    tos: 0,
+                    ident,
+                    dont_frag: true,
+                    ttl: 64,
+                    protocol: crate::ipv4::IPPROTO_UDP,
+                    payload_len: udp_len,
+                }
+                .to_bytes()
+                .unwrap_or([0; crate::ipv4::IPV4_HEADER_LEN]),
+            ),
+            (s, d) => {
+                let v6 = |a: IpAddr| match a {
+                    IpAddr::V4(x) => x.to_ipv6_mapped(),
+                    IpAddr::V6(x) => x,
+                };
+                Self::V6(
+                    crate::ipv6::Ipv6Repr {
+                        src: v6(s),
+                        dst: v6(d),
+                        traffic_class: 0,
+                        flow_label: 0,
+                        next_header: crate::ipv4::IPPROTO_UDP,
+                        hop_limit: 64,
+                        payload_len: udp_len,
+                    }
+                    .to_bytes()
+                    .unwrap_or([0; crate::ipv6::IPV6_HEADER_LEN]),
+                )
+            }
+        }
+    }
+
+    /// The header bytes.
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            Self::V4(h) => h,
+            Self::V6(h) => h,
+        }
+    }
+
+    /// The header as the ICRC takes it.
+    pub fn icrc(&self) -> crate::icrc::IcrcIp<'_> {
+        match self {
+            Self::V4(h) => crate::icrc::IcrcIp::V4(h),
+            Self::V6(h) => crate::icrc::IcrcIp::V6(h),
+        }
+    }
+}

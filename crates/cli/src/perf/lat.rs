@@ -30,13 +30,9 @@ pub(super) fn await_byte(
     }
 }
 
-/// Completions taken off the CQ, sorted by kind, so that waiting for a
-/// send completion never loses a receive that came first.
+/// Completions of one kind (send or receive), the others kept for later.
 #[derive(Default)]
-pub(super) struct Poller {
-    pub(super) recvs: std::collections::VecDeque<Completion>,
-    pub(super) sends: u64,
-}
+pub(super) struct Poller(common::Stash);
 
 impl Poller {
     /// The next completion of the wanted kind (send or receive).
@@ -52,37 +48,20 @@ impl Poller {
         deadline: Option<Instant>,
     ) -> Result<Option<Completion>> {
         let start = Instant::now();
-        let mut wc = common::wc_array::<8>();
-        loop {
-            if recv && let Some(w) = self.recvs.pop_front() {
-                return Ok(Some(w));
-            }
-            if !recv && self.sends > 0 {
-                self.sends -= 1;
-                return Ok(Some(Completion::new(
-                    0,
-                    uroce::WcStatus::Success,
-                    uroce::WcOpcode::Send,
-                    0,
-                    false,
-                )));
-            }
-            if deadline.is_some_and(|d| Instant::now() >= d) {
-                return Ok(None);
-            }
-            let n = res.cq.poll(&mut wc)?;
-            check(&wc[..n])?;
-            for w in &wc[..n] {
-                if w.is_recv {
-                    self.recvs.push_back(*w);
-                } else {
-                    self.sends += 1;
+        let w = self.0.next(
+            &res.cq,
+            |w| w.is_recv == recv,
+            || {
+                if start.elapsed() > STALL {
+                    bail!("no completion within {STALL:?}: the peer stopped or packets are lost");
                 }
-            }
-            if n == 0 && start.elapsed() > STALL {
-                bail!("no completion within {STALL:?}: the peer stopped or packets are lost");
-            }
+                Ok(deadline.is_none_or(|d| Instant::now() < d))
+            },
+        )?;
+        if let Some(w) = &w {
+            check(std::slice::from_ref(w))?;
         }
+        Ok(w)
     }
 }
 

@@ -137,9 +137,6 @@ pub enum PostError {
     BadInlineAddress,
 }
 
-/// Copies an inline WR's gather list into the WQE being posted.
-type GatherFn<'a> = dyn Fn(&mut Qp) -> Result<(), PostError> + 'a;
-
 impl PostError {
     /// The errno: `ENOMEM` for a full queue, `EINVAL` otherwise.
     pub const fn errno(self) -> i32 {
@@ -450,26 +447,21 @@ impl Qp {
     ///
     /// # Errors
     /// As [`Qp::post_send`], and [`PostError::BadInlineAddress`].
-    pub fn post_send_gather<M: Memory + ?Sized>(
+    pub fn post_send_gather(
         &mut self,
         now: Instant,
         wrs: &[SendWr<'_>],
-        mem: &M,
+        mem: &dyn Memory,
     ) -> Result<(), (usize, PostError)> {
         for (i, wr) in wrs.iter().enumerate() {
-            self.post_one_send(now, wr, Some(&|q: &mut Self| q.gather_inline(wr, mem)))
-                .map_err(|e| (i, e))?;
+            self.post_one_send(now, wr, Some(mem)).map_err(|e| (i, e))?;
         }
         Ok(())
     }
 
     /// Copies an inline WR's gather list into the inline storage of the
     /// WQE about to be pushed.
-    fn gather_inline<M: Memory + ?Sized>(
-        &mut self,
-        wr: &SendWr<'_>,
-        mem: &M,
-    ) -> Result<(), PostError> {
+    fn gather_inline(&mut self, wr: &SendWr<'_>, mem: &dyn Memory) -> Result<(), PostError> {
         let who = self.me();
         let dst = self.sq.inline_storage_mut(self.sq.head);
         let mut off = 0;
@@ -487,7 +479,7 @@ impl Qp {
         &mut self,
         _now: Instant,
         wr: &SendWr<'_>,
-        gather: Option<&GatherFn<'_>>,
+        mem: Option<&dyn Memory>,
     ) -> Result<(), PostError> {
         if matches!(self.state, QpState::Reset | QpState::Init | QpState::ReadyToReceive) {
             return Err(PostError::InvalidState);
@@ -519,7 +511,7 @@ impl Qp {
         let local_op = matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv);
         let inline =
             wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() && !local_op;
-        let from_sgl = inline && wr.inline_data.is_none() && gather.is_some();
+        let from_sgl = inline && wr.inline_data.is_none() && mem.is_some();
         let (length, num_sge, data) = if from_sgl {
             if wr.sgl.len() > self.sq.max_sge {
                 return Err(PostError::TooManySge);
@@ -569,8 +561,8 @@ impl Qp {
             bind: wr.bind,
             ..SendWqe::EMPTY
         };
-        if from_sgl && let Some(g) = gather {
-            g(self)?;
+        if from_sgl && let Some(mem) = mem {
+            self.gather_inline(wr, mem)?;
         }
         self.sq.push(wqe, if inline { &[] } else { wr.sgl }, data);
         if self.state == QpState::Error {

@@ -126,6 +126,12 @@ enum Reject {
     Fatal { code: NakCode, recv: Option<WcStatus> },
 }
 
+impl Reject {
+    /// The malformed or impossible request: NAK Invalid Request, no
+    /// receive WQE involved.
+    const INVALID_REQUEST: Self = Self::Fatal { code: NakCode::InvalidRequest, recv: None };
+}
+
 impl Qp {
     pub(super) fn responder_handle(
         &mut self,
@@ -241,7 +247,7 @@ impl Qp {
         srq: Option<&mut Srq>,
     ) -> Result<(), Reject> {
         let info = pkt.info();
-        let invalid = Reject::Fatal { code: NakCode::InvalidRequest, recv: None };
+        let invalid = Reject::INVALID_REQUEST;
         // Opcode sequence (IBTA §9.7.5.1.3 / C9-…): a message in progress
         // continues with MIDDLE/LAST of the same operation; otherwise only
         // FIRST/ONLY may start one.
@@ -416,7 +422,7 @@ impl Qp {
             InMsg::Write { va, rkey, remaining, total } => (va, rkey, remaining, total),
             _ => {
                 let Some(reth) = pkt.reth() else {
-                    return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
+                    return Err(Reject::INVALID_REQUEST);
                 };
                 (reth.va(), reth.rkey(), reth.dma_len(), reth.dma_len())
             }
@@ -425,7 +431,7 @@ impl Qp {
         // last packet ends exactly there.
         let plen = data.len() as u32;
         if plen > remaining || (info.ends_message() && plen != remaining) {
-            return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
+            return Err(Reject::INVALID_REQUEST);
         }
         let with_imm = pkt.immdt().is_some();
         if with_imm && !self.take_recv(srq) {
@@ -482,15 +488,15 @@ impl Qp {
 
     fn exec_read(&mut self, pkt: &RocePacket<&[u8]>, mem: &dyn Memory) -> Result<(), Reject> {
         let Some(reth) = pkt.reth() else {
-            return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
+            return Err(Reject::INVALID_REQUEST);
         };
         if self.rd_atomic_queued() >= MAX_QUEUED_RD_ATOMIC {
             // Far more outstanding READs/atomics than any QP may have.
-            return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
+            return Err(Reject::INVALID_REQUEST);
         }
         let (va, rkey, len) = (reth.va(), reth.rkey(), reth.dma_len());
         if len > 1 << 31 {
-            return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
+            return Err(Reject::INVALID_REQUEST);
         }
         if len > 0
             && mem
@@ -511,10 +517,10 @@ impl Qp {
 
     fn exec_atomic(&mut self, pkt: &RocePacket<&[u8]>, mem: &dyn Memory) -> Result<(), Reject> {
         let Some(a) = pkt.atomic_eth() else {
-            return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
+            return Err(Reject::INVALID_REQUEST);
         };
         if self.rd_atomic_queued() >= MAX_QUEUED_RD_ATOMIC {
-            return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
+            return Err(Reject::INVALID_REQUEST);
         }
         let op = if pkt.info().operation == Operation::CompareSwap {
             AtomicOp::CompareSwap { compare: a.compare(), swap: a.swap_add() }
@@ -526,7 +532,7 @@ impl Qp {
             // A misaligned atomic is an invalid request (rxe), the rest are
             // access errors.
             Err(AccessError::Misaligned) => {
-                return Err(Reject::Fatal { code: NakCode::InvalidRequest, recv: None });
+                return Err(Reject::INVALID_REQUEST);
             }
             Err(_) => return Err(Reject::Fatal { code: NakCode::RemoteAccessError, recv: None }),
         };

@@ -5,9 +5,7 @@
 
 use core::net::IpAddr;
 
-use uroce_wire::ipv4::{IPPROTO_UDP, Ipv4Repr};
-use uroce_wire::ipv6::Ipv6Repr;
-use uroce_wire::udp::rxe_ud_sport;
+use uroce_wire::udp::{LinuxIpHeader, rxe_ud_sport};
 use uroce_wire::{BthRepr, DethRepr, GRH_LEN, Opcode, RocePacket, RocePacketRepr, grh};
 
 use super::attr::QpState;
@@ -159,40 +157,9 @@ impl Qp {
 /// TOS and flow label are not visible to a socket: Linux's defaults).
 fn grh_for(src: IpAddr, dst: IpAddr, roce_len: usize) -> [u8; GRH_LEN] {
     let mut g = [0u8; GRH_LEN];
-    match (src, dst) {
-        (IpAddr::V4(s), IpAddr::V4(d)) => {
-            let h = Ipv4Repr {
-                src: s,
-                dst: d,
-                tos: 0,
-                ident: 0,
-                dont_frag: true,
-                ttl: 64,
-                protocol: IPPROTO_UDP,
-                payload_len: 8 + roce_len,
-            };
-            if let Ok(b) = h.to_bytes() {
-                grh::write_ipv4(&mut g, &b);
-            }
-        }
-        (s, d) => {
-            let v6 = |a: IpAddr| match a {
-                IpAddr::V4(x) => x.to_ipv6_mapped(),
-                IpAddr::V6(x) => x,
-            };
-            let h = Ipv6Repr {
-                src: v6(s),
-                dst: v6(d),
-                traffic_class: 0,
-                flow_label: 0,
-                next_header: IPPROTO_UDP,
-                hop_limit: 64,
-                payload_len: 8 + roce_len,
-            };
-            if let Ok(b) = h.to_bytes() {
-                grh::write_ipv6(&mut g, &b);
-            }
-        }
+    match LinuxIpHeader::new(src, dst, 8 + roce_len, 0) {
+        LinuxIpHeader::V4(b) => grh::write_ipv4(&mut g, &b),
+        LinuxIpHeader::V6(b) => grh::write_ipv6(&mut g, &b),
     }
     g
 }
