@@ -62,9 +62,10 @@
 //!
 //! # Status
 //!
-//! RC over the `udp` backend works; UC, UD, SRQs, completion channels and
-//! memory windows come with issue 4; UDP GSO/GRO batching, the in-process
-//! `sim` backend for this API, and AF_XDP/DPDK later (see the README).
+//! RC, UC and UD queue pairs, SRQs, completion channels, async events and
+//! memory windows work over the `udp` backend (UDP GSO/GRO batching) and the
+//! in-process `sim` backend; AF_XDP and DPDK backends come later (see the
+//! README).
 
 #![deny(unsafe_code)]
 
