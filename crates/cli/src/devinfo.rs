@@ -159,7 +159,7 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
         println!("\t\t\tlink_layer:\t\tEthernet");
         if a.verbose {
             println!("\t\t\tmax_msg_sz:\t\t0x{:x}", limits::MAX_MSG_SZ);
-            println!("\t\t\tport_cap_flags:\t\t0x{:08x}", PORT_CAP_FLAGS);
+            println!("\t\t\tport_cap_flags:\t\t0x{:08x}", limits::PORT_CAP_FLAGS);
             println!("\t\t\tport_cap_flags2:\t0x0000");
             println!("\t\t\tmax_vl_num:\t\t1 (1)");
             println!("\t\t\tbad_pkey_cntr:\t\t0x0");
@@ -178,7 +178,3 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
     }
     Ok(())
 }
-
-/// `IBV_PORT_IP_BASED_GIDS`, as a RoCE port reports (CM_SUP comes with
-/// RDMA CM).
-const PORT_CAP_FLAGS: u32 = 0x0400_0000;

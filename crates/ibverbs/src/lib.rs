@@ -1,6 +1,38 @@
-//! The drop-in `libibverbs.so.1`: rdma-core's C ABI over uroce.
+//! uroce's drop-in `libibverbs.so.1`: the libibverbs C ABI of rdma-core 44
+//! over the uroce verbs API, so that unmodified verbs programs (rdma-core's
+//! examples, perftest) run with `LD_LIBRARY_PATH=target/release/uroce-lib`.
 //!
-//! Status: skeleton. The exports, struct layouts and symbol versions land
-//! with issue 6; the facts they must satisfy are in `shared/abi/`.
+//! - Exports: `exports.txt` lists every C name with its version node;
+//!   `build.rs` generates the version script and an assembly label per name
+//!   that jumps to the Rust function of that name in the listed module.
+//! - Objects: every object handed to C starts with the public rdma-core
+//!   struct (`abi`), followed by uroce's handle ([`objects`]); the
+//!   `ibv_context_ops` / `verbs_context` tables and the `ibv_qp_ex` /
+//!   `ibv_cq_ex` function pointers are filled so that the header's static
+//!   inline verbs (`ibv_post_send`, `ibv_poll_cq`, `ibv_wr_*`, ...) work.
+//! - Devices come from uroce's configuration (`UROCE_DEVICES`, ...), never
+//!   from sysfs or `/dev/infiniband`.
+//! - No panic crosses into C ([`ffi::guard`]); errors are the errno values
+//!   rdma-core returns, in its conventions (positive return, or NULL / -1
+//!   with `errno`).
+//!
+//! `librdmacm.so.1` is the same file (one copy of the stack per process);
+//! its functions fail with ENOSYS until uroce has an RDMA CM.
 
-#![deny(unsafe_code)]
+#![allow(unsafe_code)]
+
+pub mod abi;
+mod ah;
+mod context;
+mod cq;
+mod device;
+mod ffi;
+mod misc;
+mod objects;
+mod pd;
+mod qp;
+mod qp_ex;
+mod rdmacm;
+mod srq;
+
+include!(concat!(env!("OUT_DIR"), "/exports_asm.rs"));

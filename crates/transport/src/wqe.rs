@@ -3,7 +3,10 @@
 //! `ibv_wc_status` and `ibv_wc_opcode`, so the C ABI maps them one-to-one.
 
 /// A scatter/gather element: `length` bytes at `addr` in the region `lkey`.
+/// Laid out as `struct ibv_sge`, so the C ABI passes SGE lists through
+/// without copying.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+#[repr(C)]
 pub struct Sge {
     /// Virtual address.
     pub addr: u64,

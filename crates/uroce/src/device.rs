@@ -82,6 +82,11 @@ impl Device {
         u64::from_be_bytes(g)
     }
 
+    /// The network interface holding the device's address, if any.
+    pub fn interface(&self) -> Option<String> {
+        crate::netif::interface_of(self.cfg.addr)
+    }
+
     /// GID 0: the device address as a RoCEv2 GID (IPv4-mapped for IPv4).
     pub fn gid(&self) -> [u8; 16] {
         uroce_wire::grh::gid_of(self.cfg.addr)

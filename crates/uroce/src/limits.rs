@@ -49,3 +49,6 @@ pub const DEVICE_CAP_FLAGS: u32 =
 pub const MAX_MSG_SZ: u32 = 1 << 31;
 /// `local_ca_ack_delay` reported (rxe's value).
 pub const LOCAL_CA_ACK_DELAY: u8 = 15;
+/// `ibv_port_attr.port_cap_flags`: `IBV_PORT_IP_BASED_GIDS`, as a RoCE
+/// port reports (CM_SUP will come with the RDMA CM).
+pub const PORT_CAP_FLAGS: u32 = 0x0400_0000;

@@ -156,7 +156,32 @@ impl Pd {
     /// As [`Pd::alloc_mr`]; [`Error::InvalidArgument`] for a null pointer.
     #[allow(unsafe_code)]
     pub unsafe fn register_raw(&self, ptr: *mut u8, len: usize, access: Access) -> Result<Mr> {
+        // SAFETY: forwarded from this function's contract.
+        unsafe { self.register_raw_at(ptr, len, ptr as u64, access) }
+    }
+
+    /// [`Pd::register_raw`] with the region named by `iova` instead of its
+    /// address (`ibv_reg_mr_iova`): SGEs and peers address byte `i` of the
+    /// region as `iova + i`.
+    ///
+    /// # Safety
+    /// As [`Pd::register_raw`].
+    ///
+    /// # Errors
+    /// As [`Pd::register_raw`]; [`Error::InvalidArgument`] if
+    /// `iova + len` overflows.
+    #[allow(unsafe_code)]
+    pub unsafe fn register_raw_at(
+        &self,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<Mr> {
         check_access(access)?;
+        if iova.checked_add(len as u64).is_none() {
+            return Err(Error::InvalidArgument("iova + length overflows"));
+        }
         let nn = NonNull::new(ptr).ok_or(Error::InvalidArgument("null address"))?;
         if len as u64 > limits::MAX_MR_SIZE {
             return Err(Error::Limit("max_mr_size"));
@@ -165,7 +190,7 @@ impl Pd {
         if e.mem.len() as u32 >= limits::MAX_MR {
             return Err(Error::Limit("max_mr"));
         }
-        let addr = ptr as u64;
+        let addr = iova;
         // SAFETY: forwarded from this function's contract.
         let key = unsafe { e.mem.register(nn, len, addr, self.handle, access) };
         Ok(Mr { ctx: self.ctx.clone(), key, addr, len, access, _owned: None })

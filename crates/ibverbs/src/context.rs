@@ -1,0 +1,193 @@
+//! `ibv_open_device` / `ibv_close_device`, the ops tables the header's
+//! inline verbs call through, and asynchronous events.
+
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::ffi::{c_int, c_void};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::{Arc, Mutex};
+
+use crate::abi::consts::*;
+use crate::abi::*;
+use crate::ffi::{Kind, guard, is_live, minus_one, null_errno};
+use crate::objects::{CqBox, CtxBox, DevShared, FUTURE_SLOTS, QpBox, SrqBox, ctx, from_c, into_c};
+
+pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
+    guard(std::ptr::null_mut(), || {
+        let Some((index, entry)) = crate::device::entry_of(dev) else {
+            return null_errno(libc::ENODEV);
+        };
+        let shared = {
+            let mut open = entry.open.lock().unwrap_or_else(|e| e.into_inner());
+            match open.as_mut() {
+                Some((shared, n)) => {
+                    *n += 1;
+                    shared.clone()
+                }
+                None => match entry.cfg.open() {
+                    Ok(c) => {
+                        let shared = Arc::new(DevShared {
+                            ctx: c,
+                            qps: Mutex::new(HashMap::new()),
+                            cqs: Mutex::new(HashMap::new()),
+                            srqs: Mutex::new(HashMap::new()),
+                        });
+                        *open = Some((shared.clone(), 1));
+                        shared
+                    }
+                    Err(e) => {
+                        eprintln!("uroce: {e}");
+                        return null_errno(e.errno());
+                    }
+                },
+            }
+        };
+        let async_fd = shared.ctx.as_fd().as_raw_fd();
+        // SAFETY: verbs_context is C data (pointers, options of fn
+        // pointers, integers); all-zero is valid (NULL everywhere).
+        let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+        vctx.query_port = Some(crate::device::query_port);
+        vctx.query_device_ex = Some(crate::device::query_device_ex);
+        vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
+        vctx.create_cq_ex = Some(crate::cq::create_cq_ex);
+        vctx.sz = size_of::<verbs_context>() + FUTURE_SLOTS * size_of::<*mut c_void>();
+        let c = &mut vctx.context;
+        c.device = (&raw const *entry.ibv).cast_mut();
+        c.ops.poll_cq = Some(crate::cq::poll_cq);
+        c.ops.req_notify_cq = Some(crate::cq::req_notify_cq);
+        c.ops.post_send = Some(crate::qp::post_send);
+        c.ops.post_recv = Some(crate::qp::post_recv);
+        c.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
+        c.ops.bind_mw = Some(bind_mw);
+        c.ops.dealloc_mw = Some(dealloc_mw);
+        c.cmd_fd = -1;
+        c.async_fd = async_fd;
+        c.num_comp_vectors = 1;
+        c.abi_compat = VERBS_ABI_IS_EXTENDED as *mut c_void;
+        let b = into_c(
+            CtxBox {
+                future: [std::ptr::null_mut(); FUTURE_SLOTS],
+                vctx: UnsafeCell::new(vctx),
+                dev: shared,
+                dev_index: index,
+            },
+            Kind::Context,
+        );
+        // SAFETY: just allocated, live.
+        unsafe { (*b).ibv() }
+    })
+}
+
+/// Memory windows are not offered through the C ABI yet (`alloc_mw` is
+/// NULL, so `ibv_alloc_mw` fails with EOPNOTSUPP); these two can only be
+/// reached with a window from elsewhere.
+unsafe extern "C" fn bind_mw(_: *mut ibv_qp, _: *mut ibv_mw, _: *mut ibv_mw_bind) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+unsafe extern "C" fn dealloc_mw(_: *mut ibv_mw) -> c_int {
+    libc::EOPNOTSUPP
+}
+
+/// The box of a context pointer, if it is a live context.
+pub(crate) fn live_ctx<'a>(context: *mut ibv_context) -> Option<&'a CtxBox> {
+    // SAFETY: only dereferenced after the registry confirms it is live.
+    let b = unsafe { ctx(context) }?;
+    is_live(std::ptr::from_ref(b), Kind::Context).then_some(b)
+}
+
+pub(crate) unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_ctx(context) else { return minus_one(libc::EINVAL) };
+        let index = b.dev_index;
+        let p = std::ptr::from_ref(b).cast_mut();
+        // SAFETY: registered as a context ⇒ made by into_c::<CtxBox>.
+        drop(unsafe { from_c::<CtxBox>(p, Kind::Context) });
+        if let Ok(list) = crate::device::devices() {
+            let mut open = list[index].open.lock().unwrap_or_else(|e| e.into_inner());
+            if let Some((_, n)) = open.as_mut() {
+                *n -= 1;
+                if *n == 0 {
+                    *open = None;
+                }
+            }
+        }
+        0
+    })
+}
+
+pub(crate) unsafe extern "C" fn ibv_get_async_event(
+    context: *mut ibv_context,
+    event: *mut ibv_async_event,
+) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_ctx(context) else { return minus_one(libc::EINVAL) };
+        if event.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        loop {
+            let ev = match b.uroce().get_async_event() {
+                Ok(ev) => ev,
+                Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
+            };
+            let lookup = |m: &Mutex<HashMap<u32, usize>>, k: u32| {
+                m.lock().unwrap_or_else(|e| e.into_inner()).get(&k).copied()
+            };
+            use uroce::AsyncEvent as E;
+            let (element, ty) = match ev {
+                E::QpFatal { qpn } => (lookup(&b.dev.qps, qpn), IBV_EVENT_QP_FATAL),
+                E::QpRequestError { qpn } => (lookup(&b.dev.qps, qpn), IBV_EVENT_QP_REQ_ERR),
+                E::QpAccessError { qpn } => (lookup(&b.dev.qps, qpn), IBV_EVENT_QP_ACCESS_ERR),
+                E::SqDrained { qpn } => (lookup(&b.dev.qps, qpn), IBV_EVENT_SQ_DRAINED),
+                E::QpLastWqeReached { qpn } => {
+                    (lookup(&b.dev.qps, qpn), IBV_EVENT_QP_LAST_WQE_REACHED)
+                }
+                E::CqError { cq } => (lookup(&b.dev.cqs, cq), IBV_EVENT_CQ_ERR),
+                E::SrqLimitReached { srq } => {
+                    (lookup(&b.dev.srqs, srq), IBV_EVENT_SRQ_LIMIT_REACHED)
+                }
+                E::PortActive => (Some(1), IBV_EVENT_PORT_ACTIVE),
+                E::PortError => (Some(1), IBV_EVENT_PORT_ERR),
+            };
+            // An event for an object destroyed meanwhile is dropped.
+            let Some(element) = element else { continue };
+            // SAFETY: the caller passes a writable ibv_async_event.
+            unsafe {
+                event.write(ibv_async_event { element: element as *mut c_void, event_type: ty })
+            };
+            return 0;
+        }
+    })
+}
+
+pub(crate) unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event) {
+    guard((), || {
+        if event.is_null() {
+            return;
+        }
+        // SAFETY: the caller passes an event ibv_get_async_event filled.
+        let ev = unsafe { &*event };
+        let p = ev.element;
+        match ev.event_type {
+            IBV_EVENT_CQ_ERR if is_live(p.cast::<CqBox>(), Kind::Cq) => {
+                // SAFETY: a live CQ of ours.
+                unsafe { (*(*p.cast::<CqBox>()).cq.get()).cq.async_events_completed += 1 };
+            }
+            IBV_EVENT_SRQ_LIMIT_REACHED if is_live(p.cast::<SrqBox>(), Kind::Srq) => {
+                // SAFETY: a live SRQ of ours.
+                unsafe { (*(*p.cast::<SrqBox>()).srq.get()).events_completed += 1 };
+            }
+            IBV_EVENT_QP_FATAL
+            | IBV_EVENT_QP_REQ_ERR
+            | IBV_EVENT_QP_ACCESS_ERR
+            | IBV_EVENT_SQ_DRAINED
+            | IBV_EVENT_QP_LAST_WQE_REACHED
+                if is_live(p.cast::<QpBox>(), Kind::Qp) =>
+            {
+                // SAFETY: a live QP of ours.
+                unsafe { (*(*p.cast::<QpBox>()).qpx.get()).qp_base.events_completed += 1 };
+            }
+            _ => {}
+        }
+    });
+}

@@ -1,0 +1,198 @@
+//! What the pointers handed to C point at: each object is one allocation
+//! that starts with rdma-core's public struct (which the application reads
+//! and whose function pointers the header's inline verbs call) followed by
+//! uroce's handle and our bookkeeping. `from_*` turns the C pointer back
+//! into the Rust object; their single contract is the verbs contract: the
+//! pointer is one this library returned and the application has not
+//! destroyed it.
+//!
+//! The public structs sit in `UnsafeCell`s (same layout): the application
+//! may write them (`qp_ex->wr_id`, `cq->cq_context`, ...) while we hold
+//! shared references to the box, so Rust code reaches them only through
+//! raw pointers.
+
+use std::cell::UnsafeCell;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::{Arc, Condvar, Mutex};
+
+use crate::abi::*;
+
+/// Zeroed pointer slots allocated before each `verbs_context`, so that a
+/// binary built against newer headers (with more ops at lower addresses)
+/// reads NULL, i.e. "unsupported", for ops it knows and we do not.
+pub(crate) const FUTURE_SLOTS: usize = 32;
+
+/// A device opened once per process, shared by every `ibv_context` on it:
+/// one engine, one UDP socket, one QPN space (as a real device).
+pub(crate) struct DevShared {
+    pub(crate) ctx: uroce::Context,
+    /// QPN → QP, CQ handle → CQ, SRQ handle → SRQ: for async events.
+    pub(crate) qps: Mutex<HashMap<u32, usize>>,
+    pub(crate) cqs: Mutex<HashMap<u32, usize>>,
+    pub(crate) srqs: Mutex<HashMap<u32, usize>>,
+}
+
+/// An `ibv_context`.
+#[repr(C)]
+pub(crate) struct CtxBox {
+    pub(crate) future: [*mut c_void; FUTURE_SLOTS],
+    pub(crate) vctx: UnsafeCell<verbs_context>,
+    pub(crate) dev: Arc<DevShared>,
+    pub(crate) dev_index: usize,
+}
+
+impl CtxBox {
+    /// The `ibv_context` inside.
+    pub(crate) fn ibv(&self) -> *mut ibv_context {
+        // SAFETY: a place computation inside our own allocation; no read.
+        unsafe { &raw mut (*self.vctx.get()).context }
+    }
+    pub(crate) fn uroce(&self) -> &uroce::Context {
+        &self.dev.ctx
+    }
+}
+
+/// The context behind an `ibv_context` pointer.
+///
+/// # Safety
+/// `p` is NULL or a context this library returned and has not closed.
+pub(crate) unsafe fn ctx<'a>(p: *mut ibv_context) -> Option<&'a CtxBox> {
+    if p.is_null() {
+        return None;
+    }
+    let off = core::mem::offset_of!(CtxBox, vctx) + core::mem::offset_of!(verbs_context, context);
+    // SAFETY: per the contract `p` points `off` bytes into a live CtxBox.
+    Some(unsafe { &*p.cast::<u8>().sub(off).cast::<CtxBox>() })
+}
+
+/// An `ibv_pd`.
+#[repr(C)]
+pub(crate) struct PdBox {
+    pub(crate) pd: UnsafeCell<ibv_pd>,
+    pub(crate) inner: uroce::Pd,
+    /// MRs, QPs, SRQs and AHs on this PD: deallocating it before them is
+    /// EBUSY, as the kernel answers.
+    pub(crate) users: AtomicU32,
+}
+
+/// An `ibv_mr`.
+#[repr(C)]
+pub(crate) struct MrBox {
+    pub(crate) mr: UnsafeCell<ibv_mr>,
+    pub(crate) inner: uroce::Mr,
+    pub(crate) pd: *const PdBox,
+}
+
+/// An `ibv_comp_channel`.
+#[repr(C)]
+pub(crate) struct ChannelBox {
+    pub(crate) ch: UnsafeCell<ibv_comp_channel>,
+    pub(crate) inner: uroce::CompChannel,
+    /// CQ handle → CQ, to turn an event back into the `ibv_cq`.
+    pub(crate) cqs: Mutex<HashMap<u32, usize>>,
+    pub(crate) users: AtomicU32,
+}
+
+/// Completion-event bookkeeping of a CQ: `ibv_destroy_cq` waits until every
+/// event handed out by `ibv_get_cq_event` has been acknowledged.
+#[derive(Default)]
+pub(crate) struct CqEvents {
+    pub(crate) counts: Mutex<(u64, u64)>,
+    pub(crate) acked: Condvar,
+}
+
+/// An `ibv_cq` (always an `ibv_cq_ex`, so `ibv_cq_ex_to_cq` casts work).
+#[repr(C)]
+pub(crate) struct CqBox {
+    pub(crate) cq: UnsafeCell<ibv_cq_ex>,
+    pub(crate) inner: uroce::Cq,
+    pub(crate) ctx: *const CtxBox,
+    pub(crate) channel: *const ChannelBox,
+    pub(crate) users: AtomicU32,
+    pub(crate) events: CqEvents,
+    /// The completion an extended CQ's `start_poll`/`next_poll` stopped at.
+    pub(crate) cursor: Mutex<uroce::Completion>,
+}
+
+/// An `ibv_srq`.
+#[repr(C)]
+pub(crate) struct SrqBox {
+    pub(crate) srq: UnsafeCell<ibv_srq>,
+    pub(crate) inner: uroce::Srq,
+    pub(crate) pd: *const PdBox,
+    pub(crate) users: AtomicU32,
+}
+
+/// An `ibv_ah`.
+#[repr(C)]
+pub(crate) struct AhBox {
+    pub(crate) ah: UnsafeCell<ibv_ah>,
+    pub(crate) inner: uroce::Ah,
+    pub(crate) pd: *const PdBox,
+}
+
+/// An `ibv_qp` (always an `ibv_qp_ex`).
+#[repr(C)]
+pub(crate) struct QpBox {
+    pub(crate) qpx: UnsafeCell<ibv_qp_ex>,
+    pub(crate) inner: uroce::Qp,
+    pub(crate) ctx: *const CtxBox,
+    pub(crate) pd: *const PdBox,
+    pub(crate) send_cq: *const CqBox,
+    pub(crate) recv_cq: *const CqBox,
+    pub(crate) srq: *const SrqBox,
+    /// Created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: `ibv_qp_to_qp_ex`
+    /// answers for it.
+    pub(crate) ex: bool,
+    pub(crate) cap: ibv_qp_cap,
+    pub(crate) sq_sig_all: bool,
+    pub(crate) builder: Mutex<crate::qp_ex::Builder>,
+}
+
+/// Turns a C object pointer back into its box (the public struct is the
+/// box's first field).
+///
+/// # Safety
+/// `p` is NULL or an object of type `B` this library returned and the
+/// application has not destroyed.
+pub(crate) unsafe fn obj<'a, C, B>(p: *mut C) -> Option<&'a B> {
+    // SAFETY: per the contract, `p` is the start of a live `B`.
+    unsafe { p.cast::<B>().as_ref() }
+}
+
+/// Gives ownership of `b` to C: registers it and returns its address.
+pub(crate) fn into_c<B>(b: B, kind: crate::ffi::Kind) -> *mut B {
+    let p = Box::into_raw(Box::new(b));
+    crate::ffi::register(p, kind);
+    p
+}
+
+/// Takes ownership back from C for destruction, if `p` is a live object
+/// of `kind`.
+///
+/// # Safety
+/// If `p` is registered as `kind` it was made by [`into_c`] with type `B`.
+pub(crate) unsafe fn from_c<B>(p: *mut B, kind: crate::ffi::Kind) -> Option<Box<B>> {
+    if p.is_null() || !crate::ffi::unregister(p, kind) {
+        return None;
+    }
+    // SAFETY: registered as `kind` ⇒ made by `into_c::<B>` and not yet freed.
+    Some(unsafe { Box::from_raw(p) })
+}
+
+/// Increments a use count (an object now depends on its parent).
+pub(crate) fn hold(users: &AtomicU32) {
+    users.fetch_add(1, Ordering::AcqRel);
+}
+
+/// Decrements a use count.
+pub(crate) fn release(users: &AtomicU32) {
+    users.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Whether anything still depends on an object.
+pub(crate) fn in_use(users: &AtomicU32) -> bool {
+    users.load(Ordering::Acquire) != 0
+}

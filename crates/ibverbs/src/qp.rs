@@ -1,0 +1,627 @@
+//! Queue pairs: create (basic and extended), modify, query, destroy, the
+//! `post_send` / `post_recv` ops, and multicast attach.
+
+use std::cell::UnsafeCell;
+use std::ffi::{c_int, c_void};
+use std::net::IpAddr;
+use std::sync::Mutex;
+
+use uroce::{
+    Access, AhAttr, AttrMask, LocalAckTimeout, Mtu, Path, Psn, QpAttr, QpCaps, QpState, QpType,
+    RecvWr, RnrTimer, SendFlags, SendWr, Sge, WrOpcode,
+};
+
+use crate::abi::consts::*;
+use crate::abi::*;
+use crate::context::live_ctx;
+use crate::cq::live_cq;
+use crate::ffi::{Kind, guard, is_live, null_errno};
+use crate::objects::{AhBox, CtxBox, QpBox, SrqBox, from_c, hold, into_c, obj, release};
+use crate::pd::live_pd;
+use crate::srq::live_srq;
+
+/// WRs converted per call into the engine.
+const POST_BATCH: usize = 16;
+
+/// The send opcodes an extended QP can be asked for (`send_ops_flags`).
+const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
+    | IBV_QP_EX_WITH_RDMA_WRITE_WITH_IMM
+    | IBV_QP_EX_WITH_SEND
+    | IBV_QP_EX_WITH_SEND_WITH_IMM
+    | IBV_QP_EX_WITH_RDMA_READ
+    | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
+    | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
+    | IBV_QP_EX_WITH_LOCAL_INV
+    | IBV_QP_EX_WITH_SEND_WITH_INV;
+
+pub(crate) fn live_qp<'a>(qp: *mut ibv_qp) -> Option<&'a QpBox> {
+    // SAFETY: dereferenced only once the registry says it is a live QP.
+    is_live(qp.cast::<QpBox>(), Kind::Qp).then(|| unsafe { obj::<_, QpBox>(qp) }).flatten()
+}
+
+/// What both creation paths need.
+struct CreateArgs {
+    qp_context: *mut c_void,
+    send_cq: *mut ibv_cq,
+    recv_cq: *mut ibv_cq,
+    srq: *mut ibv_srq,
+    cap: ibv_qp_cap,
+    qp_type: c_int,
+    sq_sig_all: c_int,
+    ex: bool,
+}
+
+fn create(c: &CtxBox, pd: *mut ibv_pd, a: &CreateArgs) -> Result<*mut QpBox, c_int> {
+    let p = live_pd(pd).ok_or(libc::EINVAL)?;
+    let qp_type = match a.qp_type {
+        IBV_QPT_RC => QpType::Rc,
+        IBV_QPT_UC => QpType::Uc,
+        IBV_QPT_UD => QpType::Ud,
+        // XRC, raw packet, driver QPs.
+        8..=10 | 0xff => return Err(libc::EOPNOTSUPP),
+        _ => return Err(libc::EINVAL),
+    };
+    let scq = live_cq(a.send_cq).ok_or(libc::EINVAL)?;
+    let rcq = live_cq(a.recv_cq).ok_or(libc::EINVAL)?;
+    if !std::ptr::eq(scq.ctx, c) || !std::ptr::eq(rcq.ctx, c) {
+        return Err(libc::EINVAL);
+    }
+    let srq = if a.srq.is_null() { None } else { Some(live_srq(a.srq).ok_or(libc::EINVAL)?) };
+    let mut cap = a.cap;
+    if srq.is_some() {
+        cap.max_recv_wr = 0;
+        cap.max_recv_sge = 0;
+    }
+    let caps = QpCaps {
+        max_send_wr: cap.max_send_wr,
+        max_recv_wr: cap.max_recv_wr,
+        max_send_sge: cap.max_send_sge,
+        max_recv_sge: cap.max_recv_sge,
+        max_inline_data: cap.max_inline_data,
+    };
+    let init = uroce::QpInitAttr {
+        send_cq: &scq.inner,
+        recv_cq: &rcq.inner,
+        cap: caps,
+        qp_type,
+        sq_sig_all: a.sq_sig_all != 0,
+        srq: srq.map(|s| &s.inner),
+    };
+    let inner = p.inner.create_qp(&init).map_err(|e| e.errno())?;
+    let qpn = inner.qpn();
+    // SAFETY: ibv_qp_ex is C data; all-zero is valid (NULL fn pointers,
+    // static-initialiser mutex/cond).
+    let mut qpx: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let base = &mut qpx.qp_base;
+    base.context = c.ibv();
+    base.qp_context = a.qp_context;
+    base.pd = pd;
+    base.send_cq = a.send_cq;
+    base.recv_cq = a.recv_cq;
+    base.srq = a.srq;
+    base.handle = qpn;
+    base.qp_num = qpn;
+    base.state = QpState::Reset as c_int;
+    base.qp_type = a.qp_type;
+    crate::qp_ex::fill(&mut qpx);
+    let b = into_c(
+        QpBox {
+            qpx: UnsafeCell::new(qpx),
+            inner,
+            ctx: c,
+            pd: p,
+            send_cq: scq,
+            recv_cq: rcq,
+            srq: srq.map_or(std::ptr::null(), |s| s as *const SrqBox),
+            ex: a.ex,
+            cap,
+            sq_sig_all: a.sq_sig_all != 0,
+            builder: Mutex::new(crate::qp_ex::Builder::new(&cap)),
+        },
+        Kind::Qp,
+    );
+    hold(&p.users);
+    hold(&scq.users);
+    hold(&rcq.users);
+    if let Some(s) = srq {
+        hold(&s.users);
+    }
+    c.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).insert(qpn, b as usize);
+    Ok(b)
+}
+
+pub(crate) unsafe extern "C" fn ibv_create_qp(
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> *mut ibv_qp {
+    guard(std::ptr::null_mut(), || {
+        let Some(p) = live_pd(pd) else { return null_errno(libc::EINVAL) };
+        if attr.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        // SAFETY: a live PD's context is a live context of ours.
+        let Some(c) = live_ctx(unsafe { (*p.pd.get()).context }) else {
+            return null_errno(libc::EINVAL);
+        };
+        // SAFETY: the caller passes a readable and writable init attr.
+        let a = unsafe { &mut *attr };
+        let args = CreateArgs {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+            ex: false,
+        };
+        match create(c, pd, &args) {
+            Ok(b) => {
+                // Report the capabilities granted, as providers do.
+                // SAFETY: just created, live.
+                a.cap = unsafe { (*b).cap };
+                b.cast()
+            }
+            Err(e) => null_errno(e),
+        }
+    })
+}
+
+/// `verbs_context.create_qp_ex`.
+pub(crate) unsafe extern "C" fn create_qp_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> *mut ibv_qp {
+    guard(std::ptr::null_mut(), || {
+        let Some(c) = live_ctx(context) else { return null_errno(libc::EINVAL) };
+        if attr.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        // SAFETY: the caller passes a readable and writable init attr.
+        let a = unsafe { &mut *attr };
+        const CREATE_FLAGS: u32 = 1 << 2;
+        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | CREATE_FLAGS;
+        if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
+            return null_errno(libc::EINVAL);
+        }
+        if a.comp_mask & !known != 0 || (a.comp_mask & CREATE_FLAGS != 0 && a.create_flags != 0) {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        let ex = a.comp_mask & IBV_QP_INIT_ATTR_SEND_OPS_FLAGS != 0;
+        if ex && a.send_ops_flags & !SUPPORTED_SEND_OPS != 0 {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        // SAFETY: a live PD's public struct is readable.
+        if live_pd(a.pd).is_none_or(|p| unsafe { (*p.pd.get()).context } != context) {
+            return null_errno(libc::EINVAL);
+        }
+        let args = CreateArgs {
+            qp_context: a.qp_context,
+            send_cq: a.send_cq,
+            recv_cq: a.recv_cq,
+            srq: a.srq,
+            cap: a.cap,
+            qp_type: a.qp_type,
+            sq_sig_all: a.sq_sig_all,
+            ex,
+        };
+        match create(c, a.pd, &args) {
+            Ok(b) => {
+                // SAFETY: just created, live.
+                a.cap = unsafe { (*b).cap };
+                b.cast()
+            }
+            Err(e) => null_errno(e),
+        }
+    })
+}
+
+pub(crate) unsafe extern "C" fn ibv_qp_to_qp_ex(qp: *mut ibv_qp) -> *mut ibv_qp_ex {
+    guard(std::ptr::null_mut(), || match live_qp(qp) {
+        Some(b) if b.ex => b.qpx.get(),
+        _ => std::ptr::null_mut(),
+    })
+}
+
+pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
+    guard(libc::EIO, || {
+        let Some(b) = live_qp(qp) else { return libc::EINVAL };
+        // SAFETY: a QP holds its context's device, PD, CQs and SRQ (use
+        // counts), so all are live.
+        unsafe {
+            let c: &CtxBox = &*b.ctx;
+            c.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.qpn());
+            release(&(*b.pd).users);
+            release(&(*b.send_cq).users);
+            release(&(*b.recv_cq).users);
+            if !b.srq.is_null() {
+                release(&(*b.srq).users);
+            }
+        }
+        // SAFETY: registered as a QP ⇒ made by into_c::<QpBox>.
+        drop(unsafe { from_c(qp.cast::<QpBox>(), Kind::Qp) });
+        0
+    })
+}
+
+/// The destination of an address vector (RoCE: the GRH's destination GID).
+pub(crate) fn av_dest(c: &CtxBox, ah: &ibv_ah_attr) -> Result<AhAttr, c_int> {
+    if ah.is_global == 0 {
+        // RoCE has no LIDs: every address vector needs a GRH.
+        return Err(libc::EINVAL);
+    }
+    let tbl = c.uroce().query_port(1).map_or(1, |p| p.gid_tbl_len);
+    if u32::from(ah.grh.sgid_index) >= tbl {
+        return Err(libc::EINVAL);
+    }
+    let mut a = AhAttr::from_gid(ah.grh.dgid.raw);
+    a.port = c.uroce().device().socket_addr().port();
+    a.sgid_index = ah.grh.sgid_index;
+    a.hop_limit = ah.grh.hop_limit;
+    a.traffic_class = ah.grh.traffic_class;
+    a.flow_label = ah.grh.flow_label & 0xfffff;
+    if a.dst.is_unspecified() {
+        return Err(libc::EINVAL);
+    }
+    Ok(a)
+}
+
+fn state_of(v: c_int) -> Result<QpState, c_int> {
+    u32::try_from(v).ok().and_then(QpState::from_ibv).ok_or(libc::EINVAL)
+}
+
+/// uroce's attributes from `ibv_qp_attr`, the fields `mask` names.
+fn to_attr(c: &CtxBox, a: &ibv_qp_attr, mask: AttrMask) -> Result<QpAttr, c_int> {
+    let mut q = QpAttr::default();
+    if mask.contains(AttrMask::STATE) {
+        q.state = state_of(a.qp_state)?;
+    }
+    if mask.contains(AttrMask::CUR_STATE) {
+        q.cur_state = state_of(a.cur_qp_state)?;
+    }
+    q.access = Access(a.qp_access_flags);
+    q.pkey_index = a.pkey_index;
+    q.port = a.port_num;
+    q.qkey = a.qkey;
+    if mask.contains(AttrMask::AV) {
+        let d = av_dest(c, &a.ah_attr)?;
+        q.path = Some(Path {
+            dst: d.dst,
+            dst_port: d.port,
+            sgid_index: d.sgid_index,
+            flow_label: d.flow_label,
+            hop_limit: d.hop_limit,
+            traffic_class: d.traffic_class,
+        });
+    }
+    if mask.contains(AttrMask::PATH_MTU) {
+        q.path_mtu = u32::try_from(a.path_mtu).ok().and_then(Mtu::from_ibv).ok_or(libc::EINVAL)?;
+    }
+    if mask.contains(AttrMask::TIMEOUT) {
+        q.timeout = LocalAckTimeout::new(a.timeout).ok_or(libc::EINVAL)?;
+    }
+    q.retry_cnt = a.retry_cnt;
+    q.rnr_retry = a.rnr_retry;
+    q.rq_psn = Psn::new(a.rq_psn & 0xff_ffff);
+    q.sq_psn = Psn::new(a.sq_psn & 0xff_ffff);
+    q.max_rd_atomic = a.max_rd_atomic;
+    q.max_dest_rd_atomic = a.max_dest_rd_atomic;
+    q.min_rnr_timer = RnrTimer::from_code(a.min_rnr_timer & 0x1f);
+    q.dest_qpn = a.dest_qp_num & 0xff_ffff;
+    q.sq_draining_notify = a.en_sqd_async_notify != 0;
+    Ok(q)
+}
+
+pub(crate) unsafe extern "C" fn ibv_modify_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    mask: c_int,
+) -> c_int {
+    guard(libc::EIO, || {
+        let Some(b) = live_qp(qp) else { return libc::EINVAL };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        // SAFETY: the caller passes a readable attribute struct.
+        let a = unsafe { &*attr };
+        let mask = AttrMask(mask as u32);
+        // SAFETY: a QP's context is live while the QP is.
+        let c = unsafe { &*b.ctx };
+        let q = match to_attr(c, a, mask) {
+            Ok(q) => q,
+            Err(e) => return e,
+        };
+        if let Err(e) = b.inner.modify(&q, mask) {
+            return e.errno();
+        }
+        if mask.contains(AttrMask::STATE) {
+            // SAFETY: live QP; rdma-core keeps `qp->state` current.
+            unsafe { (*b.qpx.get()).qp_base.state = a.qp_state };
+        }
+        0
+    })
+}
+
+/// The GID a path's destination is named by.
+fn gid_of(ip: IpAddr) -> ibv_gid {
+    ibv_gid { raw: uroce::wire::grh::gid_of(ip) }
+}
+
+pub(crate) unsafe extern "C" fn ibv_query_qp(
+    qp: *mut ibv_qp,
+    attr: *mut ibv_qp_attr,
+    _mask: c_int,
+    init_attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard(libc::EIO, || {
+        let Some(b) = live_qp(qp) else { return libc::EINVAL };
+        if attr.is_null() || init_attr.is_null() {
+            return libc::EINVAL;
+        }
+        let q = b.inner.query();
+        let mut a = ibv_qp_attr {
+            qp_state: q.state as c_int,
+            cur_qp_state: q.state as c_int,
+            path_mtu: q.path_mtu.to_ibv() as c_int,
+            qkey: q.qkey,
+            rq_psn: q.rq_psn.value(),
+            sq_psn: q.sq_psn.value(),
+            dest_qp_num: q.dest_qpn,
+            qp_access_flags: q.access.0,
+            cap: b.cap,
+            pkey_index: q.pkey_index,
+            en_sqd_async_notify: u8::from(q.sq_draining_notify),
+            sq_draining: u8::from(q.state == QpState::SendQueueDrain),
+            max_rd_atomic: q.max_rd_atomic,
+            max_dest_rd_atomic: q.max_dest_rd_atomic,
+            min_rnr_timer: q.min_rnr_timer.code(),
+            port_num: q.port,
+            timeout: q.timeout.exponent(),
+            retry_cnt: q.retry_cnt,
+            rnr_retry: q.rnr_retry,
+            ..ibv_qp_attr::default()
+        };
+        if let Some(p) = q.path {
+            a.ah_attr = ibv_ah_attr {
+                grh: ibv_global_route {
+                    dgid: gid_of(p.dst),
+                    flow_label: p.flow_label,
+                    sgid_index: p.sgid_index,
+                    hop_limit: p.hop_limit,
+                    traffic_class: p.traffic_class,
+                },
+                is_global: 1,
+                port_num: q.port,
+                ..ibv_ah_attr::default()
+            };
+        }
+        // SAFETY: live QP; its public struct is ours to read and update.
+        let base = unsafe { &mut (*b.qpx.get()).qp_base };
+        base.state = q.state as c_int;
+        // SAFETY: the caller passes writable attribute structs.
+        unsafe {
+            attr.write(a);
+            init_attr.write(ibv_qp_init_attr {
+                qp_context: base.qp_context,
+                send_cq: base.send_cq,
+                recv_cq: base.recv_cq,
+                srq: base.srq,
+                cap: b.cap,
+                qp_type: base.qp_type,
+                sq_sig_all: c_int::from(b.sq_sig_all),
+            });
+        }
+        0
+    })
+}
+
+pub(crate) unsafe extern "C" fn ibv_query_qp_data_in_order(
+    _qp: *mut ibv_qp,
+    _op: c_int,
+    _flags: u32,
+) -> c_int {
+    // No in-order data placement guarantee is offered (0 = none).
+    0
+}
+
+/// The SGE list of a C WR as uroce SGEs (same layout: no copy).
+///
+/// # Safety
+/// `list` is NULL or points at `n` readable `ibv_sge`s that stay valid for
+/// the returned lifetime.
+unsafe fn sges<'a>(list: *const ibv_sge, n: c_int) -> Result<&'a [Sge], c_int> {
+    match n {
+        0 => Ok(&[]),
+        n if n < 0 || list.is_null() => Err(libc::EINVAL),
+        // SAFETY: per the contract; `Sge` is `repr(C)` like `ibv_sge`.
+        n => Ok(unsafe { std::slice::from_raw_parts(list.cast::<Sge>(), n as usize) }),
+    }
+}
+
+/// One `ibv_send_wr` as a uroce WR.
+///
+/// # Safety
+/// `w` is a readable WR whose SGE list and AH are valid for `'a`.
+unsafe fn send_wr<'a>(w: &'a ibv_send_wr, qp_type: QpType) -> Result<SendWr<'a>, c_int> {
+    let opcode = u32::try_from(w.opcode).ok().and_then(WrOpcode::from_ibv).ok_or(libc::EINVAL)?;
+    // SAFETY: per the contract.
+    let sgl = unsafe { sges(w.sg_list, w.num_sge) }?;
+    let mut wr = SendWr {
+        wr_id: w.wr_id,
+        opcode,
+        flags: SendFlags(w.send_flags & 0xf),
+        sgl,
+        imm_or_inv: w.imm_data,
+        ..SendWr::default()
+    };
+    if opcode.is_atomic() {
+        // SAFETY: the union member the opcode selects.
+        let a = unsafe { w.wr.atomic };
+        wr.remote_addr = a.remote_addr;
+        wr.rkey = a.rkey;
+        wr.compare_add = a.compare_add;
+        wr.swap = a.swap;
+    } else if qp_type == QpType::Ud {
+        // SAFETY: the union member a UD QP uses.
+        let u = unsafe { w.wr.ud };
+        // SAFETY: per the contract, an AH of ours (or NULL).
+        let ah = unsafe { obj::<_, AhBox>(u.ah) }.ok_or(libc::EINVAL)?;
+        wr.ud = Some(ah.inner.dest(u.remote_qpn & 0xff_ffff, u.remote_qkey));
+    } else {
+        // SAFETY: the union member RDMA opcodes use (unused otherwise).
+        let r = unsafe { w.wr.rdma };
+        wr.remote_addr = r.remote_addr;
+        wr.rkey = r.rkey;
+    }
+    if opcode == WrOpcode::BindMw {
+        // Memory windows are not offered through the C ABI yet.
+        return Err(libc::EINVAL);
+    }
+    Ok(wr)
+}
+
+/// `ops.post_send`.
+pub(crate) unsafe extern "C" fn post_send(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_send_wr,
+    bad_wr: *mut *mut ibv_send_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        let fail = |w: *mut ibv_send_wr, e: c_int| {
+            if !bad_wr.is_null() {
+                // SAFETY: the caller passes NULL or a writable pointer.
+                unsafe { *bad_wr = w };
+            }
+            e
+        };
+        // SAFETY: verbs contract: a live QP of ours (hot path: no registry).
+        let Some(b) = (unsafe { obj::<_, QpBox>(qp) }) else { return fail(wr, libc::EINVAL) };
+        let qp_type = b.inner.qp_type();
+        let mut batch = [SendWr::default(); POST_BATCH];
+        let mut ptrs = [std::ptr::null_mut::<ibv_send_wr>(); POST_BATCH];
+        let mut next = wr;
+        while !next.is_null() {
+            let mut n = 0;
+            while n < POST_BATCH && !next.is_null() {
+                // SAFETY: the caller's WR chain is readable during the call.
+                let w = unsafe { &*next };
+                // SAFETY: as above, with its SGE list and AH.
+                match unsafe { send_wr(w, qp_type) } {
+                    Ok(s) => batch[n] = s,
+                    Err(e) => {
+                        // Post what came before, then report this one.
+                        if let Err(err) = b.inner.post_send(&batch[..n]) {
+                            return fail(first_bad(&ptrs, &err), post_errno(&err));
+                        }
+                        return fail(next, e);
+                    }
+                }
+                ptrs[n] = next;
+                n += 1;
+                next = w.next;
+            }
+            if let Err(err) = b.inner.post_send(&batch[..n]) {
+                return fail(first_bad(&ptrs, &err), post_errno(&err));
+            }
+        }
+        0
+    })
+}
+
+fn first_bad<T>(ptrs: &[*mut T], err: &uroce::Error) -> *mut T {
+    match err {
+        uroce::Error::Post { index, .. } => ptrs.get(*index).copied().unwrap_or(ptrs[0]),
+        _ => ptrs[0],
+    }
+}
+
+fn post_errno(err: &uroce::Error) -> c_int {
+    err.errno()
+}
+
+/// `ops.post_recv`.
+pub(crate) unsafe extern "C" fn post_recv(
+    qp: *mut ibv_qp,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: verbs contract: a live QP of ours (hot path).
+        let b = unsafe { obj::<_, QpBox>(qp) };
+        post_recv_chain(wr, bad_wr, |wrs| match b {
+            Some(b) => b.inner.post_recv(wrs),
+            None => Err(uroce::Error::InvalidArgument("NULL QP")),
+        })
+    })
+}
+
+/// Converts a receive WR chain in batches and hands each to `post`
+/// (a QP's or an SRQ's receive queue).
+pub(crate) fn post_recv_chain(
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+    post: impl Fn(&[RecvWr<'_>]) -> uroce::Result<()>,
+) -> c_int {
+    let fail = |w: *mut ibv_recv_wr, e: c_int| {
+        if !bad_wr.is_null() {
+            // SAFETY: the caller passes NULL or a writable pointer.
+            unsafe { *bad_wr = w };
+        }
+        e
+    };
+    let mut batch = [RecvWr { wr_id: 0, sgl: &[] }; POST_BATCH];
+    let mut ptrs = [std::ptr::null_mut::<ibv_recv_wr>(); POST_BATCH];
+    let mut next = wr;
+    while !next.is_null() {
+        let mut n = 0;
+        while n < POST_BATCH && !next.is_null() {
+            // SAFETY: the caller's WR chain is readable during the call.
+            let w = unsafe { &*next };
+            // SAFETY: its SGE list too.
+            match unsafe { sges(w.sg_list, w.num_sge) } {
+                Ok(sgl) => batch[n] = RecvWr { wr_id: w.wr_id, sgl },
+                Err(e) => {
+                    if let Err(err) = post(&batch[..n]) {
+                        return fail(first_bad(&ptrs, &err), err.errno());
+                    }
+                    return fail(next, e);
+                }
+            }
+            ptrs[n] = next;
+            n += 1;
+            next = w.next;
+        }
+        if let Err(err) = post(&batch[..n]) {
+            return fail(first_bad(&ptrs, &err), err.errno());
+        }
+    }
+    0
+}
+
+fn mcast_ip(gid: *const ibv_gid) -> Option<IpAddr> {
+    // SAFETY: NULL or a readable GID.
+    let g = unsafe { gid.as_ref() }?;
+    Some(AhAttr::from_gid(g.raw).dst)
+}
+
+pub(crate) unsafe extern "C" fn ibv_attach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    guard(libc::EIO, || {
+        let (Some(b), Some(ip)) = (live_qp(qp), mcast_ip(gid)) else { return libc::EINVAL };
+        b.inner.attach_mcast(ip).map_or_else(|e| e.errno(), |()| 0)
+    })
+}
+
+pub(crate) unsafe extern "C" fn ibv_detach_mcast(
+    qp: *mut ibv_qp,
+    gid: *const ibv_gid,
+    _lid: u16,
+) -> c_int {
+    guard(libc::EIO, || {
+        let (Some(b), Some(ip)) = (live_qp(qp), mcast_ip(gid)) else { return libc::EINVAL };
+        b.inner.detach_mcast(ip).map_or_else(|e| e.errno(), |()| 0)
+    })
+}

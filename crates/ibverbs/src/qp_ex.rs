@@ -1,0 +1,330 @@
+//! The extended QP's builder-style post API (`ibv_wr_start`, one opcode
+//! call per WR after the application sets `qpx->wr_id` / `qpx->wr_flags`,
+//! `ibv_wr_set_sge` / `_inline_data` / `_ud_addr`, `ibv_wr_complete`).
+//! WRs collect in the QP's [`Builder`] and go to the engine together at
+//! `ibv_wr_complete`; its buffers keep their capacity, so a steady stream
+//! of posts allocates nothing.
+
+use std::ffi::{c_int, c_void};
+
+use uroce::transport::UdDest;
+use uroce::{SendFlags, SendWr, Sge, WrOpcode};
+
+use crate::abi::*;
+use crate::ffi::guard;
+use crate::objects::{AhBox, QpBox, obj};
+
+/// One WR being built.
+#[derive(Clone, Copy)]
+struct Pending {
+    wr_id: u64,
+    flags: SendFlags,
+    opcode: WrOpcode,
+    remote_addr: u64,
+    rkey: u32,
+    compare_add: u64,
+    swap: u64,
+    imm: u32,
+    ud: Option<UdDest>,
+    /// Range in `Builder::sges`.
+    sge: (usize, usize),
+    /// Range in `Builder::bytes` when the data is inline.
+    inline: Option<(usize, usize)>,
+}
+
+/// The WRs between `ibv_wr_start` and `ibv_wr_complete`.
+pub(crate) struct Builder {
+    wrs: Vec<Pending>,
+    sges: Vec<Sge>,
+    bytes: Vec<u8>,
+    /// The first error of the batch, reported by `ibv_wr_complete`.
+    err: c_int,
+}
+
+impl Builder {
+    pub(crate) fn new(cap: &ibv_qp_cap) -> Self {
+        let n = (cap.max_send_wr as usize).clamp(1, 1024);
+        Self {
+            wrs: Vec::with_capacity(n),
+            sges: Vec::with_capacity(n),
+            bytes: Vec::with_capacity(cap.max_inline_data as usize),
+            err: 0,
+        }
+    }
+
+    fn clear(&mut self) {
+        self.wrs.clear();
+        self.sges.clear();
+        self.bytes.clear();
+        self.err = 0;
+    }
+}
+
+/// Fills the function pointers of a new QP's `ibv_qp_ex`.
+pub(crate) fn fill(q: &mut ibv_qp_ex) {
+    q.wr_atomic_cmp_swp = Some(wr_atomic_cmp_swp);
+    q.wr_atomic_fetch_add = Some(wr_atomic_fetch_add);
+    q.wr_bind_mw = Some(wr_bind_mw);
+    q.wr_local_inv = Some(wr_local_inv);
+    q.wr_rdma_read = Some(wr_rdma_read);
+    q.wr_rdma_write = Some(wr_rdma_write);
+    q.wr_rdma_write_imm = Some(wr_rdma_write_imm);
+    q.wr_send = Some(wr_send);
+    q.wr_send_imm = Some(wr_send_imm);
+    q.wr_send_inv = Some(wr_send_inv);
+    q.wr_send_tso = Some(wr_send_tso);
+    q.wr_set_ud_addr = Some(wr_set_ud_addr);
+    q.wr_set_xrc_srqn = Some(wr_set_xrc_srqn);
+    q.wr_set_inline_data = Some(wr_set_inline_data);
+    q.wr_set_inline_data_list = Some(wr_set_inline_data_list);
+    q.wr_set_sge = Some(wr_set_sge);
+    q.wr_set_sge_list = Some(wr_set_sge_list);
+    q.wr_start = Some(wr_start);
+    q.wr_complete = Some(wr_complete);
+    q.wr_abort = Some(wr_abort);
+    q.wr_atomic_write = Some(wr_atomic_write);
+}
+
+/// Runs `f` on the QP's builder (nothing if `qp` is NULL).
+fn with(qp: *mut ibv_qp_ex, f: impl FnOnce(&QpBox, &mut Builder)) {
+    guard((), || {
+        // SAFETY: verbs contract: a live QP of ours (hot path).
+        let Some(b) = (unsafe { obj::<_, QpBox>(qp) }) else { return };
+        let mut builder = b.builder.lock().unwrap_or_else(|e| e.into_inner());
+        f(b, &mut builder);
+    });
+}
+
+/// Starts a WR of `opcode` with the `wr_id` / `wr_flags` the application
+/// just stored in the QP.
+fn begin(qp: *mut ibv_qp_ex, opcode: WrOpcode, set: impl FnOnce(&mut Pending)) {
+    with(qp, |b, bl| {
+        // SAFETY: a live QP; the application wrote these two fields.
+        let (wr_id, flags) = unsafe { ((*b.qpx.get()).wr_id, (*b.qpx.get()).wr_flags) };
+        let mut p = Pending {
+            wr_id,
+            flags: SendFlags(flags & 0xf),
+            opcode,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            imm: 0,
+            ud: None,
+            sge: (bl.sges.len(), 0),
+            inline: None,
+        };
+        set(&mut p);
+        bl.wrs.push(p);
+    });
+}
+
+/// Applies `f` to the WR being built (an error if there is none).
+fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut Builder, usize)) {
+    with(qp, |_, bl| match bl.wrs.len() {
+        0 => bl.err = libc::EINVAL,
+        n => f(bl, n - 1),
+    });
+}
+
+unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    with(qp, |_, bl| bl.clear());
+}
+
+unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
+    with(qp, |_, bl| bl.clear());
+}
+
+unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
+    let mut ret = 0;
+    with(qp, |b, bl| {
+        ret = complete(b, bl);
+        bl.clear();
+    });
+    ret
+}
+
+/// Posts the builder's WRs in batches.
+fn complete(b: &QpBox, bl: &Builder) -> c_int {
+    if bl.err != 0 {
+        return bl.err;
+    }
+    const BATCH: usize = 16;
+    let mut batch = [SendWr::default(); BATCH];
+    for chunk in bl.wrs.chunks(BATCH) {
+        for (slot, p) in batch.iter_mut().zip(chunk) {
+            let (s, n) = p.sge;
+            let inline = p.inline.map(|(s, n)| &bl.bytes[s..s + n]);
+            *slot = SendWr {
+                wr_id: p.wr_id,
+                opcode: p.opcode,
+                flags: if inline.is_some() { p.flags | SendFlags::INLINE } else { p.flags },
+                sgl: &bl.sges[s..s + n],
+                inline_data: inline,
+                imm_or_inv: p.imm,
+                remote_addr: p.remote_addr,
+                rkey: p.rkey,
+                compare_add: p.compare_add,
+                swap: p.swap,
+                ud: p.ud,
+                bind: None,
+            };
+        }
+        if let Err(e) = b.inner.post_send(&batch[..chunk.len()]) {
+            return e.errno();
+        }
+    }
+    0
+}
+
+unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
+    begin(qp, WrOpcode::Send, |_| {});
+}
+
+unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
+    begin(qp, WrOpcode::SendWithImm, |p| p.imm = imm);
+}
+
+unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+    begin(qp, WrOpcode::SendWithInv, |p| p.imm = rkey);
+}
+
+unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {
+    begin(qp, WrOpcode::RdmaWrite, |p| (p.rkey, p.remote_addr) = (rkey, addr));
+}
+
+unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, addr: u64, imm: u32) {
+    begin(qp, WrOpcode::RdmaWriteWithImm, |p| (p.rkey, p.remote_addr, p.imm) = (rkey, addr, imm));
+}
+
+unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {
+    begin(qp, WrOpcode::RdmaRead, |p| (p.rkey, p.remote_addr) = (rkey, addr));
+}
+
+unsafe extern "C" fn wr_atomic_cmp_swp(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    addr: u64,
+    cmp: u64,
+    swap: u64,
+) {
+    begin(qp, WrOpcode::AtomicCmpAndSwp, |p| {
+        (p.rkey, p.remote_addr, p.compare_add, p.swap) = (rkey, addr, cmp, swap);
+    });
+}
+
+unsafe extern "C" fn wr_atomic_fetch_add(qp: *mut ibv_qp_ex, rkey: u32, addr: u64, add: u64) {
+    begin(qp, WrOpcode::AtomicFetchAndAdd, |p| {
+        (p.rkey, p.remote_addr, p.compare_add) = (rkey, addr, add)
+    });
+}
+
+unsafe extern "C" fn wr_local_inv(qp: *mut ibv_qp_ex, rkey: u32) {
+    begin(qp, WrOpcode::LocalInv, |p| p.imm = rkey);
+}
+
+/// Opcodes the transport does not have: the batch fails at
+/// `ibv_wr_complete` with EOPNOTSUPP.
+fn unsupported(qp: *mut ibv_qp_ex) {
+    with(qp, |_, bl| bl.err = libc::EOPNOTSUPP);
+}
+
+unsafe extern "C" fn wr_bind_mw(
+    qp: *mut ibv_qp_ex,
+    _: *mut ibv_mw,
+    _: u32,
+    _: *const ibv_mw_bind_info,
+) {
+    unsupported(qp);
+}
+
+unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _: *mut c_void, _: u16, _: u16) {
+    unsupported(qp);
+}
+
+unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, _: u32, _: u64, _: *const c_void) {
+    unsupported(qp);
+}
+
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _: u32) {
+    unsupported(qp);
+}
+
+unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {
+    last(qp, |bl, i| {
+        // SAFETY: verbs contract: NULL or an AH of ours.
+        match unsafe { obj::<_, AhBox>(ah) } {
+            Some(a) => bl.wrs[i].ud = Some(a.inner.dest(qpn & 0xff_ffff, qkey)),
+            None => bl.err = libc::EINVAL,
+        }
+    });
+}
+
+unsafe extern "C" fn wr_set_sge(qp: *mut ibv_qp_ex, lkey: u32, addr: u64, length: u32) {
+    last(qp, |bl, i| {
+        let start = bl.sges.len();
+        bl.sges.push(Sge { addr, length, lkey });
+        bl.wrs[i].sge = (start, 1);
+        bl.wrs[i].inline = None;
+    });
+}
+
+unsafe extern "C" fn wr_set_sge_list(qp: *mut ibv_qp_ex, n: usize, list: *const ibv_sge) {
+    last(qp, |bl, i| {
+        if n > 0 && list.is_null() {
+            bl.err = libc::EINVAL;
+            return;
+        }
+        let start = bl.sges.len();
+        for k in 0..n {
+            // SAFETY: the caller passes `n` readable SGEs.
+            let s = unsafe { *list.add(k) };
+            bl.sges.push(Sge { addr: s.addr, length: s.length, lkey: s.lkey });
+        }
+        bl.wrs[i].sge = (start, n);
+        bl.wrs[i].inline = None;
+    });
+}
+
+/// Appends inline bytes to WR `i`.
+fn push_inline(bl: &mut Builder, i: usize, addr: *const c_void, len: usize) {
+    if len > 0 && addr.is_null() {
+        bl.err = libc::EINVAL;
+        return;
+    }
+    let start = bl.wrs[i].inline.map_or(bl.bytes.len(), |(s, _)| s);
+    if len > 0 {
+        // SAFETY: the caller passes `len` readable bytes at `addr`.
+        let src = unsafe { std::slice::from_raw_parts(addr.cast::<u8>(), len) };
+        bl.bytes.extend_from_slice(src);
+    }
+    bl.wrs[i].inline = Some((start, bl.bytes.len() - start));
+    bl.wrs[i].sge = (bl.sges.len(), 0);
+}
+
+unsafe extern "C" fn wr_set_inline_data(qp: *mut ibv_qp_ex, addr: *mut c_void, len: usize) {
+    last(qp, |bl, i| {
+        bl.wrs[i].inline = None;
+        push_inline(bl, i, addr, len);
+    });
+}
+
+unsafe extern "C" fn wr_set_inline_data_list(
+    qp: *mut ibv_qp_ex,
+    n: usize,
+    list: *const ibv_data_buf,
+) {
+    last(qp, |bl, i| {
+        if n > 0 && list.is_null() {
+            bl.err = libc::EINVAL;
+            return;
+        }
+        bl.wrs[i].inline = None;
+        push_inline(bl, i, std::ptr::null(), 0);
+        for k in 0..n {
+            // SAFETY: the caller passes `n` readable buffers.
+            let d = unsafe { &*list.add(k) };
+            push_inline(bl, i, d.addr, d.length);
+        }
+    });
+}

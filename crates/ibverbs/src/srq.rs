@@ -1,0 +1,139 @@
+//! Shared receive queues.
+
+use std::cell::UnsafeCell;
+use std::ffi::c_int;
+use std::sync::atomic::AtomicU32;
+
+use crate::abi::consts::*;
+use crate::abi::*;
+use crate::ffi::{Kind, guard, is_live, null_errno};
+use crate::objects::{SrqBox, ctx, from_c, hold, in_use, into_c, obj, release};
+use crate::pd::live_pd;
+
+pub(crate) fn live_srq<'a>(srq: *mut ibv_srq) -> Option<&'a SrqBox> {
+    // SAFETY: dereferenced only once the registry says it is a live SRQ.
+    is_live(srq.cast::<SrqBox>(), Kind::Srq).then(|| unsafe { obj::<_, SrqBox>(srq) }).flatten()
+}
+
+pub(crate) unsafe extern "C" fn ibv_create_srq(
+    pd: *mut ibv_pd,
+    init: *mut ibv_srq_init_attr,
+) -> *mut ibv_srq {
+    guard(std::ptr::null_mut(), || {
+        let Some(p) = live_pd(pd) else { return null_errno(libc::EINVAL) };
+        if init.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        // SAFETY: the caller passes a readable and writable init attr.
+        let a = unsafe { &mut *init };
+        // SAFETY: a live PD's context is one of ours.
+        let context = unsafe { (*p.pd.get()).context };
+        // SAFETY: as above.
+        let Some(c) = (unsafe { ctx(context) }) else { return null_errno(libc::EINVAL) };
+        let attr = uroce::SrqAttr {
+            max_wr: a.attr.max_wr,
+            max_sge: a.attr.max_sge,
+            srq_limit: a.attr.srq_limit,
+        };
+        let inner = match c.uroce().create_srq(&attr) {
+            Ok(s) => s,
+            Err(e) => return null_errno(e.errno()),
+        };
+        let got = inner.query();
+        a.attr.max_wr = got.max_wr;
+        a.attr.max_sge = got.max_sge;
+        let handle = inner.handle();
+        // SAFETY: ibv_srq is C data; all-zero is valid.
+        let mut s: ibv_srq = unsafe { std::mem::zeroed() };
+        s.context = context;
+        s.srq_context = a.srq_context;
+        s.pd = pd;
+        s.handle = handle;
+        let b = into_c(
+            SrqBox { srq: UnsafeCell::new(s), inner, pd: p, users: AtomicU32::new(0) },
+            Kind::Srq,
+        );
+        hold(&p.users);
+        c.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, b as usize);
+        b.cast()
+    })
+}
+
+pub(crate) unsafe extern "C" fn ibv_modify_srq(
+    srq: *mut ibv_srq,
+    attr: *mut ibv_srq_attr,
+    mask: c_int,
+) -> c_int {
+    guard(libc::EIO, || {
+        let Some(b) = live_srq(srq) else { return libc::EINVAL };
+        if attr.is_null() || mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
+            return libc::EINVAL;
+        }
+        if mask & IBV_SRQ_MAX_WR != 0 {
+            // Resizing an SRQ is not supported.
+            return libc::EINVAL;
+        }
+        if mask & IBV_SRQ_LIMIT != 0 {
+            // SAFETY: the caller passes a readable attribute struct.
+            let limit = unsafe { (*attr).srq_limit };
+            if let Err(e) = b.inner.arm_limit(limit) {
+                return e.errno();
+            }
+        }
+        0
+    })
+}
+
+pub(crate) unsafe extern "C" fn ibv_query_srq(srq: *mut ibv_srq, attr: *mut ibv_srq_attr) -> c_int {
+    guard(libc::EIO, || {
+        let Some(b) = live_srq(srq) else { return libc::EINVAL };
+        if attr.is_null() {
+            return libc::EINVAL;
+        }
+        let q = b.inner.query();
+        // SAFETY: the caller passes a writable attribute struct.
+        unsafe {
+            attr.write(ibv_srq_attr {
+                max_wr: q.max_wr,
+                max_sge: q.max_sge,
+                srq_limit: q.srq_limit,
+            })
+        };
+        0
+    })
+}
+
+pub(crate) unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
+    guard(libc::EIO, || {
+        let Some(b) = live_srq(srq) else { return libc::EINVAL };
+        if in_use(&b.users) {
+            return libc::EBUSY;
+        }
+        // SAFETY: an SRQ holds its PD; the PD's context is live.
+        unsafe {
+            release(&(*b.pd).users);
+            if let Some(c) = ctx((*(*b.pd).pd.get()).context) {
+                c.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.handle());
+            }
+        }
+        // SAFETY: registered as an SRQ ⇒ made by into_c::<SrqBox>.
+        drop(unsafe { from_c(srq.cast::<SrqBox>(), Kind::Srq) });
+        0
+    })
+}
+
+/// `ops.post_srq_recv`.
+pub(crate) unsafe extern "C" fn post_srq_recv(
+    srq: *mut ibv_srq,
+    wr: *mut ibv_recv_wr,
+    bad_wr: *mut *mut ibv_recv_wr,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: verbs contract: a live SRQ of ours (hot path).
+        let b = unsafe { obj::<_, SrqBox>(srq) };
+        crate::qp::post_recv_chain(wr, bad_wr, |wrs| match b {
+            Some(b) => b.inner.post_recv(wrs),
+            None => Err(uroce::Error::InvalidArgument("NULL SRQ")),
+        })
+    })
+}
