@@ -145,6 +145,8 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
         println!("\tmax_srq_sge:\t\t\t{}", at.max_srq_sge);
         println!("\tmax_pkeys:\t\t\t1");
         println!("\tlocal_ca_ack_delay:\t\t{}", limits::LOCAL_CA_ACK_DELAY);
+        // The extended attributes (ibv_query_device_ex): none supported.
+        print!("{EXTENDED_NONE}");
     }
     let p = d.port_attr();
     if a.port.is_none_or(|x| x == 1) {
@@ -171,6 +173,8 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
             println!("\t\t\tinit_type_reply:\t0");
             println!("\t\t\tactive_width:\t\t1X (1)");
             println!("\t\t\tactive_speed:\t\t2.5 Gbps (1)");
+            let phys = if p.active { "LINK_UP (5)" } else { "DISABLED (3)" };
+            println!("\t\t\tphys_state:\t\t{phys}");
             let gid = Ipv6Addr::from(d.gid());
             println!("\t\t\tGID[  0]:\t\t{gid}, RoCE v2");
         }
@@ -178,3 +182,32 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
     }
     Ok(())
 }
+
+/// What ibv_devinfo -v prints for a device with none of the extended
+/// capabilities (ODP, timestamps, TSO, RSS, packet pacing, tag matching).
+const EXTENDED_NONE: &str = "\tgeneral_odp_caps:
+\trc_odp_caps:
+\t\t\t\t\tNO SUPPORT
+\tuc_odp_caps:
+\t\t\t\t\tNO SUPPORT
+\tud_odp_caps:
+\t\t\t\t\tNO SUPPORT
+\txrc_odp_caps:
+\t\t\t\t\tNO SUPPORT
+\tcompletion_timestamp_mask not supported
+\tcore clock not supported
+\tdevice_cap_flags_ex:\t\t0x0
+\ttso_caps:
+\t\tmax_tso:\t\t\t0
+\trss_caps:
+\t\tmax_rwq_indirection_tables:\t\t\t0
+\t\tmax_rwq_indirection_table_size:\t\t\t0
+\t\trx_hash_function:\t\t\t\t0x0
+\t\trx_hash_fields_mask:\t\t\t\t0x0
+\tmax_wq_type_rq:\t\t\t0
+\tpacket_pacing_caps:
+\t\tqp_rate_limit_min:\t0kbps
+\t\tqp_rate_limit_max:\t0kbps
+\ttag matching not supported
+\tnum_comp_vectors:\t\t1
+";

@@ -48,7 +48,7 @@ pub(crate) struct Args {
     /// Use this port of the device.
     #[arg(short = 'i', long = "ib-port", default_value_t = 1)]
     ib_port: u8,
-    /// Size of message to exchange (default 4096; 2048 for ud).
+    /// Size of message to exchange (default 4096; 1024 for ud).
     #[arg(short = 's', long = "size")]
     size: Option<u32>,
     /// Path MTU (rc, uc, srq).
@@ -82,6 +82,8 @@ pub(crate) struct Args {
 
 const RECV_WRID: u64 = 1;
 const SEND_WRID: u64 = 2;
+/// ibv_srq_pingpong's `MAX_QP`: it always exchanges that many records.
+const SRQ_MAX_QP: usize = 256;
 /// `sizeof "0000:000000:000000:00000000000000000000000000000000"`.
 const MSG_LEN: usize = 52;
 /// The Q_Key ibv_ud_pingpong uses.
@@ -171,13 +173,17 @@ struct RecvState {
 }
 
 pub(crate) fn run(a: &Args) -> Result<ExitCode> {
-    let size = a.size.unwrap_or(if a.kind == Kind::Ud { 2048 } else { 4096 }) as usize;
+    // ibv_ud_pingpong's default is 1024 (its help text says 2048).
+    let size = a.size.unwrap_or(if a.kind == Kind::Ud { 1024 } else { 4096 }) as usize;
     if a.iters == 0 || a.rx_depth == 0 {
         bail!("iters and rx-depth must be positive");
     }
     let num_qp = if a.kind == Kind::Srq { a.num_qp } else { 1 };
     if num_qp == 0 {
         bail!("num-qp must be positive");
+    }
+    if num_qp as usize >= SRQ_MAX_QP {
+        bail!("num_qp {num_qp} must be less than {SRQ_MAX_QP}");
     }
     if a.kind == Kind::Srq && a.rx_depth < num_qp {
         bail!("rx-depth ({}) must be at least num-qp ({num_qp})", a.rx_depth);
@@ -213,21 +219,21 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
     for d in &mine {
         d.print("local");
     }
+    let records = if a.kind == Kind::Srq { SRQ_MAX_QP } else { mine.len() };
     let (rem, stream) = match &a.server {
         Some(host) => {
             let mut s = common::connect(host, a.port)?;
-            let rem = client_exchange(&mut s, &mine)?;
+            let rem = client_exchange(&mut s, &mine, records)?;
             (rem, s)
         }
         None => {
             let l = common::listen(a.port)?;
             let mut s = common::accept(&l)?;
-            let mut buf = vec![0u8; MSG_LEN * mine.len()];
+            let mut buf = vec![0u8; MSG_LEN * records];
             common::read_record(&mut s, &mut buf)?;
-            let rem: Vec<Dest> = buf.chunks(MSG_LEN).map(Dest::decode).collect::<Result<_>>()?;
+            let rem = decode_records(&buf, mine.len())?;
             connect_qps(&c, a, mtu, &mine, &rem)?;
-            let out: Vec<u8> = mine.iter().flat_map(|d| d.encode()).collect();
-            common::write_record(&mut s, &out)?;
+            common::write_record(&mut s, &encode_records(&mine, records))?;
             // "done" (5 bytes), or the client hanging up.
             let mut done = [0u8; 5];
             common::read_record(&mut s, &mut done)?;
@@ -469,12 +475,24 @@ fn check_recv(c: &Ctx, st: &mut RecvState, slot: u32, byte_len: u32, rcnt: u32) 
     Ok(())
 }
 
-fn client_exchange(s: &mut TcpStream, mine: &[Dest]) -> Result<Vec<Dest>> {
-    let out: Vec<u8> = mine.iter().flat_map(|d| d.encode()).collect();
-    common::write_record(s, &out)?;
-    let mut buf = vec![0u8; MSG_LEN * mine.len()];
+/// The records one side sends: one per QP, except that ibv_srq_pingpong
+/// always exchanges `MAX_QP` (256) of them, the unused ones zero.
+fn encode_records(mine: &[Dest], records: usize) -> Vec<u8> {
+    let zero = Dest { lid: 0, qpn: 0, psn: 0, gid: [0; 16] };
+    let pad = std::iter::repeat_n(&zero, records.saturating_sub(mine.len()));
+    mine.iter().chain(pad).flat_map(|d| d.encode()).collect()
+}
+
+/// The peer's records for our `n` QPs, out of the `records` it sent.
+fn decode_records(buf: &[u8], n: usize) -> Result<Vec<Dest>> {
+    buf.chunks(MSG_LEN).take(n).map(Dest::decode).collect()
+}
+
+fn client_exchange(s: &mut TcpStream, mine: &[Dest], records: usize) -> Result<Vec<Dest>> {
+    common::write_record(s, &encode_records(mine, records))?;
+    let mut buf = vec![0u8; MSG_LEN * records];
     common::read_record(s, &mut buf)?;
-    let rem = buf.chunks(MSG_LEN).map(Dest::decode).collect::<Result<Vec<_>>>()?;
+    let rem = decode_records(&buf, mine.len())?;
     // Best effort: the server only waits for it.
     let _ = std::io::Write::write_all(s, b"done\0");
     Ok(rem)
