@@ -1,0 +1,311 @@
+//! Unmodified Debian binaries (ibverbs-utils 44, perftest 4.5) on the
+//! drop-in library: each tool as server and client in two processes over
+//! `udp` (127.0.0.1 ↔ 127.0.0.2), plus mixed pairs against `uroce pingpong`
+//! and `uroce perf`. The test command (`scripts/test`) installs the
+//! packages. Runs are serialised: perftest busy-polls, and two pairs at
+//! once on two cores would measure the scheduler.
+
+use std::io::Read;
+use std::net::TcpListener;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant};
+
+/// Where the library and the `uroce` binary are, built once per run.
+struct Env {
+    lib_dir: PathBuf,
+    uroce: PathBuf,
+}
+
+fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| {
+        for tool in ["ibv_devinfo", "ibv_rc_pingpong", "ib_write_bw"] {
+            let found = Command::new("sh")
+                .args(["-c", &format!("command -v {tool}")])
+                .output()
+                .is_ok_and(|o| o.status.success());
+            assert!(
+                found,
+                "{tool} is missing: install ibverbs-utils and perftest (scripts/test does)"
+            );
+        }
+        // The cdylib and the CLI as this test profile builds them
+        // (target/debug/uroce-lib, target/debug/uroce).
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--profile", "test", "-p", "uroce-ibverbs", "-p", "uroce-cli"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo");
+        assert!(status.success(), "building the library and the CLI failed");
+        let exe = std::env::current_exe().unwrap();
+        let profile_dir = exe.ancestors().nth(2).unwrap().to_path_buf();
+        let e = Env { lib_dir: profile_dir.join("uroce-lib"), uroce: profile_dir.join("uroce") };
+        assert!(e.lib_dir.join("libibverbs.so.1").exists(), "{} not built", e.lib_dir.display());
+        e
+    })
+}
+
+fn serial() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn tcp_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+}
+
+/// A command for `prog` on the drop-in library with device uroce0 on `ip`.
+fn cmd(prog: &Path, args: &[&str], ip: &str, udp: u16) -> Command {
+    let mut c = Command::new(prog);
+    c.args(args)
+        .env("LD_LIBRARY_PATH", &env().lib_dir)
+        .env("UROCE_DEVICES", format!("uroce0={ip}:{udp}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+fn tool(name: &str) -> PathBuf {
+    PathBuf::from(name)
+}
+
+/// Waits for `child` up to `deadline`, killing it after.
+fn finish(mut child: Child, deadline: Instant) -> (Output, bool) {
+    let timed_out = loop {
+        match child.try_wait().unwrap() {
+            Some(_) => break false,
+            None if Instant::now() >= deadline => {
+                let _ = child.kill();
+                break true;
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let status = child.wait().unwrap();
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
+    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    (Output { status, stdout, stderr }, timed_out)
+}
+
+/// Whether something listens on TCP `port` (any address), read from
+/// /proc so that no connection is spent on the probe.
+fn listening(port: u16) -> bool {
+    let needle = format!(":{port:04X} ");
+    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+        std::fs::read_to_string(f).is_ok_and(|t| {
+            t.lines().skip(1).any(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                w.len() > 3 && format!("{} ", w[1]).ends_with(&needle) && w[3] == "0A"
+            })
+        })
+    })
+}
+
+/// The text of both sides of a run, for assertions and failure messages.
+struct Pair {
+    label: String,
+    server: String,
+    client: String,
+}
+
+impl Pair {
+    fn client_has(&self, s: &str) -> bool {
+        self.client.contains(s)
+    }
+}
+
+impl std::fmt::Display for Pair {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}\n--- server ---\n{}\n--- client ---\n{}",
+            self.label, self.server, self.client
+        )
+    }
+}
+
+fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}
+
+/// Runs `server` and then `client` (which gets `-p PORT 127.0.0.1`) and
+/// requires both to exit 0 within `limit`.
+fn pair(server: (&Path, &[&str]), client: (&Path, &[&str]), limit: Duration) -> Pair {
+    let udp = uroce::testing::free_port();
+    let tcp = tcp_port().to_string();
+    let label = format!(
+        "{} {} <-> {} {}",
+        server.0.display(),
+        server.1.join(" "),
+        client.0.display(),
+        client.1.join(" ")
+    );
+    let deadline = Instant::now() + limit;
+    let mut sargs: Vec<&str> = server.1.to_vec();
+    sargs.extend(["-p", &tcp]);
+    let srv = cmd(server.0, &sargs, "127.0.0.1", udp).spawn().unwrap();
+    let port: u16 = tcp.parse().unwrap();
+    while !listening(port) && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut cargs: Vec<&str> = client.1.to_vec();
+    cargs.extend(["-p", &tcp, "127.0.0.1"]);
+    let cli = cmd(client.0, &cargs, "127.0.0.2", udp).spawn().unwrap();
+    let (co, ct) = finish(cli, deadline);
+    let (so, st) = finish(srv, deadline + Duration::from_secs(2));
+    let p = Pair { label, server: text(&so), client: text(&co) };
+    assert!(!ct && !st, "timed out after {limit:?}: {p}");
+    assert!(so.status.success() && co.status.success(), "failed: {p}");
+    p
+}
+
+/// The same tool on both sides.
+fn same(tool_name: &str, args: &[&str], limit: Duration) -> Pair {
+    let t = tool(tool_name);
+    pair((&t, args), (&t, args), limit)
+}
+
+/// Result rows of a perftest table (lines starting with the size).
+fn perftest_rows(out: &str) -> Vec<Vec<f64>> {
+    out.lines()
+        .map(|l| l.split_whitespace().map(str::parse::<f64>).collect::<Result<Vec<_>, _>>())
+        .filter_map(Result::ok)
+        .filter(|r| r.len() >= 4)
+        .collect()
+}
+
+#[test]
+fn devices_and_devinfo_match_uroce_tools() {
+    let _g = serial();
+    let e = env();
+    let udp = uroce::testing::free_port();
+    for (c, u) in [
+        ("ibv_devices", vec!["devices"]),
+        ("ibv_devinfo", vec!["devinfo"]),
+        ("ibv_devinfo", vec!["devinfo", "-v"]),
+    ] {
+        let args = &u[1..];
+        let theirs = cmd(&tool(c), args, "127.0.0.1", udp).output().unwrap();
+        let ours = cmd(&e.uroce, &u, "127.0.0.1", udp).output().unwrap();
+        assert!(theirs.status.success(), "{c}: {}", text(&theirs));
+        assert_eq!(
+            String::from_utf8_lossy(&theirs.stdout),
+            String::from_utf8_lossy(&ours.stdout),
+            "{c} {args:?} on the drop-in library differs from uroce {u:?}"
+        );
+    }
+    let v = cmd(&tool("ibv_devinfo"), &["-v"], "127.0.0.1", udp).output().unwrap();
+    let v = text(&v);
+    assert!(v.contains("hca_id:\turoce0") && v.contains("PORT_ACTIVE (4)"), "{v}");
+    assert!(v.contains("GID[  0]:\t\t::ffff:127.0.0.1, RoCE v2"), "{v}");
+}
+
+#[test]
+fn rdma_core_pingpongs() {
+    let _g = serial();
+    env();
+    let limit = Duration::from_secs(60);
+    for kind in ["rc", "uc", "ud", "srq"] {
+        let name = format!("ibv_{kind}_pingpong");
+        let sizes: &[&str] =
+            if kind == "ud" { &["1", "1024", "4096"] } else { &["1", "4096", "100000"] };
+        for size in sizes {
+            for events in [false, true] {
+                let mut args = vec!["-g", "0", "-n", "200", "-c", "-s", size];
+                if events {
+                    args.push("-e");
+                }
+                let p = same(&name, &args, limit);
+                assert!(p.client_has("200 iters in"), "{p}");
+                assert!(!p.server.contains("invalid data"), "data check failed: {p}");
+            }
+        }
+    }
+    // The new post-send API (ibv_create_qp_ex, ibv_wr_send, ibv_wr_set_sge).
+    let p = same("ibv_rc_pingpong", &["-g", "0", "-n", "200", "-c", "-N"], limit);
+    assert!(p.client_has("200 iters in") && !p.server.contains("invalid data"), "{p}");
+}
+
+/// Each perftest tool with `args`; checks the client printed `rows` rows
+/// with positive numbers.
+fn perftest(name: &str, args: &[&str], rows: usize) {
+    let p = same(name, args, Duration::from_secs(120));
+    let r = perftest_rows(&p.client);
+    assert_eq!(r.len(), rows, "expected {rows} result rows: {p}");
+    for row in &r {
+        assert!(row.iter().skip(2).all(|v| *v > 0.0), "a zero result: {row:?} {p}");
+    }
+}
+
+const PERFTEST: [&str; 8] = [
+    "ib_send_bw",
+    "ib_send_lat",
+    "ib_write_bw",
+    "ib_write_lat",
+    "ib_read_bw",
+    "ib_read_lat",
+    "ib_atomic_bw",
+    "ib_atomic_lat",
+];
+
+#[test]
+fn perftest_default_and_old_post_send() {
+    let _g = serial();
+    env();
+    for t in PERFTEST {
+        perftest(t, &[], 1);
+        perftest(t, &["--use_old_post_send"], 1);
+    }
+    // Other transports and modes of the send tests.
+    perftest("ib_send_bw", &["-c", "UD"], 1);
+    perftest("ib_send_lat", &["-c", "UD"], 1);
+    perftest("ib_send_bw", &["-c", "UC"], 1);
+    perftest("ib_write_bw", &["-c", "UC"], 1);
+    perftest("ib_send_bw", &["-e"], 1);
+    perftest("ib_atomic_bw", &["-A", "CMP_AND_SWAP"], 1);
+}
+
+#[test]
+fn perftest_all_sizes() {
+    let _g = serial();
+    env();
+    // -a: 2 B .. 8 MiB (23 sizes); perftest rejects -a for atomics.
+    for t in PERFTEST.iter().filter(|t| !t.starts_with("ib_atomic")) {
+        let n = if t.ends_with("_lat") { "20" } else { "50" };
+        perftest(t, &["-a", "-n", n], 23);
+    }
+    // UD sizes stop at the MTU (4096 on loopback): 2 .. 4096.
+    perftest("ib_send_bw", &["-a", "-n", "50", "-c", "UD"], 12);
+}
+
+#[test]
+fn mixed_pairs_with_uroce_tools() {
+    let _g = serial();
+    let e = env();
+    let limit = Duration::from_secs(60);
+    for kind in ["rc", "uc", "ud", "srq"] {
+        let theirs = tool(&format!("ibv_{kind}_pingpong"));
+        let ours_args = ["pingpong", kind, "-g", "0", "-n", "200"];
+        let their_args = ["-g", "0", "-n", "200"];
+        let p = pair((&theirs, &their_args), (&e.uroce, &ours_args), limit);
+        assert!(p.client_has("200 iters in"), "{p}");
+        let p = pair((&e.uroce, &ours_args), (&theirs, &their_args), limit);
+        assert!(p.client_has("200 iters in"), "{p}");
+    }
+    for t in ["send-bw", "write-lat", "read-bw", "atomic-lat"] {
+        let theirs = tool(&format!("ib_{}", t.replace('-', "_")));
+        let ours = ["perf", t];
+        for (s, c) in [
+            ((&theirs, &[][..]), (&e.uroce, &ours[..])),
+            ((&e.uroce, &ours[..]), (&theirs, &[][..])),
+        ] {
+            let p = pair((s.0.as_path(), s.1), (c.0.as_path(), c.1), limit);
+            assert_eq!(perftest_rows(&p.client).len(), 1, "{p}");
+        }
+    }
+}
