@@ -309,3 +309,27 @@ fn mixed_pairs_with_uroce_tools() {
         }
     }
 }
+
+#[test]
+fn c_api_through_the_headers() {
+    let _g = serial();
+    let e = env();
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/api.c");
+    let exe = std::env::temp_dir().join(format!("uroce-c-api-{}", std::process::id()));
+    let cc = Command::new("cc")
+        .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-libverbs")
+        .output()
+        .expect("running cc");
+    assert!(cc.status.success(), "compiling api.c (needs libibverbs-dev): {}", text(&cc));
+    let udp = uroce::testing::free_port();
+    let mut c = cmd(&exe, &[], "127.0.0.1", udp);
+    let child = c.spawn().unwrap();
+    let (out, timed_out) = finish(child, Instant::now() + Duration::from_secs(60));
+    let _ = std::fs::remove_file(&exe);
+    let _ = e;
+    assert!(!timed_out && out.status.success(), "api.c: {}", text(&out));
+    assert!(text(&out).contains("all checks passed"), "{}", text(&out));
+}

@@ -1,0 +1,374 @@
+/* The libibverbs C API on uroce's drop-in library, as a C program compiled
+ * against rdma-core 44's headers sees it: the header's inline verbs (which
+ * call through our ops tables), the extended QP and CQ, and the errors
+ * rdma-core returns for bad arguments and wrong teardown order. Run by
+ * tests/c_api.rs with LD_LIBRARY_PATH pointing at uroce-lib. */
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+/* Each condition is evaluated exactly once (they call verbs). */
+#define CHECK(cond, ...) check_at(!!(cond), __LINE__, #cond, __VA_ARGS__)
+#define REQUIRE(cond, ...)                                                \
+	do {                                                              \
+		if (!CHECK(cond, __VA_ARGS__))                            \
+			exit(1);                                          \
+	} while (0)
+
+__attribute__((format(printf, 4, 5)))
+static int check_at(int ok, int line, const char *what, const char *fmt, ...)
+{
+	if (ok)
+		return 1;
+	int e = errno;
+	va_list ap;
+	fprintf(stderr, "FAIL api.c:%d: %s: ", line, what);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, " (errno %d)\n", e);
+	failures++;
+	return 0;
+}
+
+/* One extended completion, waited for. */
+static int poll_one(struct ibv_cq_ex *cq, uint64_t *wr_id, enum ibv_wc_opcode *op,
+		    uint32_t *len, uint32_t *flags, uint32_t *imm)
+{
+	struct ibv_poll_cq_attr attr = {};
+	int ret;
+	for (int spin = 0; spin < 20000000; spin++) {
+		ret = ibv_start_poll(cq, &attr);
+		if (ret == ENOENT)
+			continue;
+		if (ret)
+			return -1;
+		int status = cq->status;
+		*wr_id = cq->wr_id;
+		*op = ibv_wc_read_opcode(cq);
+		*len = ibv_wc_read_byte_len(cq);
+		*flags = ibv_wc_read_wc_flags(cq);
+		*imm = ibv_wc_read_imm_data(cq);
+		ibv_end_poll(cq);
+		return status;
+	}
+	return -2;
+}
+
+static int poll_basic(struct ibv_cq *cq, struct ibv_wc *wc)
+{
+	for (int spin = 0; spin < 20000000; spin++) {
+		int n = ibv_poll_cq(cq, 1, wc);
+		if (n)
+			return n;
+	}
+	return 0;
+}
+
+static void connect_pair(struct ibv_qp *a, struct ibv_qp *b, union ibv_gid *gid)
+{
+	struct ibv_qp *qps[2] = {a, b};
+	for (int i = 0; i < 2; i++) {
+		struct ibv_qp_attr attr = {
+			.qp_state = IBV_QPS_INIT,
+			.pkey_index = 0,
+			.port_num = 1,
+			.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+					   IBV_ACCESS_REMOTE_ATOMIC,
+		};
+		REQUIRE(!ibv_modify_qp(qps[i], &attr,
+				       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					       IBV_QP_ACCESS_FLAGS),
+			"INIT");
+		memset(&attr, 0, sizeof attr);
+		attr.qp_state = IBV_QPS_RTR;
+		attr.path_mtu = IBV_MTU_1024;
+		attr.dest_qp_num = qps[1 - i]->qp_num;
+		attr.rq_psn = 100;
+		attr.max_dest_rd_atomic = 4;
+		attr.min_rnr_timer = 12;
+		attr.ah_attr.is_global = 1;
+		attr.ah_attr.grh.dgid = *gid;
+		attr.ah_attr.grh.hop_limit = 64;
+		attr.ah_attr.port_num = 1;
+		REQUIRE(!ibv_modify_qp(qps[i], &attr,
+				       IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU |
+					       IBV_QP_DEST_QPN | IBV_QP_RQ_PSN |
+					       IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER),
+			"RTR");
+		attr.qp_state = IBV_QPS_RTS;
+		attr.timeout = 14;
+		attr.retry_cnt = 7;
+		attr.rnr_retry = 7;
+		attr.sq_psn = 100;
+		attr.max_rd_atomic = 4;
+		REQUIRE(!ibv_modify_qp(qps[i], &attr,
+				       IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_RETRY_CNT |
+					       IBV_QP_RNR_RETRY | IBV_QP_SQ_PSN |
+					       IBV_QP_MAX_QP_RD_ATOMIC),
+			"RTS");
+		REQUIRE(qps[i]->state == IBV_QPS_RTS, "qp->state kept current");
+	}
+}
+
+int main(void)
+{
+	int num = -1;
+	struct ibv_device **list = ibv_get_device_list(&num);
+	REQUIRE(list && num == 1, "one device, got %d", num);
+	REQUIRE(!strcmp(ibv_get_device_name(list[0]), "uroce0"), "name");
+	struct ibv_context *ctx = ibv_open_device(list[0]);
+	REQUIRE(ctx, "open");
+	ibv_free_device_list(list);
+
+	/* Queries, through the exported functions and the inline wrappers. */
+	struct ibv_device_attr_ex dx;
+	REQUIRE(!ibv_query_device_ex(ctx, NULL, &dx), "query_device_ex");
+	CHECK(dx.orig_attr.phys_port_cnt == 1 && dx.orig_attr.max_qp_rd_atom >= 1, "attrs");
+	struct ibv_port_attr pa;
+	REQUIRE(!ibv_query_port(ctx, 1, &pa), "query_port");
+	CHECK(pa.state == IBV_PORT_ACTIVE && pa.link_layer == IBV_LINK_LAYER_ETHERNET, "port");
+	CHECK(ibv_query_port(ctx, 2, &pa) == EINVAL, "port 2");
+	union ibv_gid gid;
+	REQUIRE(!ibv_query_gid(ctx, 1, 0, &gid), "gid 0");
+	CHECK(gid.raw[10] == 0xff && gid.raw[11] == 0xff && gid.raw[12] == 127, "v4-mapped");
+	CHECK(ibv_query_gid(ctx, 1, 5, &gid) == -1, "gid 5");
+	struct ibv_gid_entry ge;
+	CHECK(!ibv_query_gid_ex(ctx, 1, 0, &ge, 0) && ge.gid_type == IBV_GID_TYPE_ROCE_V2,
+	      "gid_ex type %u", ge.gid_type);
+	CHECK(ibv_query_gid_ex(ctx, 1, 1, &ge, 0) == EINVAL, "gid_ex 1");
+	CHECK(ibv_query_gid_table(ctx, &ge, 1, 0) == 1, "gid table");
+	uint16_t pkey;
+	CHECK(!ibv_query_pkey(ctx, 1, 0, &pkey) && pkey == 0xffff, "pkey");
+
+	/* PD and MRs: optional access bits ignored, ODP refused. */
+	struct ibv_pd *pd = ibv_alloc_pd(ctx);
+	REQUIRE(pd, "pd");
+	size_t len = 1 << 16;
+	char *buf = aligned_alloc(4096, len);
+	memset(buf, 0, len);
+	int access = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+		     IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
+	struct ibv_mr *mr = ibv_reg_mr(pd, buf, len, access);
+	REQUIRE(mr && mr->lkey && mr->addr == buf && mr->length == len, "reg_mr");
+	errno = 0;
+	CHECK(!ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND) &&
+		      errno == EOPNOTSUPP,
+	      "ODP");
+	errno = 0;
+	CHECK(!ibv_reg_mr(pd, buf, len, IBV_ACCESS_REMOTE_WRITE) && errno == EINVAL,
+	      "remote write without local write");
+	errno = 0;
+	CHECK(!ibv_alloc_mw(pd, IBV_MW_TYPE_2) && errno == EOPNOTSUPP, "alloc_mw");
+	errno = 0;
+	CHECK(!ibv_open_xrcd(ctx, &(struct ibv_xrcd_init_attr){}) && errno == EOPNOTSUPP, "xrcd");
+
+	/* CQs: a basic one on a channel, and an extended one. */
+	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
+	REQUIRE(ch && ch->fd >= 0, "channel");
+	struct ibv_cq *cq = ibv_create_cq(ctx, 64, (void *)0x1234, ch, 0);
+	REQUIRE(cq && cq->cqe >= 64, "cq");
+	errno = 0;
+	CHECK(!ibv_create_cq(ctx, 0, NULL, NULL, 0) && errno == EINVAL, "cqe 0");
+	errno = 0;
+	CHECK(!ibv_create_cq(ctx, 4, NULL, NULL, 7) && errno == EINVAL, "comp_vector 7");
+	struct ibv_cq_init_attr_ex cx = {
+		.cqe = 64,
+		.wc_flags = IBV_WC_EX_WITH_BYTE_LEN | IBV_WC_EX_WITH_IMM | IBV_WC_EX_WITH_QP_NUM,
+	};
+	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cx);
+	REQUIRE(cqx, "cq_ex");
+	cx.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+	errno = 0;
+	CHECK(!ibv_create_cq_ex(ctx, &cx) && errno == EOPNOTSUPP, "timestamps");
+
+	/* QPs: bad types, then an extended pair. */
+	struct ibv_qp_init_attr ia = {
+		.send_cq = cq,
+		.recv_cq = cq,
+		.cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 1, .max_recv_sge = 1},
+		.qp_type = 99,
+	};
+	errno = 0;
+	CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL, "qp type 99");
+	ia.qp_type = IBV_QPT_XRC_SEND;
+	errno = 0;
+	CHECK(!ibv_create_qp(pd, &ia) && errno == EOPNOTSUPP, "XRC");
+	ia.qp_type = IBV_QPT_RC;
+	errno = 0;
+	CHECK(!ibv_create_qp(pd, NULL) && errno == EINVAL, "NULL attr");
+
+	struct ibv_qp_init_attr_ex qx = {
+		.send_cq = ibv_cq_ex_to_cq(cqx),
+		.recv_cq = ibv_cq_ex_to_cq(cqx),
+		.cap = {.max_send_wr = 16, .max_recv_wr = 16, .max_send_sge = 2,
+			.max_recv_sge = 2, .max_inline_data = 64},
+		.qp_type = IBV_QPT_RC,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS,
+		.pd = pd,
+		.send_ops_flags = IBV_QP_EX_WITH_RDMA_WRITE | IBV_QP_EX_WITH_SEND_WITH_IMM |
+				  IBV_QP_EX_WITH_RDMA_READ | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD |
+				  IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP,
+	};
+	struct ibv_qp *a = ibv_create_qp_ex(ctx, &qx);
+	struct ibv_qp *b = ibv_create_qp_ex(ctx, &qx);
+	REQUIRE(a && b && a->qp_num != b->qp_num, "create_qp_ex");
+	CHECK(qx.cap.max_inline_data >= 64, "inline granted");
+	struct ibv_qp_ex *ax = ibv_qp_to_qp_ex(a);
+	REQUIRE(ax, "qp_to_qp_ex");
+	struct ibv_qp *plain = ibv_create_qp(pd, &ia);
+	REQUIRE(plain, "plain qp");
+	CHECK(!ibv_qp_to_qp_ex(plain), "no qp_ex without send ops");
+
+	/* Wrong transitions and posts before RTS. */
+	struct ibv_qp_attr bad = {.qp_state = IBV_QPS_RTS};
+	CHECK(ibv_modify_qp(plain, &bad, IBV_QP_STATE) == EINVAL, "RESET->RTS");
+	struct ibv_sge sge = {.addr = (uintptr_t)buf, .length = 8, .lkey = mr->lkey};
+	struct ibv_send_wr swr = {.wr_id = 9, .sg_list = &sge, .num_sge = 1,
+				  .opcode = IBV_WR_SEND, .send_flags = IBV_SEND_SIGNALED};
+	struct ibv_send_wr *bad_wr = NULL;
+	CHECK(ibv_post_send(plain, &swr, &bad_wr) == EINVAL && bad_wr == &swr, "post in RESET");
+	swr.opcode = 77;
+	bad_wr = NULL;
+	CHECK(ibv_post_send(plain, &swr, &bad_wr) == EINVAL && bad_wr == &swr, "bad opcode");
+
+	/* Teardown order: busy parents refuse. */
+	CHECK(ibv_dealloc_pd(pd) == EBUSY, "PD with MR");
+	CHECK(ibv_destroy_cq(cq) == EBUSY, "CQ with QP");
+	errno = 0;
+	CHECK(ibv_destroy_comp_channel(ch) == -1 && errno == EBUSY, "channel with CQ");
+	CHECK(!ibv_destroy_qp(plain), "destroy plain");
+	CHECK(ibv_destroy_qp(plain) == EINVAL, "double destroy");
+
+	union ibv_gid self;
+	REQUIRE(!ibv_query_gid(ctx, 1, 0, &self), "gid");
+	connect_pair(a, b, &self);
+
+	/* b receives into the second half of buf. */
+	char *rbuf = buf + 32768;
+	struct ibv_sge rsge = {.addr = (uintptr_t)rbuf, .length = 4096, .lkey = mr->lkey};
+	struct ibv_recv_wr rwr = {.wr_id = 77, .sg_list = &rsge, .num_sge = 1};
+	struct ibv_recv_wr *bad_rwr;
+	REQUIRE(!ibv_post_recv(b, &rwr, &bad_rwr), "post_recv");
+
+	/* One batch: a WRITE from an SGE, then a SEND with immediate, inline. */
+	memcpy(buf, "written by ibv_wr_rdma_write", 29);
+	ibv_wr_start(ax);
+	ax->wr_id = 1;
+	ax->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_write(ax, mr->rkey, (uintptr_t)(buf + 16384));
+	ibv_wr_set_sge(ax, mr->lkey, (uintptr_t)buf, 29);
+	ax->wr_id = 2;
+	ax->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send_imm(ax, htobe32(0xabcdef01));
+	ibv_wr_set_inline_data(ax, "inline!", 8);
+	REQUIRE(!ibv_wr_complete(ax), "wr_complete");
+
+	uint64_t id;
+	enum ibv_wc_opcode op;
+	uint32_t blen, flags, imm;
+	int seen_send = 0, seen_write = 0, seen_recv = 0;
+	for (int i = 0; i < 3; i++) {
+		int st = poll_one(cqx, &id, &op, &blen, &flags, &imm);
+		REQUIRE(st == IBV_WC_SUCCESS, "completion %d status %d", i, st);
+		if (id == 1 && op == IBV_WC_RDMA_WRITE)
+			seen_write = 1;
+		else if (id == 2 && op == IBV_WC_SEND)
+			seen_send = 1;
+		else if (id == 77 && op == IBV_WC_RECV) {
+			seen_recv = 1;
+			CHECK(blen == 8 && (flags & IBV_WC_WITH_IMM) && imm == htobe32(0xabcdef01),
+			      "recv len %u flags %x imm %x", blen, flags, imm);
+		}
+	}
+	CHECK(seen_write && seen_send && seen_recv, "all three completions");
+	CHECK(!strcmp(buf + 16384, "written by ibv_wr_rdma_write"), "WRITE landed");
+	CHECK(!strcmp(rbuf, "inline!"), "inline SEND landed");
+
+	/* READ, FETCH_ADD and CMP_SWP in one batch. */
+	uint64_t *counter = (uint64_t *)(buf + 8192);
+	*counter = 41;
+	ibv_wr_start(ax);
+	ax->wr_id = 3;
+	ax->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_read(ax, mr->rkey, (uintptr_t)(buf + 16384));
+	ibv_wr_set_sge(ax, mr->lkey, (uintptr_t)(buf + 20000), 29);
+	ax->wr_id = 4;
+	ibv_wr_atomic_fetch_add(ax, mr->rkey, (uintptr_t)counter, 1);
+	ibv_wr_set_sge(ax, mr->lkey, (uintptr_t)(buf + 24576), 8);
+	ax->wr_id = 5;
+	ibv_wr_atomic_cmp_swp(ax, mr->rkey, (uintptr_t)counter, 42, 1000);
+	ibv_wr_set_sge(ax, mr->lkey, (uintptr_t)(buf + 24584), 8);
+	REQUIRE(!ibv_wr_complete(ax), "wr_complete 2");
+	for (int i = 0; i < 3; i++) {
+		int st = poll_one(cqx, &id, &op, &blen, &flags, &imm);
+		CHECK(st == IBV_WC_SUCCESS && id == (uint64_t)(3 + i), "completion %lu status %d",
+		      (unsigned long)id, st);
+	}
+	CHECK(!strcmp(buf + 20000, "written by ibv_wr_rdma_write"), "READ");
+	CHECK(*(uint64_t *)(buf + 24576) == 41, "fetch_add old value");
+	CHECK(*(uint64_t *)(buf + 24584) == 42, "cmp_swp old value");
+	CHECK(*counter == 1000, "counter %lu", (unsigned long)*counter);
+
+	/* A batch with an error is refused whole. */
+	char big[128] = {0};
+	ibv_wr_start(ax);
+	ax->wr_id = 6;
+	ax->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_send_imm(ax, 0);
+	ibv_wr_set_inline_data(ax, big, sizeof big);
+	CHECK(ibv_wr_complete(ax) == EINVAL, "inline above max_inline_data");
+	ibv_wr_start(ax);
+	ibv_wr_set_sge(ax, mr->lkey, (uintptr_t)buf, 8);
+	CHECK(ibv_wr_complete(ax) == EINVAL, "set_sge without a WR");
+
+	/* Completion events on the basic CQ: a SEND from plain QPs. */
+	struct ibv_qp *c1 = ibv_create_qp(pd, &ia), *c2 = ibv_create_qp(pd, &ia);
+	REQUIRE(c1 && c2, "event qps");
+	connect_pair(c1, c2, &self);
+	REQUIRE(!ibv_req_notify_cq(cq, 0), "req_notify");
+	rwr.wr_id = 88;
+	REQUIRE(!ibv_post_recv(c2, &rwr, &bad_rwr), "post_recv c2");
+	swr.opcode = IBV_WR_SEND;
+	swr.wr_id = 8;
+	REQUIRE(!ibv_post_send(c1, &swr, &bad_wr), "post_send c1");
+	struct ibv_cq *ev_cq;
+	void *ev_ctx;
+	REQUIRE(!ibv_get_cq_event(ch, &ev_cq, &ev_ctx), "get_cq_event");
+	CHECK(ev_cq == cq && ev_ctx == (void *)0x1234, "event names the CQ and its context");
+	struct ibv_wc wc;
+	int got = 0;
+	for (int i = 0; i < 2; i++) {
+		REQUIRE(poll_basic(cq, &wc) == 1, "poll");
+		CHECK(wc.status == IBV_WC_SUCCESS, "status %s", ibv_wc_status_str(wc.status));
+		got |= wc.wr_id == 8 ? 1 : wc.wr_id == 88 ? 2 : 0;
+		if (wc.wr_id == 88)
+			CHECK(wc.qp_num == c2->qp_num && wc.byte_len == 8, "recv wc");
+	}
+	CHECK(got == 3, "send and recv completions");
+	ibv_ack_cq_events(cq, 1);
+
+	/* Teardown in the right order succeeds. */
+	CHECK(!ibv_destroy_qp(c1) && !ibv_destroy_qp(c2), "destroy c");
+	CHECK(!ibv_destroy_qp(a) && !ibv_destroy_qp(b), "destroy a b");
+	CHECK(!ibv_destroy_cq(ibv_cq_ex_to_cq(cqx)), "destroy cq_ex");
+	CHECK(!ibv_destroy_cq(cq), "destroy cq");
+	CHECK(!ibv_destroy_comp_channel(ch), "destroy channel");
+	CHECK(!ibv_dereg_mr(mr), "dereg");
+	CHECK(ibv_dereg_mr(mr) == EINVAL, "double dereg");
+	CHECK(!ibv_dealloc_pd(pd), "dealloc pd");
+	CHECK(!ibv_close_device(ctx), "close");
+	free(buf);
+	if (failures) {
+		fprintf(stderr, "%d failures\n", failures);
+		return 1;
+	}
+	printf("c api: all checks passed\n");
+	return 0;
+}
