@@ -333,3 +333,53 @@ fn c_api_through_the_headers() {
     assert!(!timed_out && out.status.success(), "api.c: {}", text(&out));
     assert!(text(&out).contains("all checks passed"), "{}", text(&out));
 }
+
+#[test]
+fn exports_are_exactly_the_versioned_table() {
+    let e = env();
+    let lib = e.lib_dir.join("libibverbs.so.1");
+    let out = Command::new("readelf").args(["--dyn-syms", "-W"]).arg(&lib).output().unwrap();
+    assert!(out.status.success(), "readelf: {}", text(&out));
+    let mut got: Vec<String> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            (w.len() >= 8 && w[6] != "UND" && w[6] != "Ndx" && w[0].ends_with(':'))
+                .then(|| w[7].to_string())
+        })
+        .filter(|s| !s.is_empty())
+        .collect();
+    got.sort();
+    let table = include_str!("../src/exports.txt");
+    let mut want: Vec<String> = table
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            format!("{}@@{}", w[0], w[1])
+        })
+        .collect();
+    want.sort();
+    assert_eq!(got, want, "the library must export exactly exports.txt, each name versioned");
+    let soname = Command::new("readelf").args(["-d"]).arg(&lib).output().unwrap();
+    assert!(text(&soname).contains("Library soname: [libibverbs.so.1]"), "{}", text(&soname));
+}
+
+/// The layout numbers the Rust mirrors are tested against (src/abi.rs)
+/// are those of the headers installed here (libibverbs-dev and
+/// librdmacm-dev 44).
+#[test]
+fn layout_numbers_are_the_installed_headers() {
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/layout.c");
+    let exe = std::env::temp_dir().join(format!("uroce-layout-{}", std::process::id()));
+    let cc = Command::new("cc").args(["-O0", "-Wall", "-o"]).arg(&exe).arg(&src).output().unwrap();
+    assert!(
+        cc.status.success(),
+        "compiling layout.c (needs libibverbs-dev, librdmacm-dev): {}",
+        text(&cc)
+    );
+    let out = Command::new(&exe).output().unwrap();
+    let _ = std::fs::remove_file(&exe);
+    assert_eq!(String::from_utf8_lossy(&out.stdout), include_str!("layout.txt"));
+}
