@@ -127,6 +127,14 @@ pub(crate) unsafe extern "C" fn ibv_read_sysfs_file(
     minus_one(libc::ENOENT)
 }
 
+/// `UROCE_VENDOR_PART_ID`: a part id to report instead of 0. A test hook:
+/// perftest takes its `ibv_wr_*` post path only on device ids it knows
+/// (e.g. 4119, ConnectX-5), and the generic (old post) path otherwise.
+fn part_id_override() -> Option<u32> {
+    static V: OnceLock<Option<u32>> = OnceLock::new();
+    *V.get_or_init(|| std::env::var("UROCE_VENDOR_PART_ID").ok()?.parse().ok())
+}
+
 /// Fills `ibv_device_attr` from uroce's attributes.
 pub(crate) fn device_attr(d: &uroce::DeviceAttr) -> ibv_device_attr {
     // SAFETY: plain C data; all-zero is valid.
@@ -137,7 +145,7 @@ pub(crate) fn device_attr(d: &uroce::DeviceAttr) -> ibv_device_attr {
     a.max_mr_size = d.max_mr_size;
     a.page_size_cap = d.page_size_cap;
     a.vendor_id = d.vendor_id;
-    a.vendor_part_id = d.vendor_part_id;
+    a.vendor_part_id = part_id_override().unwrap_or(d.vendor_part_id);
     a.hw_ver = d.hw_ver;
     let i = |v: u32| v.min(i32::MAX as u32) as c_int;
     a.max_qp = i(d.max_qp);

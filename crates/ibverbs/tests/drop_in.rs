@@ -56,9 +56,16 @@ fn tcp_port() -> u16 {
     TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
 }
 
+/// Extra environment for the runs of the current test (see
+/// `perftest_wr_api_path`).
+static EXTRA_ENV: Mutex<Vec<(&'static str, &'static str)>> = Mutex::new(Vec::new());
+
 /// A command for `prog` on the drop-in library with device uroce0 on `ip`.
 fn cmd(prog: &Path, args: &[&str], ip: &str, udp: u16) -> Command {
     let mut c = Command::new(prog);
+    for (k, v) in EXTRA_ENV.lock().unwrap_or_else(|e| e.into_inner()).iter() {
+        c.env(k, v);
+    }
     c.args(args)
         .env("LD_LIBRARY_PATH", &env().lib_dir)
         .env("UROCE_DEVICES", format!("uroce0={ip}:{udp}"))
@@ -268,6 +275,29 @@ fn perftest_default_and_old_post_send() {
     perftest("ib_write_bw", &["-c", "UC"], 1);
     perftest("ib_send_bw", &["-e"], 1);
     perftest("ib_atomic_bw", &["-A", "CMP_AND_SWAP"], 1);
+}
+
+/// perftest's default post path, `ibv_create_qp_ex` + `ibv_wr_*`, is taken
+/// only on device ids it knows: report a ConnectX-5's part id (4119) to
+/// run every tool through the extended QP, inline sizes included.
+#[test]
+fn perftest_wr_api_path() {
+    let _g = serial();
+    env();
+    *EXTRA_ENV.lock().unwrap() = vec![("UROCE_VENDOR_PART_ID", "4119")];
+    let run = std::panic::catch_unwind(|| {
+        for t in PERFTEST {
+            let p = same(t, &[], Duration::from_secs(120));
+            assert!(p.client_has("ibv_wr* API     : ON"), "not on the ibv_wr path: {p}");
+            assert_eq!(perftest_rows(&p.client).len(), 1, "{p}");
+        }
+        perftest("ib_send_lat", &["-c", "UD"], 1);
+        perftest("ib_send_bw", &["-c", "UD"], 1);
+    });
+    EXTRA_ENV.lock().unwrap_or_else(|e| e.into_inner()).clear();
+    if let Err(e) = run {
+        std::panic::resume_unwind(e);
+    }
 }
 
 #[test]
