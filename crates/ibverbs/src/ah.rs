@@ -22,7 +22,7 @@ pub(crate) unsafe extern "C" fn ibv_create_ah(
         let Some(c) = (unsafe { ctx(context) }) else { return null_errno(libc::EINVAL) };
         // SAFETY: NULL or a readable attribute struct.
         let Some(a) = (unsafe { attr.as_ref() }) else { return null_errno(libc::EINVAL) };
-        let dest = match crate::qp::av_dest(c, a) {
+        let dest = match crate::qp::av_dest(c.uroce(), a) {
             Ok(d) => d,
             Err(e) => return null_errno(e),
         };

@@ -103,13 +103,14 @@ pub(crate) unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c
         let p = std::ptr::from_ref(b).cast_mut();
         // SAFETY: registered as a context ⇒ made by into_c::<CtxBox>.
         drop(unsafe { from_c::<CtxBox>(p, Kind::Context) });
+        // The device's engine stays open after its last context closes:
+        // a close-then-reopen (ibv_devinfo, test programs) must not race
+        // the progress thread's release of the UDP port, and objects an
+        // application leaked past the close stay destroyable.
         if let Ok(list) = crate::device::devices() {
             let mut open = list[index].open.lock().unwrap_or_else(|e| e.into_inner());
             if let Some((_, n)) = open.as_mut() {
-                *n -= 1;
-                if *n == 0 {
-                    *open = None;
-                }
+                *n = n.saturating_sub(1);
             }
         }
         0

@@ -13,9 +13,7 @@ use crate::abi::consts::*;
 use crate::abi::*;
 use crate::context::live_ctx;
 use crate::ffi::{Kind, guard, is_live, minus_one, null_errno};
-use crate::objects::{
-    ChannelBox, CqBox, CqEvents, CtxBox, from_c, hold, in_use, into_c, obj, release,
-};
+use crate::objects::{ChannelBox, CqBox, CqEvents, from_c, hold, in_use, into_c, obj, release};
 use uroce::{Completion, WcOpcode, WcStatus};
 
 const EMPTY: Completion = Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false);
@@ -119,12 +117,11 @@ fn create(
     pub_cq.read_slid = Some(read_slid);
     pub_cq.read_sl = Some(read_sl);
     pub_cq.read_dlid_path_bits = Some(read_dlid_path_bits);
-    let ctx_box: *const CtxBox = c;
     let b = into_c(
         CqBox {
             cq: UnsafeCell::new(pub_cq),
             inner: cq,
-            ctx: ctx_box,
+            dev: c.dev.clone(),
             channel: chan.map_or(std::ptr::null(), |c| c as *const ChannelBox),
             users: AtomicU32::new(0),
             events: CqEvents::default(),
@@ -204,9 +201,7 @@ pub(crate) unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             // SAFETY: live channel, as above.
             unsafe { (*ch.ch.get()).refcnt -= 1 };
         }
-        // SAFETY: the context outlives its CQs in every correct program;
-        // close_device with live CQs leaves this map in the shared device.
-        lock(&unsafe { &*b.ctx }.dev.cqs).remove(&handle);
+        lock(&b.dev.cqs).remove(&handle);
         // SAFETY: registered as a CQ ⇒ made by into_c::<CqBox>.
         drop(unsafe { from_c(cq.cast::<CqBox>(), Kind::Cq) });
         0

@@ -12,7 +12,7 @@ use crate::objects::{DevShared, ctx};
 
 /// One configured device: its `ibv_device` (which lives as long as the
 /// process, as rdma-core's do) and the open engine, shared by every
-/// context of this process on it.
+/// context of this process on it and kept until the process exits.
 pub(crate) struct DevEntry {
     pub(crate) ibv: Box<ibv_device>,
     pub(crate) cfg: uroce::Device,

@@ -108,7 +108,9 @@ pub(crate) struct CqEvents {
 pub(crate) struct CqBox {
     pub(crate) cq: UnsafeCell<ibv_cq_ex>,
     pub(crate) inner: uroce::Cq,
-    pub(crate) ctx: *const CtxBox,
+    /// The device (not the context: closing a context with live objects
+    /// must leave them destroyable).
+    pub(crate) dev: Arc<DevShared>,
     pub(crate) channel: *const ChannelBox,
     pub(crate) users: AtomicU32,
     pub(crate) events: CqEvents,
@@ -121,6 +123,7 @@ pub(crate) struct CqBox {
 pub(crate) struct SrqBox {
     pub(crate) srq: UnsafeCell<ibv_srq>,
     pub(crate) inner: uroce::Srq,
+    pub(crate) dev: Arc<DevShared>,
     pub(crate) pd: *const PdBox,
     pub(crate) users: AtomicU32,
 }
@@ -138,7 +141,7 @@ pub(crate) struct AhBox {
 pub(crate) struct QpBox {
     pub(crate) qpx: UnsafeCell<ibv_qp_ex>,
     pub(crate) inner: uroce::Qp,
-    pub(crate) ctx: *const CtxBox,
+    pub(crate) dev: Arc<DevShared>,
     pub(crate) pd: *const PdBox,
     pub(crate) send_cq: *const CqBox,
     pub(crate) recv_cq: *const CqBox,

@@ -4,7 +4,7 @@
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex};
 
 use uroce::{
     Access, AhAttr, AttrMask, LocalAckTimeout, Mtu, Path, Psn, QpAttr, QpCaps, QpState, QpType,
@@ -63,7 +63,7 @@ fn create(c: &CtxBox, pd: *mut ibv_pd, a: &CreateArgs) -> Result<*mut QpBox, c_i
     };
     let scq = live_cq(a.send_cq).ok_or(libc::EINVAL)?;
     let rcq = live_cq(a.recv_cq).ok_or(libc::EINVAL)?;
-    if !std::ptr::eq(scq.ctx, c) || !std::ptr::eq(rcq.ctx, c) {
+    if !Arc::ptr_eq(&scq.dev, &c.dev) || !Arc::ptr_eq(&rcq.dev, &c.dev) {
         return Err(libc::EINVAL);
     }
     let srq = if a.srq.is_null() { None } else { Some(live_srq(a.srq).ok_or(libc::EINVAL)?) };
@@ -108,7 +108,7 @@ fn create(c: &CtxBox, pd: *mut ibv_pd, a: &CreateArgs) -> Result<*mut QpBox, c_i
         QpBox {
             qpx: UnsafeCell::new(qpx),
             inner,
-            ctx: c,
+            dev: c.dev.clone(),
             pd: p,
             send_cq: scq,
             recv_cq: rcq,
@@ -229,8 +229,7 @@ pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: a QP holds its context's device, PD, CQs and SRQ (use
         // counts), so all are live.
         unsafe {
-            let c: &CtxBox = &*b.ctx;
-            c.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.qpn());
+            b.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.qpn());
             release(&(*b.pd).users);
             release(&(*b.send_cq).users);
             release(&(*b.recv_cq).users);
@@ -245,17 +244,17 @@ pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
 }
 
 /// The destination of an address vector (RoCE: the GRH's destination GID).
-pub(crate) fn av_dest(c: &CtxBox, ah: &ibv_ah_attr) -> Result<AhAttr, c_int> {
+pub(crate) fn av_dest(c: &uroce::Context, ah: &ibv_ah_attr) -> Result<AhAttr, c_int> {
     if ah.is_global == 0 {
         // RoCE has no LIDs: every address vector needs a GRH.
         return Err(libc::EINVAL);
     }
-    let tbl = c.uroce().query_port(1).map_or(1, |p| p.gid_tbl_len);
+    let tbl = c.query_port(1).map_or(1, |p| p.gid_tbl_len);
     if u32::from(ah.grh.sgid_index) >= tbl {
         return Err(libc::EINVAL);
     }
     let mut a = AhAttr::from_gid(ah.grh.dgid.raw);
-    a.port = c.uroce().device().socket_addr().port();
+    a.port = c.device().socket_addr().port();
     a.sgid_index = ah.grh.sgid_index;
     a.hop_limit = ah.grh.hop_limit;
     a.traffic_class = ah.grh.traffic_class;
@@ -271,7 +270,7 @@ fn state_of(v: c_int) -> Result<QpState, c_int> {
 }
 
 /// uroce's attributes from `ibv_qp_attr`, the fields `mask` names.
-fn to_attr(c: &CtxBox, a: &ibv_qp_attr, mask: AttrMask) -> Result<QpAttr, c_int> {
+fn to_attr(c: &uroce::Context, a: &ibv_qp_attr, mask: AttrMask) -> Result<QpAttr, c_int> {
     let mut q = QpAttr::default();
     if mask.contains(AttrMask::STATE) {
         q.state = state_of(a.qp_state)?;
@@ -325,9 +324,7 @@ pub(crate) unsafe extern "C" fn ibv_modify_qp(
         // SAFETY: the caller passes a readable attribute struct.
         let a = unsafe { &*attr };
         let mask = AttrMask(mask as u32);
-        // SAFETY: a QP's context is live while the QP is.
-        let c = unsafe { &*b.ctx };
-        let q = match to_attr(c, a, mask) {
+        let q = match to_attr(&b.dev.ctx, a, mask) {
             Ok(q) => q,
             Err(e) => return e,
         };

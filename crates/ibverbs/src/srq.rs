@@ -50,7 +50,13 @@ pub(crate) unsafe extern "C" fn ibv_create_srq(
         s.pd = pd;
         s.handle = handle;
         let b = into_c(
-            SrqBox { srq: UnsafeCell::new(s), inner, pd: p, users: AtomicU32::new(0) },
+            SrqBox {
+                srq: UnsafeCell::new(s),
+                inner,
+                dev: c.dev.clone(),
+                pd: p,
+                users: AtomicU32::new(0),
+            },
             Kind::Srq,
         );
         hold(&p.users);
@@ -109,13 +115,9 @@ pub(crate) unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if in_use(&b.users) {
             return libc::EBUSY;
         }
-        // SAFETY: an SRQ holds its PD; the PD's context is live.
-        unsafe {
-            release(&(*b.pd).users);
-            if let Some(c) = ctx((*(*b.pd).pd.get()).context) {
-                c.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.handle());
-            }
-        }
+        // SAFETY: an SRQ holds its PD (use count).
+        release(unsafe { &(*b.pd).users });
+        b.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.handle());
         // SAFETY: registered as an SRQ ⇒ made by into_c::<SrqBox>.
         drop(unsafe { from_c(srq.cast::<SrqBox>(), Kind::Srq) });
         0

@@ -364,6 +364,21 @@ int main(void)
 	CHECK(ibv_dereg_mr(mr) == EINVAL, "double dereg");
 	CHECK(!ibv_dealloc_pd(pd), "dealloc pd");
 	CHECK(!ibv_close_device(ctx), "close");
+
+	/* Closing a context before its objects (perftest's send_bw client
+	 * leaks a CQ): the objects stay destroyable, nothing crashes. */
+	list = ibv_get_device_list(NULL);
+	struct ibv_context *ctx2 = ibv_open_device(list[0]);
+	ibv_free_device_list(list);
+	REQUIRE(ctx2, "reopen");
+	struct ibv_pd *pd2 = ibv_alloc_pd(ctx2);
+	struct ibv_cq *cq2 = ibv_create_cq(ctx2, 8, NULL, NULL, 0);
+	ia.send_cq = ia.recv_cq = cq2;
+	struct ibv_qp *qp2 = pd2 && cq2 ? ibv_create_qp(pd2, &ia) : NULL;
+	REQUIRE(qp2, "objects on ctx2");
+	CHECK(!ibv_close_device(ctx2), "close with live objects");
+	CHECK(!ibv_destroy_qp(qp2) && !ibv_destroy_cq(cq2) && !ibv_dealloc_pd(pd2),
+	      "destroy after close");
 	free(buf);
 	if (failures) {
 		fprintf(stderr, "%d failures\n", failures);
