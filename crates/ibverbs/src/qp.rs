@@ -2,7 +2,7 @@
 //! `post_send` / `post_recv` ops, and multicast attach.
 
 use std::cell::UnsafeCell;
-use std::ffi::{c_int, c_void};
+use std::ffi::c_int;
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex};
 
@@ -39,19 +39,16 @@ pub(crate) fn live_qp<'a>(qp: *mut ibv_qp) -> Option<&'a QpBox> {
     is_live(qp.cast::<QpBox>(), Kind::Qp).then(|| unsafe { obj::<_, QpBox>(qp) }).flatten()
 }
 
-/// What both creation paths need.
-struct CreateArgs {
-    qp_context: *mut c_void,
-    send_cq: *mut ibv_cq,
-    recv_cq: *mut ibv_cq,
-    srq: *mut ibv_srq,
-    cap: ibv_qp_cap,
-    qp_type: c_int,
-    sq_sig_all: c_int,
+/// Creates a QP from the fields `ibv_qp_init_attr` and
+/// `ibv_qp_init_attr_ex` share (the latter starts with the former's
+/// fields), and reports the capabilities granted in `a.cap`, as providers
+/// do.
+fn create(
+    c: &CtxBox,
+    pd: *mut ibv_pd,
+    a: &mut ibv_qp_init_attr,
     ex: bool,
-}
-
-fn create(c: &CtxBox, pd: *mut ibv_pd, a: &CreateArgs) -> Result<*mut QpBox, c_int> {
+) -> Result<*mut QpBox, c_int> {
     let p = live_pd(pd).ok_or(libc::EINVAL)?;
     let qp_type = match a.qp_type {
         IBV_QPT_RC => QpType::Rc,
@@ -113,7 +110,7 @@ fn create(c: &CtxBox, pd: *mut ibv_pd, a: &CreateArgs) -> Result<*mut QpBox, c_i
             send_cq: scq,
             recv_cq: rcq,
             srq: srq.map_or(std::ptr::null(), |s| s as *const SrqBox),
-            ex: a.ex,
+            ex,
             cap,
             sq_sig_all: a.sq_sig_all != 0,
             builder: Mutex::new(crate::qp_ex::Builder::new(&cap)),
@@ -127,6 +124,7 @@ fn create(c: &CtxBox, pd: *mut ibv_pd, a: &CreateArgs) -> Result<*mut QpBox, c_i
         hold(&s.users);
     }
     c.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).insert(qpn, b as usize);
+    a.cap = cap;
     Ok(b)
 }
 
@@ -145,25 +143,7 @@ pub(crate) unsafe extern "C" fn ibv_create_qp(
         };
         // SAFETY: the caller passes a readable and writable init attr.
         let a = unsafe { &mut *attr };
-        let args = CreateArgs {
-            qp_context: a.qp_context,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            srq: a.srq,
-            cap: a.cap,
-            qp_type: a.qp_type,
-            sq_sig_all: a.sq_sig_all,
-            ex: false,
-        };
-        match create(c, pd, &args) {
-            Ok(b) => {
-                // Report the capabilities granted, as providers do.
-                // SAFETY: just created, live.
-                a.cap = unsafe { (*b).cap };
-                b.cast()
-            }
-            Err(e) => null_errno(e),
-        }
+        create(c, pd, a, false).map_or_else(null_errno, |b| b.cast())
     })
 }
 
@@ -195,24 +175,12 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         if live_pd(a.pd).is_none_or(|p| unsafe { (*p.pd.get()).context } != context) {
             return null_errno(libc::EINVAL);
         }
-        let args = CreateArgs {
-            qp_context: a.qp_context,
-            send_cq: a.send_cq,
-            recv_cq: a.recv_cq,
-            srq: a.srq,
-            cap: a.cap,
-            qp_type: a.qp_type,
-            sq_sig_all: a.sq_sig_all,
-            ex,
-        };
-        match create(c, a.pd, &args) {
-            Ok(b) => {
-                // SAFETY: just created, live.
-                a.cap = unsafe { (*b).cap };
-                b.cast()
-            }
-            Err(e) => null_errno(e),
-        }
+        let pd = a.pd;
+        // SAFETY: `ibv_qp_init_attr_ex` begins with `ibv_qp_init_attr`'s
+        // fields (same offsets), and create() writes only `cap` back; `a`
+        // is not used past this point.
+        let common = unsafe { &mut *attr.cast::<ibv_qp_init_attr>() };
+        create(c, pd, common, ex).map_or_else(null_errno, |b| b.cast())
     })
 }
 
