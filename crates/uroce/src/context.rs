@@ -291,7 +291,11 @@ const STEP_ASIDE: Duration = Duration::from_micros(200);
 const SPIN_MIN: Duration = Duration::from_micros(5);
 const SPIN_MAX: Duration = Duration::from_millis(1);
 
+/// The scheduler slice the progress thread asks for (see `sched`).
+const PROGRESS_SLICE_NS: u64 = 100_000;
+
 fn progress_thread(weak: &Weak<Inner>) {
+    crate::sched::request_short_slice(PROGRESS_SLICE_NS);
     let mut spin = weak.upgrade().map_or(Duration::from_micros(50), |i| i.options.spin);
     let mut last_work = StdInstant::now();
     loop {

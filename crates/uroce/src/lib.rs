@@ -87,6 +87,8 @@ pub mod limits;
 mod mr;
 #[allow(unsafe_code)]
 mod netif;
+#[allow(unsafe_code)]
+mod sched;
 mod verbs;
 
 pub use ah::{Ah, AhAttr};
