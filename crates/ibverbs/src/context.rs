@@ -58,8 +58,9 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         c.ops.post_send = Some(crate::qp::post_send);
         c.ops.post_recv = Some(crate::qp::post_recv);
         c.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
-        c.ops.bind_mw = Some(bind_mw);
-        c.ops.dealloc_mw = Some(dealloc_mw);
+        c.ops.alloc_mw = Some(crate::mw::alloc_mw);
+        c.ops.bind_mw = Some(crate::mw::bind_mw);
+        c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
         c.cmd_fd = -1;
         c.async_fd = async_fd;
         c.num_comp_vectors = 1;
@@ -76,17 +77,6 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         // SAFETY: just allocated, live.
         unsafe { (*b).ibv() }
     })
-}
-
-/// Memory windows are not offered through the C ABI yet (`alloc_mw` is
-/// NULL, so `ibv_alloc_mw` fails with EOPNOTSUPP); these two can only be
-/// reached with a window from elsewhere.
-unsafe extern "C" fn bind_mw(_: *mut ibv_qp, _: *mut ibv_mw, _: *mut ibv_mw_bind) -> c_int {
-    libc::EOPNOTSUPP
-}
-
-unsafe extern "C" fn dealloc_mw(_: *mut ibv_mw) -> c_int {
-    libc::EOPNOTSUPP
 }
 
 /// The box of a context pointer, if it is a live context.

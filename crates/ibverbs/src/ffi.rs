@@ -43,6 +43,7 @@ pub(crate) enum Kind {
     Context,
     Pd,
     Mr,
+    Mw,
     Cq,
     Channel,
     Qp,

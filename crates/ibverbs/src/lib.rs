@@ -28,6 +28,7 @@ mod cq;
 mod device;
 mod ffi;
 mod misc;
+mod mw;
 mod objects;
 mod pd;
 mod qp;

@@ -85,6 +85,14 @@ pub(crate) struct MrBox {
     pub(crate) pd: *const PdBox,
 }
 
+/// An `ibv_mw`.
+#[repr(C)]
+pub(crate) struct MwBox {
+    pub(crate) mw: UnsafeCell<ibv_mw>,
+    pub(crate) inner: uroce::Mw,
+    pub(crate) pd: *const PdBox,
+}
+
 /// An `ibv_comp_channel`.
 #[repr(C)]
 pub(crate) struct ChannelBox {

@@ -32,6 +32,7 @@ const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_ATOMIC_CMP_AND_SWP
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | IBV_QP_EX_WITH_LOCAL_INV
+    | IBV_QP_EX_WITH_BIND_MW
     | IBV_QP_EX_WITH_SEND_WITH_INV;
 
 pub(crate) fn live_qp<'a>(qp: *mut ibv_qp) -> Option<&'a QpBox> {
@@ -439,8 +440,9 @@ unsafe fn send_wr<'a>(w: &'a ibv_send_wr, qp_type: QpType) -> Result<SendWr<'a>,
         wr.rkey = r.rkey;
     }
     if opcode == WrOpcode::BindMw {
-        // Memory windows are not offered through the C ABI yet.
-        return Err(libc::EINVAL);
+        // SAFETY: the union member a BIND_MW WR uses.
+        let b = unsafe { w.ext.bind_mw };
+        wr.bind = Some(crate::mw::type2_bind(b.mw, b.rkey, &b.bind_info)?);
     }
     Ok(wr)
 }

@@ -8,7 +8,7 @@
 use std::ffi::{c_int, c_void};
 
 use uroce::transport::UdDest;
-use uroce::{SendFlags, SendWr, Sge, WrOpcode};
+use uroce::{MwBind, SendFlags, SendWr, Sge, WrOpcode};
 
 use crate::abi::*;
 use crate::ffi::guard;
@@ -26,6 +26,7 @@ struct Pending {
     swap: u64,
     imm: u32,
     ud: Option<UdDest>,
+    bind: Option<MwBind>,
     /// Range in `Builder::sges`.
     sge: (usize, usize),
     /// Range in `Builder::bytes` when the data is inline.
@@ -111,6 +112,7 @@ fn begin(qp: *mut ibv_qp_ex, opcode: WrOpcode, set: impl FnOnce(&mut Pending)) {
             swap: 0,
             imm: 0,
             ud: None,
+            bind: None,
             sge: (bl.sges.len(), 0),
             inline: None,
         };
@@ -167,7 +169,7 @@ fn complete(b: &QpBox, bl: &Builder) -> c_int {
                 compare_add: p.compare_add,
                 swap: p.swap,
                 ud: p.ud,
-                bind: None,
+                bind: p.bind,
             };
         }
         if let Err(e) = b.inner.post_send(&batch[..chunk.len()]) {
@@ -231,11 +233,19 @@ fn unsupported(qp: *mut ibv_qp_ex) {
 
 unsafe extern "C" fn wr_bind_mw(
     qp: *mut ibv_qp_ex,
-    _: *mut ibv_mw,
-    _: u32,
-    _: *const ibv_mw_bind_info,
+    mw: *mut ibv_mw,
+    rkey: u32,
+    info: *const ibv_mw_bind_info,
 ) {
-    unsupported(qp);
+    // SAFETY: NULL or a readable bind description from the caller.
+    let bind = match unsafe { info.as_ref() } {
+        Some(i) => crate::mw::type2_bind(mw, rkey, i),
+        None => Err(libc::EINVAL),
+    };
+    match bind {
+        Ok(b) => begin(qp, WrOpcode::BindMw, |p| p.bind = Some(b)),
+        Err(e) => with(qp, |_, bl| bl.err = e),
+    }
 }
 
 unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _: *mut c_void, _: u16, _: u16) {
