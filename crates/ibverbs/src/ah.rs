@@ -18,8 +18,7 @@ pub(crate) unsafe extern "C" fn ibv_create_ah(
         let Some(p) = live_pd(pd) else { return null_errno(libc::EINVAL) };
         // SAFETY: a live PD's context is one of ours.
         let context = unsafe { (*p.pd.get()).context };
-        // SAFETY: as above.
-        let Some(c) = (unsafe { ctx(context) }) else { return null_errno(libc::EINVAL) };
+        let Some(c) = crate::context::live_ctx(context) else { return null_errno(libc::EINVAL) };
         // SAFETY: NULL or a readable attribute struct.
         let Some(a) = (unsafe { attr.as_ref() }) else { return null_errno(libc::EINVAL) };
         let dest = match crate::qp::av_dest(c.uroce(), a) {
@@ -72,12 +71,24 @@ pub(crate) unsafe extern "C" fn ibv_init_ah_from_wc(
         if grh.is_null() {
             return minus_one(libc::EINVAL);
         }
+        *out = ibv_ah_attr {
+            dlid: w.slid,
+            sl: w.sl,
+            src_path_bits: w.dlid_path_bits,
+            port_num: port,
+            ..ibv_ah_attr::default()
+        };
+        if w.wc_flags & WcFlags::GRH.0 == 0 {
+            // No GRH: an address vector without one, as rdma-core fills it.
+            return 0;
+        }
         // SAFETY: the GRH area is the first 40 bytes of the receive buffer.
         let area = unsafe { &*grh.cast::<[u8; uroce::wire::GRH_LEN]>() };
         let mut c = Completion::new(w.wr_id, WcStatus::Success, WcOpcode::Recv, w.qp_num, true);
         c.flags = WcFlags(w.wc_flags);
         let a = match uroce::AhAttr::from_wc(&c, area) {
-            Ok(a) => a,
+            Ok(a) if !a.dst.is_multicast() => a,
+            Ok(_) => return minus_one(libc::EINVAL),
             Err(e) => return minus_one(e.errno()),
         };
         *out = ibv_ah_attr {
@@ -85,7 +96,7 @@ pub(crate) unsafe extern "C" fn ibv_init_ah_from_wc(
                 dgid: ibv_gid { raw: uroce::wire::grh::gid_of(a.dst) },
                 flow_label: a.flow_label,
                 sgid_index: 0,
-                hop_limit: 0xff,
+                hop_limit: a.hop_limit,
                 traffic_class: a.traffic_class,
             },
             dlid: w.slid,

@@ -162,11 +162,17 @@ pub(crate) unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event)
         match ev.event_type {
             IBV_EVENT_CQ_ERR if is_live(p.cast::<CqBox>(), Kind::Cq) => {
                 // SAFETY: a live CQ of ours.
-                unsafe { (*(*p.cast::<CqBox>()).cq.get()).cq.async_events_completed += 1 };
+                crate::cq::atomic_add(
+                    unsafe { &raw mut (*(*p.cast::<CqBox>()).cq.get()).cq.async_events_completed },
+                    1,
+                );
             }
             IBV_EVENT_SRQ_LIMIT_REACHED if is_live(p.cast::<SrqBox>(), Kind::Srq) => {
                 // SAFETY: a live SRQ of ours.
-                unsafe { (*(*p.cast::<SrqBox>()).srq.get()).events_completed += 1 };
+                crate::cq::atomic_add(
+                    unsafe { &raw mut (*(*p.cast::<SrqBox>()).srq.get()).events_completed },
+                    1,
+                );
             }
             IBV_EVENT_QP_FATAL
             | IBV_EVENT_QP_REQ_ERR
@@ -176,7 +182,10 @@ pub(crate) unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event)
                 if is_live(p.cast::<QpBox>(), Kind::Qp) =>
             {
                 // SAFETY: a live QP of ours.
-                unsafe { (*(*p.cast::<QpBox>()).qpx.get()).qp_base.events_completed += 1 };
+                crate::cq::atomic_add(
+                    unsafe { &raw mut (*(*p.cast::<QpBox>()).qpx.get()).qp_base.events_completed },
+                    1,
+                );
             }
             _ => {}
         }

@@ -7,13 +7,15 @@ use std::collections::HashMap;
 use std::ffi::{c_int, c_uint, c_void};
 use std::os::fd::AsRawFd;
 use std::sync::Mutex;
-use std::sync::atomic::AtomicU32;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::abi::consts::*;
 use crate::abi::*;
 use crate::context::live_ctx;
 use crate::ffi::{Kind, guard, is_live, minus_one, null_errno};
-use crate::objects::{ChannelBox, CqBox, CqEvents, from_c, hold, in_use, into_c, obj, release};
+use crate::objects::{
+    ChannelBox, CqBox, CqEvents, enter, from_c, hold, in_use, into_c, leave, obj, release,
+};
 use uroce::{Completion, WcOpcode, WcStatus};
 
 const EMPTY: Completion = Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false);
@@ -60,10 +62,10 @@ pub(crate) unsafe extern "C" fn ibv_create_comp_channel(
 }
 
 pub(crate) unsafe extern "C" fn ibv_destroy_comp_channel(ch: *mut ibv_comp_channel) -> c_int {
-    guard(-1, || {
-        let Some(b) = live_channel(ch) else { return minus_one(libc::EINVAL) };
+    guard(libc::EIO, || {
+        let Some(b) = live_channel(ch) else { return libc::EINVAL };
         if in_use(&b.users) {
-            return minus_one(libc::EBUSY);
+            return libc::EBUSY;
         }
         // SAFETY: registered as a channel ⇒ made by into_c::<ChannelBox>.
         drop(unsafe { from_c(ch.cast::<ChannelBox>(), Kind::Channel) });
@@ -126,13 +128,14 @@ fn create(
             users: AtomicU32::new(0),
             events: CqEvents::default(),
             cursor: Mutex::new(EMPTY),
+            polling: AtomicBool::new(false),
         },
         Kind::Cq,
     );
     if let Some(ch) = chan {
         hold(&ch.users);
         // SAFETY: a live channel; refcnt mirrors our count for C readers.
-        unsafe { (*ch.ch.get()).refcnt += 1 };
+        atomic_add(unsafe { &raw mut (*ch.ch.get()).refcnt }, 1);
         lock(&ch.cqs).insert(handle, b as usize);
     }
     lock(&c.dev.cqs).insert(handle, b as usize);
@@ -164,8 +167,9 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
             return null_errno(libc::EINVAL);
         }
         let flags = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 { a.flags } else { 0 };
+        // SINGLE_THREADED (bit 0) is a hint; anything else is unsupported.
         if a.wc_flags & !SUPPORTED_WC_EX != 0
-            || flags != 0
+            || flags & !1 != 0
             || (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 && !a.parent_domain.is_null())
         {
             return null_errno(libc::EOPNOTSUPP);
@@ -185,6 +189,17 @@ pub(crate) unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
         if in_use(&b.users) {
             return libc::EBUSY;
         }
+        let handle = b.inner.handle();
+        if !b.channel.is_null() {
+            // SAFETY: a CQ holds its channel (use count), so it is live.
+            let ch = unsafe { &*b.channel };
+            // First out of the channel's map: no event can be handed out
+            // for it from now on.
+            lock(&ch.cqs).remove(&handle);
+            release(&ch.users);
+            // SAFETY: live channel, as above.
+            atomic_add(unsafe { &raw mut (*ch.ch.get()).refcnt }, -1);
+        }
         // As rdma-core: wait until every event handed out was acknowledged.
         {
             let mut counts = lock(&b.events.counts);
@@ -192,20 +207,44 @@ pub(crate) unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
                 counts = b.events.acked.wait(counts).unwrap_or_else(|e| e.into_inner());
             }
         }
-        let handle = b.inner.handle();
-        if !b.channel.is_null() {
-            // SAFETY: a CQ holds its channel (use count), so it is live.
-            let ch = unsafe { &*b.channel };
-            lock(&ch.cqs).remove(&handle);
-            release(&ch.users);
-            // SAFETY: live channel, as above.
-            unsafe { (*ch.ch.get()).refcnt -= 1 };
-        }
         lock(&b.dev.cqs).remove(&handle);
         // SAFETY: registered as a CQ ⇒ made by into_c::<CqBox>.
         drop(unsafe { from_c(cq.cast::<CqBox>(), Kind::Cq) });
         0
     })
+}
+
+/// Adds to a counter in a C-visible struct atomically (rdma-core updates
+/// these under a mutex; other threads may be reading them).
+pub(crate) fn atomic_add<T: AtomicCounter>(p: *mut T, by: i32) {
+    T::add(p, by);
+}
+
+/// The `int` / `uint32_t` counters of the public structs.
+pub(crate) trait AtomicCounter {
+    fn add(p: *mut Self, by: i32);
+}
+
+impl AtomicCounter for c_int {
+    fn add(p: *mut Self, by: i32) {
+        // SAFETY: callers pass a field of a live object of ours, aligned
+        // for an i32, that is only ever updated atomically.
+        unsafe { std::sync::atomic::AtomicI32::from_ptr(p) }.fetch_add(by, Ordering::AcqRel);
+    }
+}
+
+impl AtomicCounter for u32 {
+    fn add(p: *mut Self, by: i32) {
+        // SAFETY: as for c_int.
+        unsafe { std::sync::atomic::AtomicU32::from_ptr(p) }
+            .fetch_add(by as Self, Ordering::AcqRel);
+    }
+}
+
+/// `wc.imm_data`: immediate data as the `__be32` it arrived as (the wire
+/// bytes), an invalidated R_Key as a host order number.
+fn imm_to_c(c: &Completion) -> u32 {
+    if c.flags.contains(uroce::WcFlags::WITH_IMM) { c.imm_or_inv.to_be() } else { c.imm_or_inv }
 }
 
 /// `ibv_wc` from a uroce completion.
@@ -216,7 +255,7 @@ pub(crate) fn to_wc(c: &Completion) -> ibv_wc {
         opcode: c.opcode as c_int,
         vendor_err: c.vendor_err,
         byte_len: c.byte_len,
-        imm_data: c.imm_or_inv,
+        imm_data: imm_to_c(c),
         qp_num: c.qp_num,
         src_qp: c.src_qp,
         wc_flags: c.flags.0,
@@ -297,11 +336,14 @@ pub(crate) unsafe extern "C" fn ibv_get_cq_event(
             // under this lock before freeing).
             let b = unsafe { &*(p as *const CqBox) };
             lock(&b.events.counts).0 += 1;
+            // SAFETY: still live (in the map, under its lock).
+            let context = unsafe { (*b.cq.get()).cq.cq_context };
             drop(cqs);
-            // SAFETY: the caller passes writable out pointers; the CQ is live.
+            // SAFETY: the caller passes writable out pointers. The CQ stays
+            // live until this event is acknowledged (ibv_destroy_cq waits).
             unsafe {
                 *cq_out = p as *mut ibv_cq;
-                *cq_context = (*b.cq.get()).cq.cq_context;
+                *cq_context = context;
             }
             return 0;
         }
@@ -315,7 +357,7 @@ pub(crate) unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_ui
         let mut counts = lock(&b.events.counts);
         counts.1 += u64::from(nevents);
         // SAFETY: a live CQ; the field is informational for C readers.
-        unsafe { (*b.cq.get()).cq.comp_events_completed += nevents };
+        atomic_add(unsafe { &raw mut (*b.cq.get()).cq.comp_events_completed }, nevents as i32);
         b.events.acked.notify_all();
     });
 }
@@ -343,19 +385,35 @@ fn load_next(cq: *mut ibv_cq_ex) -> c_int {
     }
 }
 
+/// Starts a poll: on success the CQ stays locked until `end_poll`; on
+/// ENOENT or an error it is released (and `end_poll` must not be called).
 unsafe extern "C" fn start_poll(cq: *mut ibv_cq_ex, attr: *mut ibv_poll_cq_attr) -> c_int {
     // SAFETY: NULL or a readable attribute.
     if !attr.is_null() && unsafe { (*attr).comp_mask } != 0 {
         return libc::EINVAL;
     }
-    guard(libc::EIO, || load_next(cq))
+    guard(libc::EIO, || {
+        // SAFETY: verbs contract: a live CQ of ours.
+        let Some(b) = (unsafe { obj::<_, CqBox>(cq) }) else { return libc::EINVAL };
+        enter(&b.polling);
+        let r = load_next(cq);
+        if r != 0 {
+            leave(&b.polling);
+        }
+        r
+    })
 }
 
 unsafe extern "C" fn next_poll(cq: *mut ibv_cq_ex) -> c_int {
     guard(libc::EIO, || load_next(cq))
 }
 
-unsafe extern "C" fn end_poll(_: *mut ibv_cq_ex) {}
+unsafe extern "C" fn end_poll(cq: *mut ibv_cq_ex) {
+    // SAFETY: verbs contract: a live CQ of ours.
+    if let Some(b) = unsafe { obj::<_, CqBox>(cq) } {
+        leave(&b.polling);
+    }
+}
 
 fn cursor(cq: *mut ibv_cq_ex) -> Completion {
     // SAFETY: verbs contract: a live CQ of ours.
@@ -372,7 +430,7 @@ unsafe extern "C" fn read_byte_len(cq: *mut ibv_cq_ex) -> u32 {
     guard(0, || cursor(cq).byte_len)
 }
 unsafe extern "C" fn read_imm_data(cq: *mut ibv_cq_ex) -> u32 {
-    guard(0, || cursor(cq).imm_or_inv)
+    guard(0, || imm_to_c(&cursor(cq)))
 }
 unsafe extern "C" fn read_qp_num(cq: *mut ibv_cq_ex) -> u32 {
     guard(0, || cursor(cq).qp_num)

@@ -64,31 +64,31 @@ pub(crate) unsafe extern "C" fn ibv_get_device_list(num: *mut c_int) -> *mut *mu
             Ok(l) => l,
             Err(_) => return null_errno(libc::EINVAL),
         };
-        let mut v: Vec<*mut ibv_device> =
-            list.iter().map(|e| (&raw const *e.ibv).cast_mut()).collect();
+        // malloc'd as rdma-core does, so that ibv_free_device_list is a
+        // plain free() whatever the application did to the array.
+        // SAFETY: malloc of (n + 1) pointers; NULL is handled.
+        let arr = unsafe { libc::malloc((list.len() + 1) * size_of::<*mut ibv_device>()) }
+            .cast::<*mut ibv_device>();
+        if arr.is_null() {
+            return null_errno(libc::ENOMEM);
+        }
+        for (i, e) in list.iter().enumerate() {
+            // SAFETY: i < n + 1 slots allocated above.
+            unsafe { arr.add(i).write((&raw const *e.ibv).cast_mut()) };
+        }
+        // SAFETY: the last slot.
+        unsafe { arr.add(list.len()).write(std::ptr::null_mut()) };
         if !num.is_null() {
             // SAFETY: the caller passes NULL or a writable int.
-            unsafe { *num = v.len() as c_int };
+            unsafe { *num = list.len() as c_int };
         }
-        v.push(std::ptr::null_mut());
-        Box::into_raw(v.into_boxed_slice()).cast()
+        arr
     })
 }
 
 pub(crate) unsafe extern "C" fn ibv_free_device_list(list: *mut *mut ibv_device) {
-    guard((), || {
-        if list.is_null() {
-            return;
-        }
-        let mut n = 0;
-        // SAFETY: `list` came from ibv_get_device_list: NULL-terminated.
-        while !unsafe { *list.add(n) }.is_null() {
-            n += 1;
-        }
-        let slice = std::ptr::slice_from_raw_parts_mut(list, n + 1);
-        // SAFETY: allocated as a boxed slice of exactly n + 1 pointers.
-        drop(unsafe { Box::from_raw(slice) });
-    });
+    // SAFETY: NULL or an array ibv_get_device_list malloc'd.
+    unsafe { libc::free(list.cast()) };
 }
 
 pub(crate) unsafe extern "C" fn ibv_get_device_name(dev: *mut ibv_device) -> *const c_char {
@@ -260,8 +260,12 @@ fn query_port_into(
     }
     let Some(a) = port_attr(c.uroce()) else { return libc::EINVAL };
     let n = len.min(size_of::<ibv_port_attr>());
-    // SAFETY: the caller gives `len` writable bytes; we copy at most that.
-    unsafe { std::ptr::copy_nonoverlapping((&raw const a).cast::<u8>(), attr.cast::<u8>(), n) };
+    // SAFETY: the caller gives `len` writable bytes: zeroed (a newer
+    // header's larger struct), then ours copied in.
+    unsafe {
+        std::ptr::write_bytes(attr.cast::<u8>(), 0, len);
+        std::ptr::copy_nonoverlapping((&raw const a).cast::<u8>(), attr.cast::<u8>(), n);
+    }
     0
 }
 

@@ -36,7 +36,7 @@ pub(crate) unsafe extern "C" fn ibv_wc_status_str(status: c_int) -> *const c_cha
         20 => cstr!("response timeout error"),
         21 => cstr!("general error"),
         22 => cstr!("TM error"),
-        23 => cstr!("TM Rendezvous error"),
+        23 => cstr!("TM software rendezvous"),
         _ => cstr!("unknown"),
     }
 }
@@ -61,7 +61,7 @@ pub(crate) unsafe extern "C" fn ibv_port_state_str(s: c_int) -> *const c_char {
         2 => cstr!("init"),
         3 => cstr!("armed"),
         4 => cstr!("active"),
-        5 => cstr!("active deferred"),
+        5 => cstr!("active defer"),
         _ => cstr!("unknown"),
     }
 }
@@ -92,43 +92,46 @@ pub(crate) unsafe extern "C" fn ibv_event_type_str(e: c_int) -> *const c_char {
     }
 }
 
-/// `enum ibv_rate` → (multiple of 2.5 Gb/s, Mb/s), IBTA's rate table.
+/// `enum ibv_rate` → (multiple of 2.5 Gb/s, or -1 for the FDR/EDR/HDR
+/// rates that are no such multiple; Mb/s), as rdma-core 44 maps them. The
+/// enum's values are not in rate order.
 const RATES: &[(c_int, c_int, c_int)] = &[
     (2, 1, 2500),
+    (5, 2, 5000),
     (3, 4, 10000),
-    (4, 8, 20000),
-    (5, 12, 30000),
-    (6, 16, 40000),
-    (7, 24, 60000),
-    (8, 32, 80000),
-    (9, 48, 120000),
-    (10, 2, 5000),
-    (11, 6, 14062),
-    (12, 22, 56250),
-    (13, 45, 112500),
-    (14, 67, 168750),
-    (15, 10, 25000),
-    (16, 40, 100000),
-    (17, 80, 200000),
-    (18, 120, 300000),
+    (6, 8, 20000),
+    (4, 12, 30000),
+    (7, 16, 40000),
+    (8, 24, 60000),
+    (9, 32, 80000),
+    (10, 48, 120000),
+    (11, -1, 14062),
+    (12, -1, 56250),
+    (13, -1, 112500),
+    (14, -1, 168750),
+    (15, -1, 25781),
+    (16, -1, 103125),
+    (17, -1, 206250),
+    (18, -1, 309375),
     (19, 11, 28125),
-    (20, 20, 50000),
-    (21, 160, 400000),
-    (22, 240, 600000),
-    (23, 320, 800000),
-    (24, 480, 1200000),
+    (20, 20, 53125),
+    (21, 160, 425000),
+    (22, 240, 637500),
+    (23, 320, 850000),
+    (24, 480, 1275000),
 ];
 
 pub(crate) unsafe extern "C" fn ibv_rate_to_mult(rate: c_int) -> c_int {
-    RATES.iter().find(|r| r.0 == rate).map_or(0, |r| r.1)
+    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.1)
 }
 
+/// `IBV_RATE_MAX` (0) for a multiple with no rate.
 pub(crate) unsafe extern "C" fn mult_to_ibv_rate(mult: c_int) -> c_int {
-    RATES.iter().find(|r| r.1 == mult).map_or(0, |r| r.0)
+    RATES.iter().find(|r| r.1 == mult && mult > 0).map_or(0, |r| r.0)
 }
 
 pub(crate) unsafe extern "C" fn ibv_rate_to_mbps(rate: c_int) -> c_int {
-    RATES.iter().find(|r| r.0 == rate).map_or(0, |r| r.2)
+    RATES.iter().find(|r| r.0 == rate).map_or(-1, |r| r.2)
 }
 
 pub(crate) unsafe extern "C" fn mbps_to_ibv_rate(mbps: c_int) -> c_int {

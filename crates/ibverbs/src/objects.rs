@@ -14,7 +14,7 @@
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::abi::*;
@@ -124,6 +124,8 @@ pub(crate) struct CqBox {
     pub(crate) events: CqEvents,
     /// The completion an extended CQ's `start_poll`/`next_poll` stopped at.
     pub(crate) cursor: Mutex<uroce::Completion>,
+    /// Held from a successful `start_poll` to `end_poll`.
+    pub(crate) polling: AtomicBool,
 }
 
 /// An `ibv_srq`.
@@ -132,6 +134,8 @@ pub(crate) struct SrqBox {
     pub(crate) srq: UnsafeCell<ibv_srq>,
     pub(crate) inner: uroce::Srq,
     pub(crate) dev: Arc<DevShared>,
+    /// SGEs per receive WR (checked before a WR's list is read).
+    pub(crate) max_sge: u32,
     pub(crate) pd: *const PdBox,
     pub(crate) users: AtomicU32,
 }
@@ -160,6 +164,8 @@ pub(crate) struct QpBox {
     pub(crate) cap: ibv_qp_cap,
     pub(crate) sq_sig_all: bool,
     pub(crate) builder: Mutex<crate::qp_ex::Builder>,
+    /// Held from `ibv_wr_start` to `ibv_wr_complete` / `ibv_wr_abort`.
+    pub(crate) posting: AtomicBool,
 }
 
 /// Turns a C object pointer back into its box (the public struct is the
@@ -201,6 +207,20 @@ pub(crate) fn hold(users: &AtomicU32) {
 /// Decrements a use count.
 pub(crate) fn release(users: &AtomicU32) {
     users.fetch_sub(1, Ordering::AcqRel);
+}
+
+/// Enters a critical section that spans several C calls (`ibv_wr_start`
+/// … `ibv_wr_complete`, `ibv_start_poll` … `ibv_end_poll`): a flag, since
+/// no guard can be held across calls.
+pub(crate) fn enter(busy: &AtomicBool) {
+    while busy.compare_exchange_weak(false, true, Ordering::Acquire, Ordering::Relaxed).is_err() {
+        std::thread::yield_now();
+    }
+}
+
+/// Leaves a section entered with [`enter`].
+pub(crate) fn leave(busy: &AtomicBool) {
+    busy.store(false, Ordering::Release);
 }
 
 /// Whether anything still depends on an object.

@@ -4,6 +4,7 @@
 use std::cell::UnsafeCell;
 use std::ffi::c_int;
 use std::net::IpAddr;
+use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
 
 use uroce::{
@@ -115,6 +116,7 @@ fn create(
             cap,
             sq_sig_all: a.sq_sig_all != 0,
             builder: Mutex::new(crate::qp_ex::Builder::new(&cap)),
+            posting: AtomicBool::new(false),
         },
         Kind::Qp,
     );
@@ -393,14 +395,26 @@ pub(crate) unsafe extern "C" fn ibv_query_qp_data_in_order(
 /// The SGE list of a C WR as uroce SGEs (same layout: no copy).
 ///
 /// # Safety
-/// `list` is NULL or points at `n` readable `ibv_sge`s that stay valid for
-/// the returned lifetime.
-unsafe fn sges<'a>(list: *const ibv_sge, n: c_int) -> Result<&'a [Sge], c_int> {
+/// `list` is NULL or points at `n` (at most `max`) readable `ibv_sge`s that
+/// stay valid for the returned lifetime.
+unsafe fn sges<'a>(list: *const ibv_sge, n: c_int, max: u32) -> Result<&'a [Sge], c_int> {
     match n {
         0 => Ok(&[]),
-        n if n < 0 || list.is_null() => Err(libc::EINVAL),
+        // Counted before the list is read, as rxe does.
+        n if n < 0 || n as u32 > max || list.is_null() => Err(libc::EINVAL),
         // SAFETY: per the contract; `Sge` is `repr(C)` like `ibv_sge`.
         n => Ok(unsafe { std::slice::from_raw_parts(list.cast::<Sge>(), n as usize) }),
+    }
+}
+
+/// The WR's `imm_data` / `invalidate_rkey` as uroce takes it: immediate
+/// data is a `__be32` whose bytes go on the wire as they are (uroce takes
+/// the value and sends it big-endian), an R_Key to invalidate is a host
+/// order number.
+pub(crate) fn imm_to_uroce(opcode: WrOpcode, raw: u32) -> u32 {
+    match opcode {
+        WrOpcode::SendWithImm | WrOpcode::RdmaWriteWithImm => u32::from_be(raw),
+        _ => raw,
     }
 }
 
@@ -408,16 +422,20 @@ unsafe fn sges<'a>(list: *const ibv_sge, n: c_int) -> Result<&'a [Sge], c_int> {
 ///
 /// # Safety
 /// `w` is a readable WR whose SGE list and AH are valid for `'a`.
-unsafe fn send_wr<'a>(w: &'a ibv_send_wr, qp_type: QpType) -> Result<SendWr<'a>, c_int> {
+unsafe fn send_wr<'a>(
+    w: &'a ibv_send_wr,
+    qp_type: QpType,
+    max_sge: u32,
+) -> Result<SendWr<'a>, c_int> {
     let opcode = u32::try_from(w.opcode).ok().and_then(WrOpcode::from_ibv).ok_or(libc::EINVAL)?;
     // SAFETY: per the contract.
-    let sgl = unsafe { sges(w.sg_list, w.num_sge) }?;
+    let sgl = unsafe { sges(w.sg_list, w.num_sge, max_sge) }?;
     let mut wr = SendWr {
         wr_id: w.wr_id,
         opcode,
         flags: SendFlags(w.send_flags & 0xf),
         sgl,
-        imm_or_inv: w.imm_data,
+        imm_or_inv: imm_to_uroce(opcode, w.imm_data),
         ..SendWr::default()
     };
     if opcode.is_atomic() {
@@ -473,7 +491,7 @@ pub(crate) unsafe extern "C" fn post_send(
                 // SAFETY: the caller's WR chain is readable during the call.
                 let w = unsafe { &*next };
                 // SAFETY: as above, with its SGE list and AH.
-                match unsafe { send_wr(w, qp_type) } {
+                match unsafe { send_wr(w, qp_type, b.cap.max_send_sge) } {
                     Ok(s) => batch[n] = s,
                     Err(e) => {
                         // Post what came before, then report this one.
@@ -515,7 +533,8 @@ pub(crate) unsafe extern "C" fn post_recv(
     guard(libc::EIO, || {
         // SAFETY: verbs contract: a live QP of ours (hot path).
         let b = unsafe { obj::<_, QpBox>(qp) };
-        post_recv_chain(wr, bad_wr, |wrs| match b {
+        let max_sge = b.map_or(0, |b| b.cap.max_recv_sge);
+        post_recv_chain(wr, bad_wr, max_sge, |wrs| match b {
             Some(b) => b.inner.post_recv(wrs),
             None => Err(uroce::Error::InvalidArgument("NULL QP")),
         })
@@ -527,6 +546,7 @@ pub(crate) unsafe extern "C" fn post_recv(
 pub(crate) fn post_recv_chain(
     wr: *mut ibv_recv_wr,
     bad_wr: *mut *mut ibv_recv_wr,
+    max_sge: u32,
     post: impl Fn(&[RecvWr<'_>]) -> uroce::Result<()>,
 ) -> c_int {
     let fail = |w: *mut ibv_recv_wr, e: c_int| {
@@ -545,7 +565,7 @@ pub(crate) fn post_recv_chain(
             // SAFETY: the caller's WR chain is readable during the call.
             let w = unsafe { &*next };
             // SAFETY: its SGE list too.
-            match unsafe { sges(w.sg_list, w.num_sge) } {
+            match unsafe { sges(w.sg_list, w.num_sge, max_sge) } {
                 Ok(sgl) => batch[n] = RecvWr { wr_id: w.wr_id, sgl },
                 Err(e) => {
                     if let Err(err) = post(&batch[..n]) {

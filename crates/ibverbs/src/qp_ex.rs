@@ -12,7 +12,7 @@ use uroce::{MwBind, SendFlags, SendWr, Sge, WrOpcode};
 
 use crate::abi::*;
 use crate::ffi::guard;
-use crate::objects::{AhBox, QpBox, obj};
+use crate::objects::{AhBox, QpBox, enter, leave, obj};
 
 /// One WR being built.
 #[derive(Clone, Copy)]
@@ -129,20 +129,39 @@ fn last(qp: *mut ibv_qp_ex, f: impl FnOnce(&mut Builder, usize)) {
     });
 }
 
+/// Opens the QP's posting section (other threads' `ibv_wr_start` wait
+/// until this one's `ibv_wr_complete` or `ibv_wr_abort`).
 unsafe extern "C" fn wr_start(qp: *mut ibv_qp_ex) {
+    guard((), || {
+        // SAFETY: verbs contract: a live QP of ours (hot path).
+        if let Some(b) = unsafe { obj::<_, QpBox>(qp) } {
+            enter(&b.posting);
+        }
+    });
     with(qp, |_, bl| bl.clear());
+}
+
+/// Closes the posting section.
+fn end(qp: *mut ibv_qp_ex) {
+    // SAFETY: verbs contract: a live QP of ours (hot path).
+    if let Some(b) = unsafe { obj::<_, QpBox>(qp) } {
+        leave(&b.posting);
+    }
 }
 
 unsafe extern "C" fn wr_abort(qp: *mut ibv_qp_ex) {
     with(qp, |_, bl| bl.clear());
+    end(qp);
 }
 
 unsafe extern "C" fn wr_complete(qp: *mut ibv_qp_ex) -> c_int {
-    let mut ret = 0;
+    // Stays EIO if the post panics (with() swallows the panic).
+    let mut ret = libc::EIO;
     with(qp, |b, bl| {
         ret = complete(b, bl);
         bl.clear();
     });
+    end(qp);
     ret
 }
 
@@ -184,7 +203,7 @@ unsafe extern "C" fn wr_send(qp: *mut ibv_qp_ex) {
 }
 
 unsafe extern "C" fn wr_send_imm(qp: *mut ibv_qp_ex, imm: u32) {
-    begin(qp, WrOpcode::SendWithImm, |p| p.imm = imm);
+    begin(qp, WrOpcode::SendWithImm, |p| p.imm = u32::from_be(imm));
 }
 
 unsafe extern "C" fn wr_send_inv(qp: *mut ibv_qp_ex, rkey: u32) {
@@ -196,7 +215,9 @@ unsafe extern "C" fn wr_rdma_write(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {
 }
 
 unsafe extern "C" fn wr_rdma_write_imm(qp: *mut ibv_qp_ex, rkey: u32, addr: u64, imm: u32) {
-    begin(qp, WrOpcode::RdmaWriteWithImm, |p| (p.rkey, p.remote_addr, p.imm) = (rkey, addr, imm));
+    begin(qp, WrOpcode::RdmaWriteWithImm, |p| {
+        (p.rkey, p.remote_addr, p.imm) = (rkey, addr, u32::from_be(imm));
+    });
 }
 
 unsafe extern "C" fn wr_rdma_read(qp: *mut ibv_qp_ex, rkey: u32, addr: u64) {

@@ -7,7 +7,7 @@ use std::sync::atomic::AtomicU32;
 use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, null_errno};
-use crate::objects::{SrqBox, ctx, from_c, hold, in_use, into_c, obj, release};
+use crate::objects::{SrqBox, from_c, hold, in_use, into_c, obj, release};
 use crate::pd::live_pd;
 
 pub(crate) fn live_srq<'a>(srq: *mut ibv_srq) -> Option<&'a SrqBox> {
@@ -28,8 +28,7 @@ pub(crate) unsafe extern "C" fn ibv_create_srq(
         let a = unsafe { &mut *init };
         // SAFETY: a live PD's context is one of ours.
         let context = unsafe { (*p.pd.get()).context };
-        // SAFETY: as above.
-        let Some(c) = (unsafe { ctx(context) }) else { return null_errno(libc::EINVAL) };
+        let Some(c) = crate::context::live_ctx(context) else { return null_errno(libc::EINVAL) };
         let attr = uroce::SrqAttr {
             max_wr: a.attr.max_wr,
             max_sge: a.attr.max_sge,
@@ -54,6 +53,7 @@ pub(crate) unsafe extern "C" fn ibv_create_srq(
                 srq: UnsafeCell::new(s),
                 inner,
                 dev: c.dev.clone(),
+                max_sge: got.max_sge,
                 pd: p,
                 users: AtomicU32::new(0),
             },
@@ -133,7 +133,8 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
     guard(libc::EIO, || {
         // SAFETY: verbs contract: a live SRQ of ours (hot path).
         let b = unsafe { obj::<_, SrqBox>(srq) };
-        crate::qp::post_recv_chain(wr, bad_wr, |wrs| match b {
+        let max_sge = b.map_or(0, |b| b.max_sge);
+        crate::qp::post_recv_chain(wr, bad_wr, max_sge, |wrs| match b {
             Some(b) => b.inner.post_recv(wrs),
             None => Err(uroce::Error::InvalidArgument("NULL SRQ")),
         })

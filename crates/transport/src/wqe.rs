@@ -137,8 +137,9 @@ pub struct SendWr<'a> {
     pub sgl: &'a [Sge],
     /// Inline payload, copied at post time (overrides `sgl` when `INLINE`).
     pub inline_data: Option<&'a [u8]>,
-    /// Immediate data (network order as the application gave it), or the
-    /// R_Key to invalidate for `SendWithInv`.
+    /// Immediate data, a value sent big-endian (IBTA's ImmDt; a C
+    /// `__be32` is `u32::from_be` of it), or the R_Key to invalidate for
+    /// `SendWithInv`.
     pub imm_or_inv: u32,
     /// Remote address (RDMA and atomics).
     pub remote_addr: u64,

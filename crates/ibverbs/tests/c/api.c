@@ -147,6 +147,13 @@ int main(void)
 	uint16_t pkey;
 	CHECK(!ibv_query_pkey(ctx, 1, 0, &pkey) && pkey == 0xffff, "pkey");
 
+	/* Rate conversions (the enum is not in rate order). */
+	CHECK(ibv_rate_to_mbps(IBV_RATE_40_GBPS) == 40000, "40G");
+	CHECK(ibv_rate_to_mbps(IBV_RATE_100_GBPS) == 103125, "100G");
+	CHECK(ibv_rate_to_mult(IBV_RATE_25_GBPS) == -1, "25G mult");
+	CHECK(mult_to_ibv_rate(4) == IBV_RATE_10_GBPS, "mult 4");
+	CHECK(mbps_to_ibv_rate(53125) == IBV_RATE_50_GBPS, "50G");
+
 	/* PD and MRs: optional access bits ignored, ODP refused. */
 	struct ibv_pd *pd = ibv_alloc_pd(ctx);
 	REQUIRE(pd, "pd");
@@ -239,8 +246,7 @@ int main(void)
 	/* Teardown order: busy parents refuse. */
 	CHECK(ibv_dealloc_pd(pd) == EBUSY, "PD with MR");
 	CHECK(ibv_destroy_cq(cq) == EBUSY, "CQ with QP");
-	errno = 0;
-	CHECK(ibv_destroy_comp_channel(ch) == -1 && errno == EBUSY, "channel with CQ");
+	CHECK(ibv_destroy_comp_channel(ch) == EBUSY, "channel with CQ");
 	CHECK(!ibv_destroy_qp(plain), "destroy plain");
 	CHECK(ibv_destroy_qp(plain) == EINVAL, "double destroy");
 
