@@ -15,10 +15,8 @@ pub(crate) unsafe extern "C" fn ibv_create_ah(
     attr: *mut ibv_ah_attr,
 ) -> *mut ibv_ah {
     guard(std::ptr::null_mut(), || {
-        let Some(p) = live_pd(pd) else { return null_errno(libc::EINVAL) };
-        // SAFETY: a live PD's context is one of ours.
-        let context = unsafe { (*p.pd.get()).context };
-        let Some(c) = crate::context::live_ctx(context) else { return null_errno(libc::EINVAL) };
+        let Some((p, c)) = crate::pd::live_pd_ctx(pd) else { return null_errno(libc::EINVAL) };
+        let context = c.ibv();
         // SAFETY: NULL or a readable attribute struct.
         let Some(a) = (unsafe { attr.as_ref() }) else { return null_errno(libc::EINVAL) };
         let dest = match crate::qp::av_dest(c.uroce(), a) {

@@ -18,7 +18,7 @@ use crate::context::live_ctx;
 use crate::cq::live_cq;
 use crate::ffi::{Kind, guard, is_live, null_errno};
 use crate::objects::{AhBox, CtxBox, QpBox, SrqBox, from_c, hold, into_c, obj, release};
-use crate::pd::live_pd;
+use crate::pd::{live_pd, live_pd_ctx};
 use crate::srq::live_srq;
 
 /// WRs converted per call into the engine.
@@ -136,12 +136,7 @@ pub(crate) unsafe extern "C" fn ibv_create_qp(
     attr: *mut ibv_qp_init_attr,
 ) -> *mut ibv_qp {
     guard(std::ptr::null_mut(), || {
-        let Some(p) = live_pd(pd) else { return null_errno(libc::EINVAL) };
-        if attr.is_null() {
-            return null_errno(libc::EINVAL);
-        }
-        // SAFETY: a live PD's context is a live context of ours.
-        let Some(c) = live_ctx(unsafe { (*p.pd.get()).context }) else {
+        let (Some((_, c)), false) = (live_pd_ctx(pd), attr.is_null()) else {
             return null_errno(libc::EINVAL);
         };
         // SAFETY: the caller passes a readable and writable init attr.

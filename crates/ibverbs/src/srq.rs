@@ -8,7 +8,6 @@ use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, null_errno};
 use crate::objects::{SrqBox, from_c, hold, in_use, into_c, obj, release};
-use crate::pd::live_pd;
 
 pub(crate) fn live_srq<'a>(srq: *mut ibv_srq) -> Option<&'a SrqBox> {
     // SAFETY: dereferenced only once the registry says it is a live SRQ.
@@ -20,15 +19,12 @@ pub(crate) unsafe extern "C" fn ibv_create_srq(
     init: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
     guard(std::ptr::null_mut(), || {
-        let Some(p) = live_pd(pd) else { return null_errno(libc::EINVAL) };
-        if init.is_null() {
+        let (Some((p, c)), false) = (crate::pd::live_pd_ctx(pd), init.is_null()) else {
             return null_errno(libc::EINVAL);
-        }
+        };
+        let context = c.ibv();
         // SAFETY: the caller passes a readable and writable init attr.
         let a = unsafe { &mut *init };
-        // SAFETY: a live PD's context is one of ours.
-        let context = unsafe { (*p.pd.get()).context };
-        let Some(c) = crate::context::live_ctx(context) else { return null_errno(libc::EINVAL) };
         let attr = uroce::SrqAttr {
             max_wr: a.attr.max_wr,
             max_sge: a.attr.max_sge,
