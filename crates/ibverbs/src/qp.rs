@@ -467,56 +467,27 @@ pub(crate) unsafe extern "C" fn post_send(
     bad_wr: *mut *mut ibv_send_wr,
 ) -> c_int {
     guard(libc::EIO, || {
-        let fail = |w: *mut ibv_send_wr, e: c_int| {
+        // SAFETY: verbs contract: a live QP of ours (hot path: no registry).
+        let Some(b) = (unsafe { obj::<_, QpBox>(qp) }) else {
             if !bad_wr.is_null() {
                 // SAFETY: the caller passes NULL or a writable pointer.
-                unsafe { *bad_wr = w };
+                unsafe { *bad_wr = wr };
             }
-            e
+            return libc::EINVAL;
         };
-        // SAFETY: verbs contract: a live QP of ours (hot path: no registry).
-        let Some(b) = (unsafe { obj::<_, QpBox>(qp) }) else { return fail(wr, libc::EINVAL) };
-        let qp_type = b.inner.qp_type();
-        let mut batch = [SendWr::default(); POST_BATCH];
-        let mut ptrs = [std::ptr::null_mut::<ibv_send_wr>(); POST_BATCH];
-        let mut next = wr;
-        while !next.is_null() {
-            let mut n = 0;
-            while n < POST_BATCH && !next.is_null() {
-                // SAFETY: the caller's WR chain is readable during the call.
-                let w = unsafe { &*next };
-                // SAFETY: as above, with its SGE list and AH.
-                match unsafe { send_wr(w, qp_type, b.cap.max_send_sge) } {
-                    Ok(s) => batch[n] = s,
-                    Err(e) => {
-                        // Post what came before, then report this one.
-                        if let Err(err) = b.inner.post_send(&batch[..n]) {
-                            return fail(first_bad(&ptrs, &err), post_errno(&err));
-                        }
-                        return fail(next, e);
-                    }
-                }
-                ptrs[n] = next;
-                n += 1;
-                next = w.next;
-            }
-            if let Err(err) = b.inner.post_send(&batch[..n]) {
-                return fail(first_bad(&ptrs, &err), post_errno(&err));
-            }
-        }
-        0
+        let (qp_type, max_sge) = (b.inner.qp_type(), b.cap.max_send_sge);
+        post_chain(
+            wr,
+            bad_wr,
+            SendWr::default(),
+            |w| {
+                // SAFETY: the caller's WR chain, SGE lists and AHs are
+                // readable during the call.
+                unsafe { send_wr(w, qp_type, max_sge) }
+            },
+            |wrs| b.inner.post_send(wrs),
+        )
     })
-}
-
-fn first_bad<T>(ptrs: &[*mut T], err: &uroce::Error) -> *mut T {
-    match err {
-        uroce::Error::Post { index, .. } => ptrs.get(*index).copied().unwrap_or(ptrs[0]),
-        _ => ptrs[0],
-    }
-}
-
-fn post_errno(err: &uroce::Error) -> c_int {
-    err.errno()
 }
 
 /// `ops.post_recv`.
@@ -544,37 +515,89 @@ pub(crate) fn post_recv_chain(
     max_sge: u32,
     post: impl Fn(&[RecvWr<'_>]) -> uroce::Result<()>,
 ) -> c_int {
-    let fail = |w: *mut ibv_recv_wr, e: c_int| {
+    post_chain(
+        wr,
+        bad_wr,
+        RecvWr { wr_id: 0, sgl: &[] },
+        |w| {
+            // SAFETY: the caller's WR chain and SGE lists are readable
+            // during the call.
+            let sgl = unsafe { sges(w.sg_list, w.num_sge, max_sge) }?;
+            Ok(RecvWr { wr_id: w.wr_id, sgl })
+        },
+        post,
+    )
+}
+
+/// A link of a C work-request chain.
+trait ChainedWr {
+    fn next_wr(&self) -> *mut Self;
+}
+
+impl ChainedWr for ibv_send_wr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+
+impl ChainedWr for ibv_recv_wr {
+    fn next_wr(&self) -> *mut Self {
+        self.next
+    }
+}
+
+/// Walks a C WR chain, converting each WR with `convert` and handing them
+/// to `post` in batches (no allocation). WRs before a bad one are posted;
+/// the bad one is reported in `bad_wr` with its errno, as providers do.
+fn post_chain<'a, C: ChainedWr + 'a, W: Copy>(
+    wr: *mut C,
+    bad_wr: *mut *mut C,
+    empty: W,
+    convert: impl Fn(&'a C) -> Result<W, c_int>,
+    post: impl Fn(&[W]) -> uroce::Result<()>,
+) -> c_int {
+    let fail = |w: *mut C, e: c_int| {
         if !bad_wr.is_null() {
             // SAFETY: the caller passes NULL or a writable pointer.
             unsafe { *bad_wr = w };
         }
         e
     };
-    let mut batch = [RecvWr { wr_id: 0, sgl: &[] }; POST_BATCH];
-    let mut ptrs = [std::ptr::null_mut::<ibv_recv_wr>(); POST_BATCH];
+    // The WR that uroce's error index names.
+    let posted = |ptrs: &[*mut C], r: uroce::Result<()>| match r {
+        Ok(()) => Ok(()),
+        Err(err) => {
+            let i = match err {
+                uroce::Error::Post { index, .. } => index.min(ptrs.len().saturating_sub(1)),
+                _ => 0,
+            };
+            Err((ptrs.get(i).copied().unwrap_or(wr), err.errno()))
+        }
+    };
+    let mut batch = [empty; POST_BATCH];
+    let mut ptrs = [std::ptr::null_mut::<C>(); POST_BATCH];
     let mut next = wr;
     while !next.is_null() {
         let mut n = 0;
         while n < POST_BATCH && !next.is_null() {
             // SAFETY: the caller's WR chain is readable during the call.
-            let w = unsafe { &*next };
-            // SAFETY: its SGE list too.
-            match unsafe { sges(w.sg_list, w.num_sge, max_sge) } {
-                Ok(sgl) => batch[n] = RecvWr { wr_id: w.wr_id, sgl },
+            let w: &'a C = unsafe { &*next };
+            match convert(w) {
+                Ok(x) => batch[n] = x,
                 Err(e) => {
-                    if let Err(err) = post(&batch[..n]) {
-                        return fail(first_bad(&ptrs, &err), err.errno());
-                    }
-                    return fail(next, e);
+                    // Post what came before, then report this one.
+                    return match posted(&ptrs[..n], post(&batch[..n])) {
+                        Ok(()) => fail(next, e),
+                        Err((bad, e)) => fail(bad, e),
+                    };
                 }
             }
             ptrs[n] = next;
             n += 1;
-            next = w.next;
+            next = w.next_wr();
         }
-        if let Err(err) = post(&batch[..n]) {
-            return fail(first_bad(&ptrs, &err), err.errno());
+        if let Err((bad, e)) = posted(&ptrs[..n], post(&batch[..n])) {
+            return fail(bad, e);
         }
     }
     0
