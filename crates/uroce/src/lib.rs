@@ -227,4 +227,31 @@ pub mod testing {
             }
         }
     }
+
+    /// Opens a device on `addr:port` (test code: panics on failure).
+    pub fn open(addr: &str, port: u16) -> crate::Context {
+        let addr = addr.parse().expect("an IP address");
+        crate::Device::from_config(crate::DeviceConfig { name: "test".into(), addr, port })
+            .open()
+            .expect("opening the test device")
+    }
+
+    /// An RC QP on `pd` with both queues on `cq`, no SRQ (test code:
+    /// panics on failure).
+    pub fn rc_qp(
+        pd: &crate::Pd,
+        cq: &crate::Cq,
+        cap: crate::QpCaps,
+        sq_sig_all: bool,
+    ) -> crate::Qp {
+        pd.create_qp(&crate::QpInitAttr {
+            send_cq: cq,
+            recv_cq: cq,
+            cap,
+            qp_type: crate::QpType::Rc,
+            sq_sig_all,
+            srq: None,
+        })
+        .expect("creating the test QP")
+    }
 }

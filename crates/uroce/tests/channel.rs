@@ -7,8 +7,8 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::time::{Duration, Instant};
 
 use uroce::{
-    Access, CompChannel, Completion, Context, Cq, Device, DeviceConfig, Mr, Qp, QpCaps, QpInitAttr,
-    QpType, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus,
+    Access, CompChannel, Completion, Context, Cq, Device, DeviceConfig, Mr, Qp, QpCaps, RecvWr,
+    SendFlags, SendWr, WcOpcode, WcStatus,
 };
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
@@ -21,11 +21,7 @@ struct Side {
 }
 
 fn side(addr: &str, port: u16, ch: Option<&CompChannel>, ctx: Option<Context>) -> Side {
-    let ctx = ctx.unwrap_or_else(|| {
-        Device::from_config(DeviceConfig { name: "c".into(), addr: addr.parse().unwrap(), port })
-            .open()
-            .unwrap()
-    });
+    let ctx = ctx.unwrap_or_else(|| uroce::testing::open(addr, port));
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq_with(4096, ch).unwrap();
     let mr = pd.alloc_mr(1 << 20, ALL).unwrap();
@@ -36,16 +32,7 @@ fn side(addr: &str, port: u16, ch: Option<&CompChannel>, ctx: Option<Context>) -
         max_recv_sge: 1,
         max_inline_data: 64,
     };
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap,
-            qp_type: QpType::Rc,
-            sq_sig_all: false,
-            srq: None,
-        })
-        .unwrap();
+    let qp = uroce::testing::rc_qp(&pd, &cq, cap, false);
     Side { ctx, qp, cq, mr }
 }
 
@@ -215,16 +202,7 @@ fn async_event_descriptor() {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let q = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &small,
-            recv_cq: &small,
-            cap,
-            qp_type: QpType::Rc,
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
+    let q = uroce::testing::rc_qp(&pd, &small, cap, true);
     q.modify(
         &uroce::QpAttr { state: uroce::QpState::Init, ..Default::default() },
         uroce::AttrMask::STATE

@@ -6,8 +6,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use uroce::{
-    Access, Completion, Context, Cq, Device, DeviceConfig, Mr, MwType, Pd, Qp, QpCaps, QpInitAttr,
-    QpType, RecvWr, SendFlags, SendWr, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    Access, Completion, Context, Cq, Mr, MwType, Pd, Qp, QpCaps, RecvWr, SendFlags, SendWr,
+    WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
@@ -26,13 +26,7 @@ fn pair(k: u16) -> (End, End) {
     let _ = k;
     let port = uroce::testing::free_port();
     let mk = |addr: &str| {
-        let ctx = Device::from_config(DeviceConfig {
-            name: "w".into(),
-            addr: addr.parse().unwrap(),
-            port,
-        })
-        .open()
-        .unwrap();
+        let ctx = uroce::testing::open(addr, port);
         let pd = ctx.alloc_pd().unwrap();
         let cq = ctx.create_cq(64).unwrap();
         let mr = pd.alloc_mr(64 * 1024, WITH_BIND).unwrap();
@@ -43,16 +37,7 @@ fn pair(k: u16) -> (End, End) {
             max_recv_sge: 1,
             max_inline_data: 64,
         };
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                cap,
-                qp_type: QpType::Rc,
-                sq_sig_all: true,
-                srq: None,
-            })
-            .unwrap();
+        let qp = uroce::testing::rc_qp(&pd, &cq, cap, true);
         End { _ctx: ctx, pd, qp, cq, mr }
     };
     let (a, b) = (mk("127.0.0.1"), mk("127.0.0.2"));

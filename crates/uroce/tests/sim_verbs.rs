@@ -37,26 +37,8 @@ fn rc_over_a_faulty_simulated_network() {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let qa = pa
-        .create_qp(&QpInitAttr {
-            send_cq: &ca,
-            recv_cq: &ca,
-            cap,
-            qp_type: QpType::Rc,
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
-    let qb = pb
-        .create_qp(&QpInitAttr {
-            send_cq: &cb,
-            recv_cq: &cb,
-            cap,
-            qp_type: QpType::Rc,
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
+    let qa = uroce::testing::rc_qp(&pa, &ca, cap, true);
+    let qb = uroce::testing::rc_qp(&pb, &cb, cap, true);
     uroce::connect_rc(&qa, ib, 4791, qb.qpn(), 1, 2, ALL).unwrap();
     uroce::connect_rc(&qb, ia, 4791, qa.qpn(), 2, 1, ALL).unwrap();
 

@@ -6,17 +6,14 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use uroce::{
-    Access, AsyncEvent, AttrMask, Completion, Context, Cq, Device, DeviceConfig, Mr, Pd, Qp,
-    QpAttr, QpCaps, QpInitAttr, QpState, QpType, RecvWr, SendWr, Srq, SrqAttr, WcOpcode, WcStatus,
+    Access, AsyncEvent, AttrMask, Completion, Context, Cq, Mr, Pd, Qp, QpAttr, QpCaps, QpInitAttr,
+    QpState, QpType, RecvWr, SendWr, Srq, SrqAttr, WcOpcode, WcStatus,
 };
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 
 fn open(addr: &str, port: u16) -> (Context, Pd, Cq, Mr) {
-    let ctx =
-        Device::from_config(DeviceConfig { name: "s".into(), addr: addr.parse().unwrap(), port })
-            .open()
-            .unwrap();
+    let ctx = uroce::testing::open(addr, port);
     let pd = ctx.alloc_pd().unwrap();
     let cq = ctx.create_cq(256).unwrap();
     let mr = pd.alloc_mr(4 << 20, ALL).unwrap();

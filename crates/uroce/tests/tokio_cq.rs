@@ -3,10 +3,7 @@
 
 use std::net::IpAddr;
 
-use uroce::{
-    Access, AsyncCq, Device, DeviceConfig, QpCaps, QpInitAttr, QpType, RecvWr, SendFlags, SendWr,
-    WcOpcode,
-};
+use uroce::{Access, AsyncCq, QpCaps, RecvWr, SendFlags, SendWr, WcOpcode};
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 
@@ -15,11 +12,7 @@ fn completions_are_awaited() {
     let port = uroce::testing::free_port();
     let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
     rt.block_on(async {
-        let open = |a: &str| {
-            Device::from_config(DeviceConfig { name: "t".into(), addr: a.parse().unwrap(), port })
-                .open()
-                .unwrap()
-        };
+        let open = |a: &str| uroce::testing::open(a, port);
         let (a, b) = (open("127.0.0.1"), open("127.0.0.2"));
         let ch = b.create_comp_channel().unwrap();
         let cq_b = b.create_cq_with(64, Some(&ch)).unwrap();
@@ -33,26 +26,8 @@ fn completions_are_awaited() {
             max_recv_sge: 1,
             max_inline_data: 64,
         };
-        let qa = pa
-            .create_qp(&QpInitAttr {
-                send_cq: &cq_a,
-                recv_cq: &cq_a,
-                cap,
-                qp_type: QpType::Rc,
-                sq_sig_all: false,
-                srq: None,
-            })
-            .unwrap();
-        let qb = pb
-            .create_qp(&QpInitAttr {
-                send_cq: &cq_b,
-                recv_cq: &cq_b,
-                cap,
-                qp_type: QpType::Rc,
-                sq_sig_all: false,
-                srq: None,
-            })
-            .unwrap();
+        let qa = uroce::testing::rc_qp(&pa, &cq_a, cap, false);
+        let qb = uroce::testing::rc_qp(&pb, &cq_b, cap, false);
         let (ia, ib): (IpAddr, IpAddr) =
             ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
         uroce::connect(&qa, ib, port, qb.qpn(), 1, 2, ALL).unwrap();

@@ -6,8 +6,8 @@ use std::net::{IpAddr, UdpSocket};
 use std::time::{Duration, Instant};
 
 use uroce::{
-    Access, Completion, Context, Cq, Device, DeviceConfig, Mr, Qp, QpCaps, QpInitAttr, QpType,
-    RecvWr, SendWr, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    Access, Completion, Context, Cq, Mr, Qp, QpCaps, QpInitAttr, QpType, RecvWr, SendWr, WcFlags,
+    WcOpcode, WcStatus, WrOpcode,
 };
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
@@ -21,10 +21,7 @@ struct End {
 }
 
 fn end(addr: &str, port: u16) -> End {
-    let ctx =
-        Device::from_config(DeviceConfig { name: "t".into(), addr: addr.parse().unwrap(), port })
-            .open()
-            .unwrap();
+    let ctx = uroce::testing::open(addr, port);
     let pd = ctx.alloc_pd().unwrap();
     let mr = pd.alloc_mr(4 * MB, ALL).unwrap();
     let cq = ctx.create_cq(64).unwrap();
@@ -35,16 +32,7 @@ fn end(addr: &str, port: u16) -> End {
         max_recv_sge: 2,
         max_inline_data: 64,
     };
-    let qp = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &cq,
-            recv_cq: &cq,
-            cap,
-            qp_type: QpType::Rc,
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
+    let qp = uroce::testing::rc_qp(&pd, &cq, cap, true);
     End { ctx, qp, cq, mr }
 }
 
@@ -259,16 +247,7 @@ fn cq_overflow_is_an_error_event_and_queries_tell_the_truth() {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let q = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &small,
-            recv_cq: &small,
-            cap,
-            qp_type: QpType::Rc,
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
+    let q = uroce::testing::rc_qp(&pd, &small, cap, true);
     uroce::connect_rc(&q, "127.0.0.2".parse().unwrap(), p, b.qp.qpn(), 5, 6, ALL).unwrap();
     uroce::connect_rc(&b.qp, "127.0.0.1".parse().unwrap(), p, q.qpn(), 6, 5, ALL).unwrap();
     let w = SendWr {
@@ -323,13 +302,7 @@ fn cq_overflow_is_an_error_event_and_queries_tell_the_truth() {
 fn uc_send_and_write_over_udp() {
     let p = port(5);
     let mk = |addr: &str| {
-        let ctx = Device::from_config(DeviceConfig {
-            name: "u".into(),
-            addr: addr.parse().unwrap(),
-            port: p,
-        })
-        .open()
-        .unwrap();
+        let ctx = uroce::testing::open(addr, p);
         let pd = ctx.alloc_pd().unwrap();
         let mr = pd.alloc_mr(MB, ALL).unwrap();
         let cq = ctx.create_cq(16).unwrap();
@@ -393,13 +366,7 @@ fn uc_send_and_write_over_udp() {
 fn ud_exchange_with_grh_qkeys_and_replies_from_the_completion() {
     let p = port(6);
     let mk = |addr: &str, qkey: u32| {
-        let ctx = Device::from_config(DeviceConfig {
-            name: "d".into(),
-            addr: addr.parse().unwrap(),
-            port: p,
-        })
-        .open()
-        .unwrap();
+        let ctx = uroce::testing::open(addr, p);
         let pd = ctx.alloc_pd().unwrap();
         let mr = pd.alloc_mr(MB, ALL).unwrap();
         let cq = ctx.create_cq(16).unwrap();
@@ -519,13 +486,7 @@ fn ud_multicast_reaches_every_attached_qp() {
     let p = port(7);
     let group: IpAddr = format!("239.77.{}.{}", p >> 8, p & 0xff).parse().unwrap();
     let mk = |addr: &str| {
-        let ctx = Device::from_config(DeviceConfig {
-            name: "m".into(),
-            addr: addr.parse().unwrap(),
-            port: p,
-        })
-        .open()
-        .unwrap();
+        let ctx = uroce::testing::open(addr, p);
         let pd = ctx.alloc_pd().unwrap();
         let mr = pd.alloc_mr(MB, ALL).unwrap();
         let cq = ctx.create_cq(16).unwrap();
