@@ -143,15 +143,14 @@ impl Memory for TestMemory {
     }
 
     fn read(&self, key: Key, who: Accessor, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
-        let need = if matches!(key, Key::Remote(_)) { Access::REMOTE_READ } else { Access::NONE };
+        let need = key.needs(false);
         let (i, off) = self.locate(key, who.pd, addr, out.len() as u64, need)?;
         out.copy_from_slice(&self.regions.borrow()[i].bytes[off..off + out.len()]);
         Ok(())
     }
 
     fn write(&self, key: Key, who: Accessor, addr: u64, data: &[u8]) -> Result<(), AccessError> {
-        let need =
-            if matches!(key, Key::Remote(_)) { Access::REMOTE_WRITE } else { Access::LOCAL_WRITE };
+        let need = key.needs(true);
         let (i, off) = self.locate(key, who.pd, addr, data.len() as u64, need)?;
         self.regions.borrow_mut()[i].bytes[off..off + data.len()].copy_from_slice(data);
         Ok(())

@@ -17,6 +17,19 @@ pub enum Key {
     Remote(u32),
 }
 
+impl Key {
+    /// The right a read (or with `write`, a write) through this key needs:
+    /// none for a local read, LOCAL_WRITE, REMOTE_READ or REMOTE_WRITE.
+    pub const fn needs(self, write: bool) -> Access {
+        match (self, write) {
+            (Self::Local(_), false) => Access::NONE,
+            (Self::Local(_), true) => Access::LOCAL_WRITE,
+            (Self::Remote(_), false) => Access::REMOTE_READ,
+            (Self::Remote(_), true) => Access::REMOTE_WRITE,
+        }
+    }
+}
+
 /// Why an access was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum AccessError {

@@ -281,15 +281,6 @@ impl MemTable {
     }
 }
 
-fn need(key: Key, write: bool) -> Access {
-    match (key, write) {
-        (Key::Local(_), false) => Access::NONE,
-        (Key::Local(_), true) => Access::LOCAL_WRITE,
-        (Key::Remote(_), false) => Access::REMOTE_READ,
-        (Key::Remote(_), true) => Access::REMOTE_WRITE,
-    }
-}
-
 impl Memory for MemTable {
     fn check(
         &self,
@@ -303,7 +294,7 @@ impl Memory for MemTable {
     }
 
     fn read(&self, key: Key, who: Accessor, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
-        let (r, off) = self.locate(key, who, addr, out.len() as u64, need(key, false))?;
+        let (r, off) = self.locate(key, who, addr, out.len() as u64, key.needs(false))?;
         // SAFETY: `locate` checked bounds (invariant 3) and the region is
         // alive (invariants 1, 2). `copy` tolerates overlap, which a caller
         // could produce by registering its own packet buffer.
@@ -312,7 +303,7 @@ impl Memory for MemTable {
     }
 
     fn write(&self, key: Key, who: Accessor, addr: u64, data: &[u8]) -> Result<(), AccessError> {
-        let (r, off) = self.locate(key, who, addr, data.len() as u64, need(key, true))?;
+        let (r, off) = self.locate(key, who, addr, data.len() as u64, key.needs(true))?;
         // SAFETY: as in `read`.
         unsafe { std::ptr::copy(data.as_ptr(), r.ptr.as_ptr().add(off), data.len()) };
         Ok(())
