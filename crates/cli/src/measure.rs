@@ -104,7 +104,7 @@ impl Conn {
     /// Connects to the peer at `ip` (same UDP port as this device).
     pub(crate) fn connect(&self, ip: std::net::IpAddr, peer: &Remote) -> Result<()> {
         let port = self.ctx.device().socket_addr().port();
-        uroce::connect_rc(&self.qp, ip, port, peer.qpn, self.psn, peer.psn, ALL_ACCESS)
+        uroce::connect(&self.qp, ip, port, peer.qpn, self.psn, peer.psn, ALL_ACCESS)
             .context("connecting the QP")
     }
 

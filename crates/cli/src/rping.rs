@@ -154,7 +154,7 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
     let peer = common::ip_of_gid(common::parse_wire_gid(f[2])?)?;
     let port = ctx.device().socket_addr().port();
     let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
-    uroce::connect_rc(&qp, peer, port, rqpn, psn, rpsn, rw)?;
+    uroce::connect(&qp, peer, port, rqpn, psn, rpsn, rw)?;
     qp.post_recv(&[RecvWr { wr_id: 1, sgl: &[mr.sge(Bufs::RECV, INFO as u32)?] }])?;
     // Both sides are connected (and have a receive posted) before any SEND.
     stream.write_all(b"go\n")?;

@@ -30,8 +30,8 @@
 //! let qb = pb.create_qp(&QpInitAttr { send_cq: &cq_b, recv_cq: &cq_b, cap: caps,
 //!                                     qp_type: QpType::Rc, sq_sig_all: false, srq: None })?;
 //! // Exchange QPNs and PSNs out of band (here: directly), then connect.
-//! uroce::connect_rc(&qa, "127.0.0.2".parse().unwrap(), port, qb.qpn(), 100, 200, rw)?;
-//! uroce::connect_rc(&qb, "127.0.0.1".parse().unwrap(), port, qa.qpn(), 200, 100, rw)?;
+//! uroce::connect(&qa, "127.0.0.2".parse().unwrap(), port, qb.qpn(), 100, 200, rw)?;
+//! uroce::connect(&qb, "127.0.0.1".parse().unwrap(), port, qa.qpn(), 200, 100, rw)?;
 //!
 //! let sge = [src.sge(0, 11)?];
 //! qa.post_send(&[SendWr { wr_id: 1, opcode: WrOpcode::RdmaWrite, sgl: &sge,
@@ -184,22 +184,6 @@ pub fn activate_ud(qp: &Qp, qkey: u32, psn: u32) -> Result<()> {
     attr.state = QpState::ReadyToSend;
     attr.sq_psn = Psn::new(psn);
     qp.modify(&attr, AttrMask::STATE | AttrMask::SQ_PSN)
-}
-
-/// [`connect`] for RC QPs (kept for readability at call sites).
-///
-/// # Errors
-/// As [`Qp::modify`].
-pub fn connect_rc(
-    qp: &Qp,
-    peer: std::net::IpAddr,
-    peer_port: u16,
-    peer_qpn: u32,
-    my_psn: u32,
-    peer_psn: u32,
-    access: Access,
-) -> Result<()> {
-    connect(qp, peer, peer_port, peer_qpn, my_psn, peer_psn, access)
 }
 
 /// Helpers for tests and tools that need ports of their own.

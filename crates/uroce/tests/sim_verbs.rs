@@ -39,8 +39,8 @@ fn rc_over_a_faulty_simulated_network() {
     };
     let qa = uroce::testing::rc_qp(&pa, &ca, cap, true);
     let qb = uroce::testing::rc_qp(&pb, &cb, cap, true);
-    uroce::connect_rc(&qa, ib, 4791, qb.qpn(), 1, 2, ALL).unwrap();
-    uroce::connect_rc(&qb, ia, 4791, qa.qpn(), 2, 1, ALL).unwrap();
+    uroce::connect(&qa, ib, 4791, qb.qpn(), 1, 2, ALL).unwrap();
+    uroce::connect(&qb, ia, 4791, qa.qpn(), 2, 1, ALL).unwrap();
 
     let data: Vec<u8> = (0..300_000u32).map(|i| (i * 13) as u8).collect();
     ma.write(0, &data).unwrap();
@@ -142,8 +142,8 @@ fn inline_sends_gather_their_bytes_at_post_time() {
     };
     let qa = pa.create_qp(&init(&ca)).unwrap();
     let qb = pb.create_qp(&init(&cb)).unwrap();
-    uroce::connect_rc(&qa, ib, 4791, qb.qpn(), 1, 2, ALL).unwrap();
-    uroce::connect_rc(&qb, ia, 4791, qa.qpn(), 2, 1, ALL).unwrap();
+    uroce::connect(&qa, ib, 4791, qb.qpn(), 1, 2, ALL).unwrap();
+    uroce::connect(&qb, ia, 4791, qa.qpn(), 2, 1, ALL).unwrap();
     qb.post_recv(&[RecvWr { wr_id: 1, sgl: &[mb.sge(0, 128).unwrap()] }]).unwrap();
 
     ma.write(0, b"hello, ").unwrap();

@@ -39,7 +39,7 @@ fn end(addr: &str, port: u16) -> End {
 fn pair(a_addr: &str, b_addr: &str, port_a: u16, port_b: u16) -> (End, End) {
     let a = end(a_addr, port_a);
     let b = end(b_addr, port_b);
-    uroce::connect_rc(
+    uroce::connect(
         &a.qp,
         b_addr.parse::<IpAddr>().unwrap(),
         port_b,
@@ -49,7 +49,7 @@ fn pair(a_addr: &str, b_addr: &str, port_a: u16, port_b: u16) -> (End, End) {
         ALL,
     )
     .unwrap();
-    uroce::connect_rc(
+    uroce::connect(
         &b.qp,
         a_addr.parse::<IpAddr>().unwrap(),
         port_a,
@@ -248,8 +248,8 @@ fn cq_overflow_is_an_error_event_and_queries_tell_the_truth() {
         max_inline_data: 0,
     };
     let q = uroce::testing::rc_qp(&pd, &small, cap, true);
-    uroce::connect_rc(&q, "127.0.0.2".parse().unwrap(), p, b.qp.qpn(), 5, 6, ALL).unwrap();
-    uroce::connect_rc(&b.qp, "127.0.0.1".parse().unwrap(), p, q.qpn(), 6, 5, ALL).unwrap();
+    uroce::connect(&q, "127.0.0.2".parse().unwrap(), p, b.qp.qpn(), 5, 6, ALL).unwrap();
+    uroce::connect(&b.qp, "127.0.0.1".parse().unwrap(), p, q.qpn(), 6, 5, ALL).unwrap();
     let w = SendWr {
         wr_id: 1,
         opcode: WrOpcode::RdmaWrite,
