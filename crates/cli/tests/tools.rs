@@ -7,8 +7,18 @@ use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_uroce");
 
-fn free_tcp_port() -> u16 {
-    std::net::TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+use uroce::testing::free_tcp_port;
+
+/// Starts a server that listens on TCP `tcp` and waits until it does, so
+/// that its client never races its start on a busy machine.
+fn spawn_server(mut cmd: Command, tcp: &str) -> Child {
+    let child = cmd.spawn().unwrap();
+    let port: u16 = tcp.parse().unwrap();
+    assert!(
+        uroce::testing::wait_tcp_listening(port, Duration::from_secs(60)),
+        "the server never listened on TCP {port}"
+    );
+    child
 }
 
 fn uroce(addr: &str, udp: u16, args: &[&str]) -> Command {
@@ -50,7 +60,7 @@ fn pair(tool: &[&str], extra: &[&str]) -> (String, String) {
     let mut sargs: Vec<&str> = tool.to_vec();
     sargs.extend_from_slice(&["-p", &tcp]);
     sargs.extend_from_slice(extra);
-    let server = uroce("127.0.0.1", udp, &sargs).spawn().unwrap();
+    let server = spawn_server(uroce("127.0.0.1", udp, &sargs), &tcp);
     let mut cargs: Vec<&str> = tool.to_vec();
     cargs.push("127.0.0.1");
     cargs.extend_from_slice(&["-p", &tcp]);
@@ -109,7 +119,8 @@ fn fails_fast(mut cmd: Command, needle: &str, limit: Duration) {
 fn newcomer_mistakes_fail_fast_with_one_clear_line() {
     let udp = uroce::testing::free_port();
     let tcp = free_tcp_port().to_string();
-    let secs = Duration::from_secs(4);
+    // Well below the 10 s a hang would take, with room for a busy machine.
+    let secs = Duration::from_secs(8);
     // Nobody listening.
     fails_fast(
         uroce("127.0.0.2", udp, &["pingpong", "rc", "127.0.0.1", "-p", &tcp]),
@@ -143,9 +154,10 @@ fn newcomer_mistakes_fail_fast_with_one_clear_line() {
 fn mismatched_sizes_fail_on_both_sides_instead_of_hanging() {
     let udp = uroce::testing::free_port();
     let tcp = free_tcp_port().to_string();
-    let server = uroce("127.0.0.1", udp, &["pingpong", "rc", "-p", &tcp, "-s", "1024", "-n", "5"])
-        .spawn()
-        .unwrap();
+    let server = spawn_server(
+        uroce("127.0.0.1", udp, &["pingpong", "rc", "-p", &tcp, "-s", "1024", "-n", "5"]),
+        &tcp,
+    );
     let client = uroce(
         "127.0.0.2",
         udp,
@@ -198,9 +210,28 @@ fn bench_sweeps_sizes_and_writes_table_csv_and_svg() {
         .unwrap();
     let t = text(&o);
     assert!(o.status.success(), "{t}");
-    // 11 sizes for write, read and send, one atomic row.
-    let rows: Vec<&str> = t.lines().filter(|l| l.split_whitespace().count() == 8).collect();
+    // The table: its header, then one row per (op, size) up to a blank
+    // line; 11 sizes for write, read and send, one atomic row.
+    let mut lines = t.lines().skip_while(|l| !(l.starts_with("op ") && l.contains("BW avg MB/s")));
+    assert!(lines.next().is_some(), "no table in:\n{t}");
+    let rows: Vec<Vec<&str>> = lines
+        .take_while(|l| !l.trim().is_empty())
+        .map(|l| l.split_whitespace().collect())
+        .collect();
+    let count = |op: &str| rows.iter().filter(|r| r[0] == op).count();
+    assert_eq!(
+        (count("write"), count("read"), count("send"), count("atomic")),
+        (11, 11, 11, 1),
+        "{t}"
+    );
     assert_eq!(rows.len(), 3 * 11 + 1, "{t}");
+    for r in &rows {
+        assert_eq!(r.len(), 8, "{r:?}");
+        let v: Vec<f64> =
+            r[1..].iter().map(|v| v.parse().unwrap_or_else(|_| panic!("{r:?}"))).collect();
+        let min = if r[0] == "atomic" { 8.0 } else { 64.0 };
+        assert!(v.iter().all(|x| *x >= 0.0) && v[0] >= min && v[1] > 0.0, "{r:?}");
+    }
     let csv = std::fs::read_to_string(out.join("bench.csv")).unwrap();
     assert_eq!(csv.lines().count(), 1 + 3 * 11 + 1, "{csv}");
     for l in csv.lines().skip(1) {
@@ -212,6 +243,17 @@ fn bench_sweeps_sizes_and_writes_table_csv_and_svg() {
     }
     let svg = std::fs::read_to_string(out.join("bench.svg")).unwrap();
     assert!(svg.contains("uroce write") && svg.contains("uroce atomic"));
+    // The PNG is optional: made when rsvg-convert is installed (the test
+    // command does not install it), and its absence is said in one line.
+    let rsvg =
+        Command::new("rsvg-convert").arg("--version").output().is_ok_and(|o| o.status.success());
+    if rsvg {
+        let png = std::fs::read(out.join("bench.png")).unwrap();
+        assert!(png.starts_with(b"\x89PNG"), "bench.png is not a PNG");
+    } else {
+        assert!(!out.join("bench.png").exists());
+        assert!(t.contains("(no PNG: rsvg-convert not found"), "{t}");
+    }
     let _ = std::fs::remove_dir_all(&out);
 }
 
@@ -284,10 +326,10 @@ fn perf_output_option_prints_one_number() {
 fn rping_reads_the_pattern_writes_it_back_and_verifies() {
     let udp = uroce::testing::free_port();
     let tcp = free_tcp_port().to_string();
-    let server =
-        uroce("127.0.0.1", udp, &["rping", "-s", "-a", "127.0.0.1", "-p", &tcp, "-v", "-S", "100"])
-            .spawn()
-            .unwrap();
+    let server = spawn_server(
+        uroce("127.0.0.1", udp, &["rping", "-s", "-a", "127.0.0.1", "-p", &tcp, "-v", "-S", "100"]),
+        &tcp,
+    );
     let client = uroce(
         "127.0.0.2",
         udp,
@@ -319,8 +361,10 @@ fn rping_reads_the_pattern_writes_it_back_and_verifies() {
 
     // Different -S on the two sides: both end at once with a clear line.
     let tcp = free_tcp_port().to_string();
-    let server =
-        uroce("127.0.0.1", udp, &["rping", "-s", "-a", "127.0.0.1", "-p", &tcp]).spawn().unwrap();
+    let server = spawn_server(
+        uroce("127.0.0.1", udp, &["rping", "-s", "-a", "127.0.0.1", "-p", &tcp]),
+        &tcp,
+    );
     let start = Instant::now();
     let client = uroce(
         "127.0.0.2",
@@ -331,7 +375,8 @@ fn rping_reads_the_pattern_writes_it_back_and_verifies() {
     .unwrap();
     let c = finish(client, Duration::from_secs(10));
     let s = finish(server, Duration::from_secs(10));
-    assert!(start.elapsed() < Duration::from_secs(4), "{:?}", start.elapsed());
+    // At once: well below the 10 s wait a hang would end in.
+    assert!(start.elapsed() < Duration::from_secs(8), "{:?}", start.elapsed());
     assert!(!c.status.success() && !s.status.success());
     assert!(text(&s).contains("use the same -S"), "{}", text(&s));
 }

@@ -25,38 +25,39 @@ fn captured_packets_are_clean_rocev2_with_good_icrc() {
         return;
     }
     let port = uroce::testing::free_port();
+    // Two marker ports, so that a late copy of the first marker cannot pass
+    // for the second.
+    let (live_port, done_port) = (uroce::testing::free_port(), uroce::testing::free_port());
     let dir = std::env::temp_dir().join(format!("uroce-cap-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let cap: PathBuf = dir.join("lo.pcapng");
+    // -P -l: one line per captured packet (its UDP destination port) as
+    // soon as it is in the file, so the test can see the capture is live.
     let mut tshark = Command::new("tshark")
-        .args(["-i", "lo", "-B", "64", "-f", &format!("udp port {port}"), "-w"])
+        .args(["-i", "lo", "-B", "64", "-P", "-l", "-T", "fields", "-e", "udp.dstport"])
+        .args([
+            "-f",
+            &format!("udp port {port} or udp port {live_port} or udp port {done_port}"),
+            "-w",
+        ])
         .arg(&cap)
-        .stdout(Stdio::null())
-        .stderr(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null())
         .spawn()
         .expect("start tshark");
-    // Wait until tshark says it is capturing.
-    let err = tshark.stderr.take().unwrap();
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        use std::io::BufRead;
-        for line in std::io::BufReader::new(err).lines().map_while(Result::ok) {
-            if line.contains("Capturing on") {
-                let _ = tx.send(());
-            }
-        }
-    });
-    let t = Instant::now();
-    assert!(rx.recv_timeout(Duration::from_secs(20)).is_ok(), "tshark did not start");
-    let _ = t;
-    std::thread::sleep(Duration::from_millis(200));
+    let seen = PortLines::new(tshark.stdout.take().unwrap());
+    // Live: a marker datagram sent now shows up in the capture.
+    let marker = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    assert!(seen.wait_marker(&marker, live_port), "the capture never went live");
     let demo = Command::new(env!("CARGO_BIN_EXE_uroce"))
         .args(["demo", "-n", "20", "--port", &port.to_string()])
         .env("UROCE_NO_GSO", "1")
         .output()
         .expect("run demo");
     assert!(demo.status.success(), "{}", String::from_utf8_lossy(&demo.stderr));
-    std::thread::sleep(Duration::from_millis(500));
+    // Complete: a marker sent after the demo is captured after all of its
+    // packets (the tap sees loopback traffic in order).
+    assert!(seen.wait_marker(&marker, done_port), "the capture stalled");
     // SIGINT lets tshark finish the file.
     let _ = Command::new("kill").args(["-INT", &tshark.id().to_string()]).status();
     let _ = tshark.wait();
@@ -89,6 +90,8 @@ fn captured_packets_are_clean_rocev2_with_good_icrc() {
         .args(["-r"])
         .arg(&cap)
         .args([
+            "-Y",
+            &format!("udp.port=={port}"),
             "-d",
             &format!("udp.port=={port},infiniband"),
             "-T",
@@ -106,4 +109,42 @@ fn captured_packets_are_clean_rocev2_with_good_icrc() {
     assert_eq!(malformed, 0, "tshark finds malformed packets");
     assert_eq!(missing, 0, "tshark did not decode every packet as InfiniBand");
     std::fs::remove_dir_all(&dir).ok();
+}
+
+/// The UDP destination ports tshark prints, one line per packet.
+struct PortLines(std::sync::mpsc::Receiver<String>);
+
+impl PortLines {
+    fn new(out: std::process::ChildStdout) -> Self {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            use std::io::BufRead;
+            for line in std::io::BufReader::new(out).lines().map_while(Result::ok) {
+                if tx.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        Self(rx)
+    }
+
+    /// Sends marker datagrams to `port` until the capture shows one (at
+    /// most a minute, however busy the machine).
+    fn wait_marker(&self, sock: &std::net::UdpSocket, port: u16) -> bool {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let want = port.to_string();
+        while Instant::now() < deadline {
+            sock.send_to(b"uroce capture marker", ("127.0.0.1", port)).unwrap();
+            let until = Instant::now() + Duration::from_millis(200);
+            while let Some(left) = until.checked_duration_since(Instant::now()) {
+                match self.0.recv_timeout(left) {
+                    Ok(l) if l.trim() == want => return true,
+                    Ok(_) => {}
+                    Err(std::sync::mpsc::RecvTimeoutError::Timeout) => break,
+                    Err(std::sync::mpsc::RecvTimeoutError::Disconnected) => return false,
+                }
+            }
+        }
+        false
+    }
 }

@@ -6,7 +6,6 @@
 //! once on two cores would measure the scheduler.
 
 use std::io::Read;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::{Mutex, MutexGuard, OnceLock};
@@ -53,7 +52,7 @@ fn serial() -> MutexGuard<'static, ()> {
 }
 
 fn tcp_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0").unwrap().local_addr().unwrap().port()
+    uroce::testing::free_tcp_port()
 }
 
 /// Extra environment for the runs of the current test (see
@@ -97,20 +96,6 @@ fn finish(mut child: Child, deadline: Instant) -> (Output, bool) {
     child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
     child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
     (Output { status, stdout, stderr }, timed_out)
-}
-
-/// Whether something listens on TCP `port` (any address), read from
-/// /proc so that no connection is spent on the probe.
-fn listening(port: u16) -> bool {
-    let needle = format!(":{port:04X} ");
-    ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
-        std::fs::read_to_string(f).is_ok_and(|t| {
-            t.lines().skip(1).any(|l| {
-                let w: Vec<&str> = l.split_whitespace().collect();
-                w.len() > 3 && format!("{} ", w[1]).ends_with(&needle) && w[3] == "0A"
-            })
-        })
-    })
 }
 
 /// The text of both sides of a run, for assertions and failure messages.
@@ -157,9 +142,7 @@ fn pair(server: (&Path, &[&str]), client: (&Path, &[&str]), limit: Duration) -> 
     sargs.extend(["-p", &tcp]);
     let srv = cmd(server.0, &sargs, "127.0.0.1", udp).spawn().unwrap();
     let port: u16 = tcp.parse().unwrap();
-    while !listening(port) && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    uroce::testing::wait_tcp_listening(port, deadline.saturating_duration_since(Instant::now()));
     let mut cargs: Vec<&str> = client.1.to_vec();
     cargs.extend(["-p", &tcp, "127.0.0.1"]);
     let cli = cmd(client.0, &cargs, "127.0.0.2", udp).spawn().unwrap();

@@ -212,6 +212,50 @@ pub mod testing {
         }
     }
 
+    /// A TCP port free on 127.0.0.1 right now; each call in a process
+    /// returns a different port.
+    pub fn free_tcp_port() -> u16 {
+        static LAST: AtomicU16 = AtomicU16::new(0);
+        loop {
+            let Ok(l) = std::net::TcpListener::bind("127.0.0.1:0") else { continue };
+            let Ok(addr) = l.local_addr() else { continue };
+            if LAST.swap(addr.port(), Ordering::Relaxed) != addr.port() {
+                return addr.port();
+            }
+        }
+    }
+
+    /// Whether something listens on TCP `port` (any address), read from
+    /// /proc so that no connection is spent on the probe (a server that
+    /// accepts one connection would take the probe for its client).
+    pub fn tcp_listening(port: u16) -> bool {
+        let needle = format!(":{port:04X}");
+        ["/proc/net/tcp", "/proc/net/tcp6"].iter().any(|f| {
+            std::fs::read_to_string(f).is_ok_and(|t| {
+                t.lines().skip(1).any(|l| {
+                    let w: Vec<&str> = l.split_whitespace().collect();
+                    w.len() > 3 && w[1].ends_with(&needle) && w[3] == "0A"
+                })
+            })
+        })
+    }
+
+    /// Waits until something listens on TCP `port`, for at most `limit`
+    /// (a server process that is still starting, on a busy machine).
+    /// Returns whether it does.
+    pub fn wait_tcp_listening(port: u16, limit: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            if tcp_listening(port) {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     /// Opens a device on `addr:port` (test code: panics on failure).
     pub fn open(addr: &str, port: u16) -> crate::Context {
         let addr = addr.parse().expect("an IP address");
