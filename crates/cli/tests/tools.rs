@@ -190,7 +190,7 @@ fn devices_and_devinfo_print_what_rdma_core_prints() {
         "\t\t\tmax_mtu:\t\t4096 (5)\n",
         "\t\t\tlink_layer:\t\tEthernet\n",
         "\t\t\tGID[  0]:\t\t::ffff:127.0.0.1, RoCE v2\n",
-        "\tmax_qp_rd_atom:\t\t\t16\n",
+        "\tmax_qp_rd_atom:\t\t\t128\n",
     ] {
         assert!(t.contains(needle), "{needle:?} missing from:\n{t}");
     }

@@ -35,8 +35,9 @@ pub use wqe::{
 };
 
 /// The deepest READ/atomic queue a QP may ask for, in either direction
-/// (`max_qp_rd_atom`, `max_qp_init_rd_atom`; rxe allows 128, mlx5 16).
-pub const RC_MAX_RD_ATOMIC: u32 = 16;
+/// (`max_qp_rd_atom`, `max_qp_init_rd_atom`; rxe allows 128, mlx5 16;
+/// perftest asks for the peer's value, so a peer of rxe must take 128).
+pub const RC_MAX_RD_ATOMIC: u32 = 128;
 
 /// The most SGEs a receive WQE may have (the storage a QP reserves for the
 /// WQE it is filling).

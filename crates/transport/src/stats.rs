@@ -75,8 +75,12 @@ counters! {
     rcvd_seq_err,
     /// PSN-sequence NAKs sent.
     send_seq_err,
-    /// Retransmission timer expiries.
+    /// Retransmission timer expiries at the Local ACK Timeout (each spends
+    /// a transport retry).
     local_ack_timeout_err,
+    /// Resends after a probe timeout from the round-trip estimate, before
+    /// the Local ACK Timeout (no retry spent).
+    rto_probes,
     /// WRs failed with RETRY_EXC_ERR.
     retry_exceeded_err,
     /// WRs failed with RNR_RETRY_EXC_ERR.

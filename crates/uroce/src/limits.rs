@@ -24,6 +24,10 @@ pub const MAX_MR_SIZE: u64 = 1 << 40;
 pub const MAX_PD: u32 = 65536;
 /// Outstanding READ/atomic requests per QP, each direction.
 pub const MAX_QP_RD_ATOM: u32 = uroce_transport::RC_MAX_RD_ATOMIC;
+/// PSNs an RC requester keeps outstanding at most (its send window before
+/// congestion control narrows it). rxe's responder absorbs 128
+/// (`RXE_MAX_UNACKED_PSNS`); more overruns it into timeouts.
+pub const SEND_WINDOW_PSNS: u32 = 128;
 /// Inline bytes per send WR.
 pub const MAX_INLINE: u32 = 512;
 /// Shared receive queues per context.

@@ -231,7 +231,7 @@ impl Pd {
             pd: self.handle,
             caps: c,
             sq_sig_all: init.sq_sig_all,
-            max_unacked_psns: 1024,
+            max_unacked_psns: limits::SEND_WINDOW_PSNS,
             port_mtu: self.ctx.device.port_attr().active_mtu,
             uses_srq: init.srq.is_some(),
         });

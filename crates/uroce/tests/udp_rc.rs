@@ -271,7 +271,7 @@ fn cq_overflow_is_an_error_event_and_queries_tell_the_truth() {
     assert!(small.poll(&mut wc).is_err(), "an overrun CQ reports the error");
 
     let d = a.ctx.query_device();
-    assert_eq!(d.max_qp_rd_atom, 16);
+    assert_eq!(d.max_qp_rd_atom, 128);
     assert_eq!(d.phys_port_cnt, 1);
     let port_attr = a.ctx.query_port(1).unwrap();
     assert!(port_attr.active && port_attr.link_layer_ethernet);

@@ -59,16 +59,32 @@ impl Qp {
     /// Forward progress: the retry budgets start again and the timer is
     /// re-armed from now.
     fn on_progress(&mut self, now: Instant) {
-        self.req.cwnd = self.req.cwnd.saturating_mul(2).min(self.init.max_unacked_psns.max(1));
+        let acked = self.comp.psn.diff(self.req.acked_psn);
+        if acked > 0 {
+            self.req.rec.on_acked(acked as u32);
+            self.req.acked_psn = self.comp.psn;
+        }
+        self.req.rec.on_ack_through(self.comp.psn, now);
         self.req.retry_left = self.attr.retry_cnt;
         self.req.rnr_left = self.attr.rnr_retry;
         self.req.nak_streak = 0;
         self.comp.gap_retry_pending = false;
-        self.req.timer = if self.outstanding() {
-            self.attr.timeout.duration().map(|d| now.saturating_add(d))
+        self.req.retry_at = None;
+        if self.outstanding() {
+            self.arm_timer(now);
         } else {
-            None
-        };
+            self.req.timer = None;
+        }
+    }
+
+    /// A response that proves the peer alive without moving anything (a
+    /// duplicate or out-of-order READ response: it is still streaming what
+    /// we asked for): the timers start again, the retry budget does not.
+    fn on_alive(&mut self, now: Instant) {
+        if self.outstanding() && self.req.rnr_wait_until.is_none() {
+            self.req.retry_at = None;
+            self.arm_timer(now);
+        }
     }
 
     /// Completes the oldest WQE successfully.
@@ -194,7 +210,7 @@ impl Qp {
         }
         self.comp.gap_retry_pending = true;
         // Loss: resend less at once (multiplicative decrease).
-        self.req.cwnd = (self.req.cwnd / 2).max(super::MIN_CWND);
+        self.req.rec.on_loss();
         self.retry_after_nak(now);
     }
 
@@ -262,7 +278,12 @@ impl Qp {
             && !psn.is_before(w.first_psn)
             && !psn.is_after(w.last_psn());
         if !in_range || psn.is_before(self.comp.psn) {
+            // A duplicate, or a response to a later READ behind a gap: the
+            // responder is alive and streaming.
             self.stats.drop(DropReason::UnexpectedResponse);
+            if w.assigned && w.opcode == crate::wqe::WrOpcode::RdmaRead {
+                self.on_alive(now);
+            }
             return;
         }
         if psn.is_after(self.comp.psn) {
@@ -270,7 +291,10 @@ impl Qp {
             self.stats.drop(DropReason::OutOfSequence);
             if !self.comp.gap_retry_pending {
                 self.comp.gap_retry_pending = true;
+                self.req.rec.on_loss();
                 self.retry_after_nak(now);
+            } else {
+                self.on_alive(now);
             }
             return;
         }

@@ -8,6 +8,7 @@
 
 pub mod attr;
 mod completer;
+mod recovery;
 mod requester;
 mod responder;
 mod ud;
@@ -32,9 +33,6 @@ pub(crate) use responder::RespState;
 /// The partition key every uroce port has at index 0 (full membership
 /// default P_Key, as rxe).
 pub const DEFAULT_PKEY: u16 = 0xffff;
-
-/// The congestion window after a retransmission timeout.
-pub(crate) const MIN_CWND: u32 = 8;
 
 /// NAK-driven go-backs without progress that cost one transport retry.
 pub(crate) const NAK_RETRIES_PER_RETRY: u32 = 8;
@@ -178,17 +176,21 @@ pub(crate) struct ReqState {
     pub(crate) noack_pkts: u32,
     /// Send nothing before this (RNR NAK timer).
     pub(crate) rnr_wait_until: Option<Instant>,
-    /// Retransmission deadline, armed while packets are unacknowledged.
+    /// Retransmission deadline, armed while packets are unacknowledged:
+    /// the earlier of the probe timeout and `retry_at`.
     pub(crate) timer: Option<Instant>,
+    /// When the next transport retry is spent: the QP's Local ACK Timeout
+    /// after the last progress (or the last retry).
+    pub(crate) retry_at: Option<Instant>,
     /// Transport retries left.
     pub(crate) retry_left: u8,
     /// RNR retries left (ignored when `rnr_retry` is 7).
     pub(crate) rnr_left: u8,
-    /// Congestion window in PSNs (≤ `max_unacked_psns`): cut to
-    /// [`MIN_CWND`] by a retransmission timeout and doubled by each ACK that
-    /// makes progress, so that a go-back-N restart over a slow or congested
-    /// path cannot resend more than the path drains before the next timeout.
-    pub(crate) cwnd: u32,
+    /// The send window and round-trip estimate: a go-back-N restart over a
+    /// slow or congested path must not resend more than the path drains.
+    pub(crate) rec: recovery::Recovery,
+    /// `comp.psn` when the window last grew (to count acknowledged PSNs).
+    pub(crate) acked_psn: Psn,
     /// Go-backs caused by NAKs or response gaps since the last progress.
     pub(crate) nak_streak: u32,
     /// Ask for an ACK on the next packet (the first one after a go-back), so
@@ -249,11 +251,13 @@ impl Qp {
                 noack_pkts: 0,
                 rnr_wait_until: None,
                 timer: None,
+                retry_at: None,
                 retry_left: 0,
                 rnr_left: 0,
                 ack_next: false,
                 nak_streak: 0,
-                cwnd: init.max_unacked_psns.max(1),
+                rec: recovery::Recovery::new(init.max_unacked_psns),
+                acked_psn: Psn::new(0),
             },
             comp: CompState { psn: Psn::new(0), gap_retry_pending: false },
             resp: RespState::new(RC_MAX_RD_ATOMIC as usize),
@@ -290,6 +294,16 @@ impl Qp {
     /// Counters.
     pub fn stats(&self) -> &Stats {
         &self.stats
+    }
+
+    /// The smoothed round trip the requester measured, once it has.
+    pub fn rtt(&self) -> Option<core::time::Duration> {
+        self.req.rec.srtt()
+    }
+
+    /// The requester's current send window in PSNs.
+    pub fn send_window(&self) -> u32 {
+        self.req.rec.cwnd()
     }
 
     /// The peer's address, once the QP has a path.
@@ -392,6 +406,7 @@ impl Qp {
             self.req.next_psn = a.sq_psn;
             self.req.sent_high = a.sq_psn;
             self.comp.psn = a.sq_psn;
+            self.req.acked_psn = a.sq_psn;
         }
         if next != cur {
             self.enter_state(now, next);
@@ -802,6 +817,7 @@ impl Qp {
             self.rq.tail += 1;
         }
         self.req.timer = None;
+        self.req.retry_at = None;
         self.req.rnr_wait_until = None;
         self.req.rd_atomic_inflight = 0;
         self.resp.abort();

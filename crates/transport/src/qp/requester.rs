@@ -84,12 +84,17 @@ impl Qp {
         }
         let pkt = self.sq.tx_pkt;
         let psn = wqe.first_psn.add(pkt);
-        // The send window: never more than `max_unacked_psns` ahead of the
-        // oldest unacknowledged PSN.
-        if psn.diff(self.comp.psn) >= self.req.cwnd.clamp(1, 1 << 22) as i32 {
+        // The send window: never more than `cwnd` PSNs past the oldest
+        // unacknowledged one. A READ's responses count whole (the responder
+        // streams them unasked), so it waits until its last response PSN
+        // fits, unless it is the oldest outstanding request.
+        let end = if wqe.opcode == WrOpcode::RdmaRead { wqe.last_psn() } else { psn };
+        if psn != self.comp.psn
+            && end.diff(self.comp.psn) >= self.req.rec.cwnd().clamp(1, 1 << 22) as i32
+        {
             return None;
         }
-        let len = self.build_request(idx, pkt, mem, buf)?;
+        let len = self.build_request(now, idx, pkt, mem, buf)?;
         if wqe.opcode.is_read_or_atomic() || pkt + 1 >= wqe.npsn {
             self.sq.tx += 1;
             self.sq.tx_pkt = 0;
@@ -106,9 +111,21 @@ impl Qp {
             return Some(len);
         }
         if self.req.timer.is_none() {
-            self.req.timer = self.attr.timeout.duration().map(|d| now.saturating_add(d));
+            self.arm_timer(now);
         }
         Some(len)
+    }
+
+    /// Arms the retransmission timer from `now`: the probe timeout from
+    /// the round-trip estimate, or the retry deadline if that comes first
+    /// (set to the Local ACK Timeout from now if none is running).
+    pub(crate) fn arm_timer(&mut self, now: Instant) {
+        let limit = self.attr.timeout.duration();
+        if self.req.retry_at.is_none() {
+            self.req.retry_at = limit.map(|d| now.saturating_add(d));
+        }
+        let probe = now.saturating_add(self.req.rec.rto(limit));
+        self.req.timer = Some(self.req.retry_at.map_or(probe, |r| r.min(probe)));
     }
 
     fn local_sgl_ok(&self, idx: u64, mem: &dyn Memory) -> bool {
@@ -128,6 +145,7 @@ impl Qp {
     /// response packet `pkt`).
     fn build_request(
         &mut self,
+        now: Instant,
         idx: u64,
         pkt: u32,
         mem: &dyn Memory,
@@ -218,8 +236,14 @@ impl Qp {
             repr.bth.opcode = uroce_wire::Opcode(repr.bth.opcode.0 | 0x20);
         }
         if is_data {
+            // Ask for an ACK on a message's last packet, on the packet that
+            // fills the window (nothing more may be sent until one comes),
+            // and every half window, so that ACKs keep the window moving.
             self.req.noack_pkts += 1;
-            if last || self.req.noack_pkts >= MAX_PKTS_PER_ACK {
+            let cwnd = self.req.rec.cwnd();
+            let fills_window = psn.next().diff(self.comp.psn) >= cwnd as i32;
+            let every = (cwnd / 2).clamp(1, MAX_PKTS_PER_ACK);
+            if last || fills_window || self.req.noack_pkts >= every {
                 repr.bth.ack_req = true;
             }
             if last && wqe.flags.contains(SendFlags::SOLICITED) {
@@ -235,6 +259,9 @@ impl Qp {
         }
         if repr.bth.ack_req {
             self.req.noack_pkts = 0;
+            if !psn.is_before(self.req.sent_high) {
+                self.req.rec.on_sent(psn, now);
+            }
         }
         repr.bth.pad = BthRepr::pad_for(payload_len as usize);
         let hl = repr.emit_headers(buf).ok()?;
@@ -359,21 +386,34 @@ impl Qp {
             0
         };
         self.req.ack_next = true;
+        self.req.rec.on_retransmit();
         self.stats.retransmits += 1;
     }
 
-    /// The retransmission timer fired: retry, or fail with RETRY_EXC_ERR
-    /// once `retry_cnt` retries are spent.
+    /// The retransmission timer fired. At the retry deadline (the Local
+    /// ACK Timeout without progress) a transport retry is spent, or the WR
+    /// fails with RETRY_EXC_ERR once `retry_cnt` are; before it, the timer
+    /// was a probe from the round-trip estimate: resend, spending nothing.
     pub(crate) fn retransmit_timeout(&mut self, now: Instant) {
         if self.sq.comp == self.sq.tx && self.sq.tx_pkt == 0 {
+            self.req.retry_at = None;
             return; // nothing outstanding
         }
         if !matches!(self.state, QpState::ReadyToSend | QpState::SendQueueDrain) {
             return;
         }
-        self.stats.local_ack_timeout_err += 1;
-        self.req.cwnd = super::MIN_CWND.min(self.init.max_unacked_psns.max(1));
-        self.retry_or_fail(now);
+        self.req.rec.on_timeout();
+        if self.req.retry_at.is_some_and(|r| r <= now) {
+            self.stats.local_ack_timeout_err += 1;
+            self.req.retry_at = None;
+            self.retry_or_fail(now);
+        } else {
+            self.stats.rto_probes += 1;
+            self.go_back();
+        }
+        if matches!(self.state, QpState::ReadyToSend | QpState::SendQueueDrain) {
+            self.arm_timer(now);
+        }
     }
 
     /// Goes back after a NAK or a gap in responses. A NAK proves the peer

@@ -109,8 +109,10 @@ impl RespState {
         if let Some(RespItem::Ack { psn: p, syndrome: Syndrome::Ack(_), msn: m }) =
             self.out.back_mut()
         {
-            *p = psn;
-            *m = msn;
+            if psn.is_after(*p) {
+                *p = psn;
+                *m = msn;
+            }
             return;
         }
         self.out.push_back(RespItem::Ack { psn, syndrome: Syndrome::ACK, msn });
@@ -637,11 +639,33 @@ impl Qp {
                 // packet; the requester asks on the first packet after a
                 // go-back and on each message's last).
                 if pkt.bth().ack_req() {
-                    let last = self.resp.epsn.sub(1);
+                    let last = self.dup_ack_psn(psn);
                     self.resp.push_ack(last);
                 }
             }
         }
+    }
+
+    /// The PSN to acknowledge for a duplicate SEND/WRITE at `dup`: the
+    /// last one received, but never the PSN of a READ or atomic executed
+    /// after `dup` (IBTA §9.7.5.1.1: only its response completes it; an
+    /// rxe requester takes a plain ACK at an atomic's PSN as its completion
+    /// and loses the result). Those are answered when their own resent
+    /// requests arrive, from the replay cache. Every READ/atomic the
+    /// requester has not completed is in that cache, since it keeps at most
+    /// `max_rd_atomic` ≤ `max_dest_rd_atomic` outstanding.
+    fn dup_ack_psn(&self, dup: Psn) -> Psn {
+        let mut last = self.resp.epsn.sub(1);
+        for r in &self.resp.res {
+            let first = match *r {
+                RdAtomicRes::Read { first_psn, .. } => first_psn,
+                RdAtomicRes::Atomic { psn, .. } => psn,
+            };
+            if first.is_after(dup) && !first.is_after(last) {
+                last = first.sub(1);
+            }
+        }
+        last
     }
 
     /// Builds the next response packet.
