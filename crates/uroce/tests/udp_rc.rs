@@ -578,3 +578,63 @@ fn ud_multicast_reaches_every_attached_qp() {
     assert_eq!(cqb.poll(&mut wc).unwrap(), 0, "a detached QP receives nothing");
     drop(cb);
 }
+
+/// rxe (and some RoCE NICs) send RoCEv2 over IPv6 with a zero UDP checksum;
+/// Linux drops those on a socket that has not asked for them. A WRITE sent
+/// that way reaches memory.
+#[test]
+fn ipv6_datagrams_with_a_zero_udp_checksum_are_accepted() {
+    use std::os::fd::AsRawFd;
+    use uroce_wire::{BthRepr, Opcode, Psn, RethRepr, RocePacketRepr};
+    const UDP_NO_CHECK6_TX: i32 = 101;
+    let port = uroce::testing::free_port();
+    let b = end("::1", port);
+    let tx = UdpSocket::bind("[::1]:0").unwrap();
+    let on: i32 = 1;
+    // SAFETY: a live int of the stated size, on a socket we own.
+    let r = unsafe {
+        libc::setsockopt(
+            tx.as_raw_fd(),
+            libc::SOL_UDP,
+            UDP_NO_CHECK6_TX,
+            (&raw const on).cast(),
+            size_of::<i32>() as libc::socklen_t,
+        )
+    };
+    assert_eq!(r, 0);
+    let sport = tx.local_addr().unwrap().port();
+    // The check is real: a plain socket never sees such a datagram.
+    let plain = UdpSocket::bind("[::1]:0").unwrap();
+    plain.set_read_timeout(Some(Duration::from_millis(300))).unwrap();
+    tx.send_to(b"zero checksum", plain.local_addr().unwrap()).unwrap();
+    assert!(plain.recv(&mut [0u8; 64]).is_err(), "the kernel kept a zero-checksum datagram");
+
+    let ip6 = "::1".parse::<IpAddr>().unwrap();
+    uroce::connect(&b.qp, ip6, sport, 0x99, 5, 77, ALL).unwrap();
+    let payload = *b"v6 zero!";
+    let repr = RocePacketRepr {
+        bth: BthRepr {
+            opcode: Opcode::RC_RDMA_WRITE_ONLY,
+            pkey: 0xffff,
+            dest_qpn: b.qp.qpn(),
+            psn: Psn::new(77),
+            ack_req: true,
+            ..BthRepr::default()
+        },
+        reth: Some(RethRepr { va: b.mr.addr(), rkey: b.mr.rkey(), dma_len: 8 }),
+        ..RocePacketRepr::default()
+    };
+    let mut roce = vec![0u8; repr.packet_len(payload.len())];
+    repr.emit(&mut roce, &payload).unwrap();
+    let dgram = uroce_sim::net::encapsulate(ip6, ip6, sport, port, &roce);
+    tx.send_to(&dgram[48..], ("::1", port)).unwrap();
+    let t = Instant::now();
+    let mut got = [0u8; 8];
+    while {
+        b.mr.read(0, &mut got).unwrap();
+        got != payload
+    } {
+        assert!(t.elapsed() < Duration::from_secs(10), "the WRITE never landed");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}

@@ -39,6 +39,17 @@ pub(crate) struct UdpBackend {
     groups: Vec<(IpAddr, UdpSocket)>,
 }
 
+/// `UDP_NO_CHECK6_RX` (linux/udp.h): not in the libc crate.
+const UDP_NO_CHECK6_RX: libc::c_int = 102;
+
+/// Accepts IPv6 datagrams with a zero UDP checksum, which Linux otherwise
+/// drops (RFC 8200 forbids them, RFC 6936 allows them for tunnels): rxe
+/// sends RoCEv2 over IPv6 with checksum 0, trusting the ICRC, and so may a
+/// RoCE NIC.
+fn accept_zero_checksum6(fd: i32) -> io::Result<()> {
+    setsockopt_int(fd, libc::SOL_UDP, UDP_NO_CHECK6_RX, 1)
+}
+
 fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
     // SAFETY: `value` lives across the call and its size is passed exactly;
     // `fd` is a socket owned by the caller.
@@ -147,6 +158,7 @@ impl UdpBackend {
                     libc::IPV6_MTU_DISCOVER,
                     libc::IP_PMTUDISC_DO,
                 )?;
+                accept_zero_checksum6(fd)?;
             }
         }
         // Deep buffers: a window's burst must not be dropped by the socket
@@ -220,6 +232,7 @@ impl UdpBackend {
                 if r != 0 {
                     return Err(io::Error::last_os_error());
                 }
+                accept_zero_checksum6(fd)?;
             }
             _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
         }
