@@ -485,7 +485,9 @@ pub(crate) unsafe extern "C" fn post_send(
                 // readable during the call.
                 unsafe { send_wr(w, qp_type, max_sge) }
             },
-            |wrs| b.inner.post_send(wrs),
+            // SAFETY: the verbs contract: an inline WR's SGEs point to
+            // memory the caller lets us read during the call (no L_Key).
+            |wrs| unsafe { b.inner.post_send_unchecked_inline(wrs) },
         )
     })
 }

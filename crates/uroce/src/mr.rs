@@ -281,6 +281,56 @@ impl MemTable {
     }
 }
 
+/// The memory an `INLINE` WR is gathered from at post time under the C
+/// verbs contract: its SGEs are plain process addresses and their L_Keys
+/// are not checked (`man ibv_post_send`: "the L_Key will not be checked";
+/// UCX posts inline data from unregistered buffers). Every other access
+/// goes to the region table unchanged.
+pub(crate) struct UncheckedInline<'a>(pub(crate) &'a MemTable);
+
+impl Memory for UncheckedInline<'_> {
+    fn check(
+        &self,
+        key: Key,
+        who: Accessor,
+        addr: u64,
+        len: u64,
+        access: Access,
+    ) -> Result<(), AccessError> {
+        self.0.check(key, who, addr, len, access)
+    }
+
+    fn read(&self, key: Key, who: Accessor, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        match key {
+            Key::Local(_) if !out.is_empty() => {
+                // SAFETY: `Qp::post_send_unchecked_inline`'s contract: the
+                // gather list of an inline WR names memory readable for the
+                // duration of the post; the transport reads only that range.
+                unsafe {
+                    std::ptr::copy(addr as usize as *const u8, out.as_mut_ptr(), out.len());
+                }
+                Ok(())
+            }
+            Key::Local(_) => Ok(()),
+            Key::Remote(_) => self.0.read(key, who, addr, out),
+        }
+    }
+
+    fn write(&self, key: Key, who: Accessor, addr: u64, data: &[u8]) -> Result<(), AccessError> {
+        self.0.write(key, who, addr, data)
+    }
+
+    fn atomic(
+        &self,
+        rkey: u32,
+        who: Accessor,
+        addr: u64,
+        op: AtomicOp,
+    ) -> Result<u64, AccessError> {
+        self.0.atomic(rkey, who, addr, op)
+    }
+}
+
 impl Memory for MemTable {
     fn check(
         &self,

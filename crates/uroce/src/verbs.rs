@@ -495,6 +495,29 @@ impl Qp {
         r.map_err(|(index, error)| Error::Post { index, error })
     }
 
+    /// [`Qp::post_send`] with the C verbs contract for `INLINE` WRs: their
+    /// gather lists are read as plain addresses of this process, without
+    /// L_Key checks (`ibv_post_send`; the drop-in library posts this way).
+    ///
+    /// # Safety
+    /// Every SGE of every `INLINE` WR without [`SendWr::inline_data`] (and
+    /// not a READ or atomic) names `length` bytes readable for the duration
+    /// of the call.
+    ///
+    /// # Errors
+    /// [`Error::Post`] naming the first WR that was not posted.
+    #[allow(unsafe_code)]
+    pub unsafe fn post_send_unchecked_inline(&self, wrs: &[SendWr<'_>]) -> Result<()> {
+        let mut e = self.ctx.lock();
+        let now = e.now();
+        let eng = &mut *e;
+        let slot = eng.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        let mem = crate::mr::UncheckedInline(&eng.mem);
+        let r = slot.qp.post_send_gather(now, wrs, &mem);
+        self.ctx.app_progress(&mut e);
+        r.map_err(|(index, error)| Error::Post { index, error })
+    }
+
     /// Posts receive WRs (`ibv_post_recv`).
     ///
     /// # Errors

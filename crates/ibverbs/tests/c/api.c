@@ -295,6 +295,27 @@ int main(void)
 	CHECK(!strcmp(buf + 16384, "written by ibv_wr_rdma_write"), "WRITE landed");
 	CHECK(!strcmp(rbuf, "inline!"), "inline SEND landed");
 
+	/* IBV_SEND_INLINE through ibv_post_send from unregistered memory with
+	 * no L_Key (man ibv_post_send: the L_Key is not checked), two SGEs. */
+	{
+		char part1[] = "unregistered ", part2[] = "inline WRITE";
+		struct ibv_sge isge[2] = {
+			{.addr = (uintptr_t)part1, .length = 13, .lkey = 0},
+			{.addr = (uintptr_t)part2, .length = sizeof part2, .lkey = 0xdeadbeef},
+		};
+		struct ibv_send_wr iwr = {.wr_id = 3, .sg_list = isge, .num_sge = 2,
+					  .opcode = IBV_WR_RDMA_WRITE,
+					  .send_flags = IBV_SEND_SIGNALED | IBV_SEND_INLINE};
+		iwr.wr.rdma.remote_addr = (uintptr_t)(buf + 20480);
+		iwr.wr.rdma.rkey = mr->rkey;
+		struct ibv_send_wr *ibad = NULL;
+		CHECK(!ibv_post_send(a, &iwr, &ibad), "inline post without an L_Key");
+		int st = poll_one(cqx, &id, &op, &blen, &flags, &imm);
+		CHECK(st == IBV_WC_SUCCESS && id == 3, "inline WRITE status %d id %lu", st,
+		      (unsigned long)id);
+		CHECK(!strcmp(buf + 20480, "unregistered inline WRITE"), "inline WRITE landed");
+	}
+
 	/* READ, FETCH_ADD and CMP_SWP in one batch. */
 	uint64_t *counter = (uint64_t *)(buf + 8192);
 	*counter = 41;
