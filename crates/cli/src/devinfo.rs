@@ -128,7 +128,7 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
         println!("\tmax_res_rd_atom:\t\t{}", at.max_qp_rd_atom * at.max_qp);
         println!("\tmax_qp_init_rd_atom:\t\t{}", at.max_qp_init_rd_atom);
         println!("\tmax_ee_init_rd_atom:\t\t0");
-        let (cap, code) = if at.atomic_cap_global { ("ATOMIC_GLOB", 2) } else { ("ATOMIC_HCA", 1) };
+        let (cap, code) = (at.atomic_cap.name(), at.atomic_cap.to_ibv());
         println!("\tatomic_cap:\t\t\t{cap} ({code})");
         println!("\tmax_ee:\t\t\t\t0");
         println!("\tmax_rdd:\t\t\t0");

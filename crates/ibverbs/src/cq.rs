@@ -261,7 +261,7 @@ pub(crate) fn to_wc(c: &Completion) -> ibv_wc {
         wc_flags: c.flags.0,
         pkey_index: 0,
         slid: 0,
-        sl: 0,
+        sl: c.sl,
         dlid_path_bits: 0,
     }
 }
@@ -444,8 +444,8 @@ unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
 unsafe extern "C" fn read_slid(_: *mut ibv_cq_ex) -> u32 {
     0
 }
-unsafe extern "C" fn read_sl(_: *mut ibv_cq_ex) -> u8 {
-    0
+unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
+    guard(0, || cursor(cq).sl)
 }
 unsafe extern "C" fn read_dlid_path_bits(_: *mut ibv_cq_ex) -> u8 {
     0

@@ -160,7 +160,7 @@ pub(crate) fn device_attr(d: &uroce::DeviceAttr) -> ibv_device_attr {
     a.max_qp_rd_atom = i(d.max_qp_rd_atom);
     a.max_res_rd_atom = i(d.max_qp_rd_atom.saturating_mul(d.max_qp));
     a.max_qp_init_rd_atom = i(d.max_qp_init_rd_atom);
-    a.atomic_cap = if d.atomic_cap_global { IBV_ATOMIC_GLOB } else { IBV_ATOMIC_NONE };
+    a.atomic_cap = d.atomic_cap.to_ibv();
     a.max_mw = i(d.max_mw);
     a.max_mcast_grp = i(d.max_mcast_grp);
     a.max_mcast_qp_attach = i(d.max_mcast_qp_attach);

@@ -306,6 +306,11 @@ pub struct Completion {
     pub is_recv: bool,
     /// Whether the sender asked for a solicited event.
     pub solicited: bool,
+    /// `wc.sl`. RoCE has no service level on the wire; for UD receives it
+    /// carries the datagram's network header type as mlx5 reports it
+    /// ([`Completion::SL_ROCE_IPV4`] or [`Completion::SL_ROCE_IPV6`]), which
+    /// UCX reads to find the IP header in the GRH area.
+    pub sl: u8,
 }
 
 impl Completion {
@@ -329,6 +334,12 @@ impl Completion {
             flags: WcFlags::NONE,
             is_recv,
             solicited: false,
+            sl: 0,
         }
     }
+
+    /// `wc.sl` of a UD receive over RoCEv2/IPv4 (mlx5's L3 type 2).
+    pub const SL_ROCE_IPV4: u8 = 2;
+    /// `wc.sl` of a UD receive over RoCEv2/IPv6 (mlx5's L3 type 1).
+    pub const SL_ROCE_IPV6: u8 = 1;
 }

@@ -120,7 +120,7 @@ impl Device {
             max_mw: limits::MAX_MW,
             max_mcast_grp: limits::MAX_MCAST_GRP,
             max_mcast_qp_attach: limits::MAX_MCAST_QP_ATTACH,
-            atomic_cap_global: true,
+            atomic_cap: AtomicCap::Hca,
             phys_port_cnt: 1,
         }
     }
@@ -181,10 +181,43 @@ pub struct DeviceAttr {
     pub max_mw: u32,
     pub max_mcast_grp: u32,
     pub max_mcast_qp_attach: u32,
-    /// Atomics are atomic with respect to the CPU and every QP of the host
-    /// (`IBV_ATOMIC_GLOB`).
-    pub atomic_cap_global: bool,
+    /// What atomics are atomic with respect to.
+    pub atomic_cap: AtomicCap,
     pub phys_port_cnt: u8,
+}
+
+/// `ibv_atomic_cap`: what a device's atomics are atomic with respect to.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AtomicCap {
+    /// No atomics (`IBV_ATOMIC_NONE`).
+    None,
+    /// Atomic among the device's own atomic operations (`IBV_ATOMIC_HCA`).
+    /// What uroce reports, as rxe does: UCX enables device atomics only for
+    /// this value. (uroce's atomics are in fact also atomic with respect to
+    /// the CPU's own atomic instructions on the same 8 bytes.)
+    Hca,
+    /// Atomic with respect to the CPU and every device (`IBV_ATOMIC_GLOB`).
+    Global,
+}
+
+impl AtomicCap {
+    /// The `ibv_atomic_cap` value.
+    pub const fn to_ibv(self) -> i32 {
+        match self {
+            Self::None => 0,
+            Self::Hca => 1,
+            Self::Global => 2,
+        }
+    }
+
+    /// The name `ibv_devinfo` prints.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Self::None => "ATOMIC_NONE",
+            Self::Hca => "ATOMIC_HCA",
+            Self::Global => "ATOMIC_GLOB",
+        }
+    }
 }
 
 /// `ibv_port_attr`, the parts with meaning here.

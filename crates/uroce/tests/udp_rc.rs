@@ -429,6 +429,8 @@ fn ud_exchange_with_grh_qkeys_and_replies_from_the_completion() {
         (0, WcStatus::Success, 552, a.qp.qpn(), 99)
     );
     assert!(r.flags.contains(WcFlags::GRH) && r.flags.contains(WcFlags::WITH_IMM));
+    // mlx5's convention, which UCX relies on: sl names the L3 header.
+    assert_eq!(r.sl, Completion::SL_ROCE_IPV4);
     let mut buf = vec![0u8; 552];
     b.mr.read(0, &mut buf).unwrap();
     assert_eq!(buf[40..], data[..]);

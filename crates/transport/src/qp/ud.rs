@@ -131,6 +131,7 @@ impl Qp {
         );
         c.src_qp = deth.src_qpn();
         c.solicited = pkt.bth().solicited();
+        c.sl = if src.is_ipv4() { Completion::SL_ROCE_IPV4 } else { Completion::SL_ROCE_IPV6 };
         if total as u64 > self.recv_cur.length {
             c.status = WcStatus::LocLenErr;
         } else {
