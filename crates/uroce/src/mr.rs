@@ -86,9 +86,33 @@ pub(crate) struct MemTable {
     live: usize,
     windows: RefCell<Vec<WinSlot>>,
     free_windows: Vec<usize>,
+    /// xorshift64* state for key bytes (0 until first used).
+    key_rng: u64,
 }
 
 impl MemTable {
+    /// A random key byte other than `old`: keys are not predictable from
+    /// one run (or registration) to the next, as hardware and rxe keys.
+    fn fresh_key_byte(&mut self, old: u8) -> u8 {
+        if self.key_rng == 0 {
+            use std::hash::{BuildHasher, Hasher};
+            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+            h.write_usize(self as *const Self as usize);
+            self.key_rng = h.finish() | 1;
+        }
+        loop {
+            let mut x = self.key_rng;
+            x ^= x >> 12;
+            x ^= x << 25;
+            x ^= x >> 27;
+            self.key_rng = x;
+            let b = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8;
+            if b != old {
+                return b;
+            }
+        }
+    }
+
     /// Adds a registration and returns its key.
     ///
     /// # Safety
@@ -113,8 +137,9 @@ impl MemTable {
                 self.slots.len() - 1
             }
         };
+        let key_byte = self.fresh_key_byte(self.slots[idx].key_byte);
         let slot = &mut self.slots[idx];
-        slot.key_byte = slot.key_byte.wrapping_add(0x3b);
+        slot.key_byte = key_byte;
         slot.region = Some(Region { ptr, len, addr, pd, access });
         self.live += 1;
         ((idx as u32) << 8) | u32::from(slot.key_byte)
@@ -189,8 +214,11 @@ impl MemTable {
                 wins.len() - 1
             }
         };
+        let old = wins[idx].key_byte;
+        let key_byte = self.fresh_key_byte(old);
+        let wins = self.windows.get_mut();
         let slot = &mut wins[idx];
-        slot.key_byte = slot.key_byte.wrapping_add(0x3b);
+        slot.key_byte = key_byte;
         slot.win = Some(Window { pd, kind, bound: None });
         ((MW_INDEX | idx as u32) << 8) | u32::from(slot.key_byte)
     }
@@ -555,5 +583,20 @@ mod tests {
             Err(AccessError::NotPermitted)
         );
         assert!(t.deregister(k2));
+    }
+
+    #[test]
+    fn first_keys_are_not_predictable() {
+        let buf = OwnedBuf::new(8).unwrap();
+        let firsts: Vec<u32> = (0..8)
+            .map(|_| {
+                let mut t = MemTable::default();
+                // SAFETY: `buf` outlives the table.
+                unsafe { t.register(buf.ptr(), 8, 0x1000, 1, Access::NONE) }
+            })
+            .collect();
+        // Eight tables agreeing by chance: 2^-56.
+        assert!(firsts.iter().any(|k| *k != firsts[0]), "{firsts:x?}");
+        assert!(firsts.iter().all(|k| k >> 8 == 1));
     }
 }
