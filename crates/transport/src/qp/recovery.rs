@@ -111,6 +111,19 @@ impl Recovery {
         self.backoff = (self.backoff + 1).min(16);
     }
 
+    /// A probe timeout (before the Local ACK Timeout): often a peer that
+    /// was descheduled, not a lost tail, so the window halves instead of
+    /// restarting from the floor; the timeout doubles.
+    pub(crate) fn on_probe(&mut self) {
+        if self.backoff == 0 {
+            self.ssthresh = (self.cwnd / 2).max(self.floor());
+        }
+        self.cwnd = (self.cwnd / 2).max(self.floor());
+        self.growth = 0;
+        self.sample = None;
+        self.backoff = (self.backoff + 1).min(16);
+    }
+
     /// A go-back resends PSNs: the sample in flight can no longer be
     /// attributed (Karn's rule).
     pub(crate) fn on_retransmit(&mut self) {
@@ -221,8 +234,9 @@ mod tests {
         r.on_ack_through(Psn::new(30), t(90_000));
         assert_eq!(r.srtt(), Some(Duration::from_millis(5)));
         // Backoff doubles, capped by the QP's timeout.
-        r.on_timeout();
+        r.on_probe();
         assert_eq!(r.rto(limit), Duration::from_millis(30));
+        assert_eq!(r.cwnd(), 64, "a probe halves the window");
         for _ in 0..20 {
             r.on_timeout();
         }

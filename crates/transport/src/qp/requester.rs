@@ -402,12 +402,13 @@ impl Qp {
         if !matches!(self.state, QpState::ReadyToSend | QpState::SendQueueDrain) {
             return;
         }
-        self.req.rec.on_timeout();
         if self.req.retry_at.is_some_and(|r| r <= now) {
+            self.req.rec.on_timeout();
             self.stats.local_ack_timeout_err += 1;
             self.req.retry_at = None;
             self.retry_or_fail(now);
         } else {
+            self.req.rec.on_probe();
             self.stats.rto_probes += 1;
             self.go_back();
         }
