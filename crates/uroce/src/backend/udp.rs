@@ -163,8 +163,15 @@ impl UdpBackend {
         }
         // Deep buffers: a window's burst must not be dropped by the socket
         // (the kernel caps these at net.core.*mem_max).
-        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
-        let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 8 << 20);
+        // With CAP_NET_ADMIN the *FORCE options pass that cap: a receiver
+        // descheduled on a busy host then loses nothing (UC and UD have no
+        // retransmission to hide a socket overflow).
+        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20).is_err() {
+            let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
+        }
+        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 8 << 20).is_err() {
+            let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 8 << 20);
+        }
         let gro = std::env::var_os("UROCE_NO_GRO").is_none()
             && setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
         let gso = std::env::var_os("UROCE_NO_GSO").is_none();
