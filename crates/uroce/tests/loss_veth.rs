@@ -1,0 +1,496 @@
+//! The real data path under loss: two network namespaces joined by a veth
+//! pair, nftables dropping a share of the RoCE datagrams at each side's
+//! input (`numgen random`) and duplicating some at egress (`dup to`), and
+//! two processes (this test binary, run again in each namespace) talking
+//! RC over the `udp` backend. The kernel injects the faults, not uroce.
+//!
+//! At 0, 0.1, 1 and 5 % loss each way the client WRITEs, READs back and
+//! SENDs messages of 1 B to 4 MiB, every byte checked (SENDs by the
+//! server), runs FETCH_ADD and CMP_SWAP checking every returned value one
+//! by one, then streams 64 KiB and 1 MiB WRITEs and READs for throughput.
+//! Every operation must complete successfully; at 0.1 % loss the streams
+//! keep ≥ 70 % of the loss-free throughput, at 1 % ≥ 30 %.
+//!
+//! Needs root (network namespaces) and `nft`; the test command installs
+//! nftables. Without them it is skipped, except under CI, where it fails.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::IpAddr;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use uroce::{Access, Completion, Cq, DeviceConfig, Mr, Qp, QpCaps, SendWr, WcStatus, WrOpcode};
+use uroce_transport::SendFlags;
+
+const ROLE: &str = "UROCE_LOSS_ROLE";
+const ALL: Access = Access(1 | 2 | 4 | 8);
+const REGION: usize = 8 << 20;
+/// Where the atomics work, past every data message.
+const ATOMIC_AT: usize = REGION - 4096;
+const SIZES: [usize; 8] = [1, 4, 64, 1024, 4096, 65536, 1 << 20, 4 << 20];
+const STREAMS: [(WrOpcode, usize); 4] = [
+    (WrOpcode::RdmaWrite, 64 << 10),
+    (WrOpcode::RdmaWrite, 1 << 20),
+    (WrOpcode::RdmaRead, 64 << 10),
+    (WrOpcode::RdmaRead, 1 << 20),
+];
+
+fn pattern(size: usize, seq: u32) -> Vec<u8> {
+    (0..size)
+        .map(|i| {
+            (i as u32).wrapping_mul(2_654_435_761).wrapping_add(seq * 97) as u8 ^ (i >> 8) as u8
+        })
+        .collect()
+}
+
+struct Side {
+    _ctx: uroce::Context,
+    qp: Qp,
+    cq: Cq,
+    mr: Mr,
+}
+
+fn side(addr: IpAddr) -> Side {
+    let ctx = uroce::Device::from_config(DeviceConfig { name: "loss".into(), addr, port: 4791 })
+        .open()
+        .expect("open device");
+    let pd = ctx.alloc_pd().unwrap();
+    let mr = pd.alloc_mr(REGION, ALL).unwrap();
+    let cq = ctx.create_cq(1024).unwrap();
+    let cap = QpCaps {
+        max_send_wr: 256,
+        max_recv_wr: 256,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = uroce::testing::rc_qp(&pd, &cq, cap, false);
+    Side { _ctx: ctx, qp, cq, mr }
+}
+
+fn line(out: &mut impl Write, s: &str) {
+    writeln!(out, "{s}").unwrap();
+    out.flush().unwrap();
+}
+
+/// A line from stdin, through std's own buffer (a second BufReader would
+/// swallow lines that arrive together).
+fn stdin_line() -> String {
+    let mut s = String::new();
+    std::io::stdin().read_line(&mut s).unwrap();
+    s.trim().to_string()
+}
+
+/// Connects `s` with the peer whose line comes on stdin, after printing
+/// ours ("qpn addr rkey").
+fn handshake(s: &Side, peer: IpAddr, my_psn: u32, peer_psn: u32) -> (u64, u32) {
+    let mut out = std::io::stdout();
+    line(&mut out, &format!("INFO {} {} {}", s.qp.qpn(), s.mr.addr(), s.mr.rkey()));
+    let l = stdin_line();
+    let f: Vec<&str> = l.split_whitespace().collect();
+    assert_eq!(f.first(), Some(&"INFO"), "{l}");
+    let (qpn, addr, rkey) = (f[1].parse().unwrap(), f[2].parse().unwrap(), f[3].parse().unwrap());
+    uroce::connect(&s.qp, peer, 4791, qpn, my_psn, peer_psn, ALL).unwrap();
+    (addr, rkey)
+}
+
+/// Waits for `n` completions, each successful; returns them.
+fn wait(cq: &Cq, n: usize, what: &str) -> Vec<Completion> {
+    let mut got = Vec::with_capacity(n);
+    let mut wc = [Completion::new(0, WcStatus::Success, uroce::WcOpcode::Send, 0, false); 32];
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while got.len() < n {
+        let k = cq.poll(&mut wc).unwrap();
+        for c in &wc[..k] {
+            assert_eq!(c.status, WcStatus::Success, "{what}: {c:?}");
+            got.push(*c);
+        }
+        assert!(Instant::now() < deadline, "{what}: {} of {n} completions", got.len());
+        if k == 0 {
+            std::thread::yield_now();
+        }
+    }
+    got
+}
+
+fn server(addr: IpAddr, peer: IpAddr) {
+    let s = side(addr);
+    handshake(&s, peer, 0x2000, 0x1000);
+    // Receives take the upper half; every SEND is checked here.
+    let post = |i: u64| {
+        let sge = [s.mr.sge(REGION / 2, (4 << 20) as u32).unwrap()];
+        s.qp.post_recv(&[uroce::RecvWr { wr_id: i, sgl: &sge }]).unwrap();
+    };
+    post(0);
+    line(&mut std::io::stdout(), "READY");
+    let mut checked = 0;
+    loop {
+        // The client says how many SENDs to expect, or DONE.
+        let l = stdin_line();
+        if l == "DONE" || l.is_empty() {
+            break;
+        }
+        if !l.starts_with("SEND ") {
+            continue; // the client's throughput lines, passed along
+        }
+        let (size, seq): (usize, u32) = {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f[1].parse().unwrap(), f[2].parse().unwrap())
+        };
+        let c = wait(&s.cq, 1, "server receive");
+        assert_eq!((c[0].byte_len as usize, c[0].imm_or_inv), (size, seq), "{c:?}");
+        let mut got = vec![0u8; size];
+        s.mr.read(REGION / 2, &mut got).unwrap();
+        assert!(got == pattern(size, seq), "SEND of {size} bytes (seq {seq}) corrupted");
+        checked += 1;
+        post(0);
+        line(&mut std::io::stdout(), "ACK");
+    }
+    line(&mut std::io::stdout(), &format!("SERVER OK {checked}"));
+}
+
+struct Client {
+    s: Side,
+    raddr: u64,
+    rkey: u32,
+}
+
+impl Client {
+    fn post(&self, wr: SendWr<'_>) {
+        self.s.qp.post_send(&[SendWr { flags: SendFlags::SIGNALED, ..wr }]).unwrap();
+    }
+
+    fn rdma(&self, op: WrOpcode, local: usize, remote: usize, len: usize, id: u64) {
+        let sge = [self.s.mr.sge(local, len as u32).unwrap()];
+        self.post(SendWr {
+            wr_id: id,
+            opcode: op,
+            sgl: &sge,
+            remote_addr: self.raddr + remote as u64,
+            rkey: self.rkey,
+            ..SendWr::default()
+        });
+    }
+
+    fn atomic(&self, op: WrOpcode, compare_add: u64, swap: u64) -> u64 {
+        let sge = [self.s.mr.sge(ATOMIC_AT, 8).unwrap()];
+        self.post(SendWr {
+            wr_id: 7,
+            opcode: op,
+            sgl: &sge,
+            remote_addr: self.raddr + ATOMIC_AT as u64,
+            rkey: self.rkey,
+            compare_add,
+            swap,
+            ..SendWr::default()
+        });
+        wait(&self.s.cq, 1, "atomic");
+        let mut v = [0u8; 8];
+        self.s.mr.read(ATOMIC_AT, &mut v).unwrap();
+        u64::from_ne_bytes(v)
+    }
+
+    /// WRITE, READ back and SEND every size, checking every byte.
+    fn data(&self) {
+        let half = REGION / 2;
+        for (seq, &size) in SIZES.iter().enumerate() {
+            let seq = seq as u32 + 1;
+            let p = pattern(size, seq);
+            self.s.mr.write(0, &p).unwrap();
+            self.rdma(WrOpcode::RdmaWrite, 0, 0, size, 1);
+            wait(&self.s.cq, 1, "WRITE");
+            self.s.mr.write(half, &vec![0u8; size]).unwrap();
+            self.rdma(WrOpcode::RdmaRead, half, 0, size, 2);
+            wait(&self.s.cq, 1, "READ");
+            let mut back = vec![0u8; size];
+            self.s.mr.read(half, &mut back).unwrap();
+            assert!(back == p, "{size} bytes WRITTEN then READ back differ");
+            line(&mut std::io::stdout(), &format!("SEND {size} {seq}"));
+            let sge = [self.s.mr.sge(0, size as u32).unwrap()];
+            self.post(SendWr {
+                wr_id: 3,
+                opcode: WrOpcode::SendWithImm,
+                sgl: &sge,
+                imm_or_inv: seq,
+                ..SendWr::default()
+            });
+            wait(&self.s.cq, 1, "SEND");
+            assert_eq!(stdin_line(), "ACK");
+        }
+    }
+
+    /// FETCH_ADD and CMP_SWAP, every returned value checked.
+    fn atomics(&self) {
+        self.s.mr.write(0, &0u64.to_ne_bytes()).unwrap();
+        self.rdma(WrOpcode::RdmaWrite, 0, ATOMIC_AT, 8, 1);
+        wait(&self.s.cq, 1, "WRITE of the atomic word");
+        for i in 0..300u64 {
+            let v = self.atomic(WrOpcode::AtomicFetchAndAdd, 3, 0);
+            assert_eq!(v, 3 * i, "FETCH_ADD #{i} returned {v}");
+        }
+        for i in 0..200u64 {
+            let v = self.atomic(WrOpcode::AtomicCmpAndSwp, 900 + i, 901 + i);
+            assert_eq!(v, 900 + i, "CMP_SWAP #{i} returned {v}");
+        }
+        let v = self.atomic(WrOpcode::AtomicCmpAndSwp, 0, 0);
+        assert_eq!(v, 1100, "final value");
+    }
+
+    /// Streams `total` bytes of `op` in `size` messages, 8 in flight;
+    /// returns MB/s.
+    fn stream(&self, op: WrOpcode, size: usize, total: usize) -> f64 {
+        let depth = 8;
+        let n = total / size;
+        let t = Instant::now();
+        let (mut posted, mut done) = (0, 0);
+        while done < n {
+            while posted < n && posted - done < depth {
+                let slot = (posted % depth) * size % (REGION / 2);
+                self.rdma(op, slot, slot, size, posted as u64);
+                posted += 1;
+            }
+            done += wait(&self.s.cq, 1, "stream").len();
+        }
+        total as f64 / t.elapsed().as_secs_f64() / 1e6
+    }
+}
+
+fn client(addr: IpAddr, peer: IpAddr) {
+    let s = side(addr);
+    let (raddr, rkey) = handshake(&s, peer, 0x1000, 0x2000);
+    let c = Client { s, raddr, rkey };
+    assert_eq!(stdin_line(), "READY");
+    c.data();
+    c.atomics();
+    for (op, size) in STREAMS {
+        // The best of three runs: the machine may be busy with something else.
+        let best = (0..3).map(|_| c.stream(op, size, 64 << 20)).fold(0.0, f64::max);
+        line(&mut std::io::stdout(), &format!("TPUT {op:?} {size} {best:.1}"));
+    }
+    line(&mut std::io::stdout(), "DONE");
+}
+
+/// Two namespaces and a veth pair, removed on drop.
+struct Net {
+    a: String,
+    b: String,
+}
+
+fn sh(args: &[&str]) -> bool {
+    Command::new(args[0]).args(&args[1..]).status().is_ok_and(|s| s.success())
+}
+
+impl Net {
+    fn new() -> Option<Self> {
+        let id = std::process::id() % 100_000;
+        let (a, b) = (format!("uroce-la{id}"), format!("uroce-lb{id}"));
+        let net = Self { a, b };
+        let (va, vb) = (format!("ula{id}"), format!("ulb{id}"));
+        let ok = sh(&["ip", "netns", "add", &net.a])
+            && sh(&["ip", "netns", "add", &net.b])
+            && sh(&["ip", "link", "add", &va, "type", "veth", "peer", "name", &vb])
+            && sh(&["ip", "link", "set", &va, "netns", &net.a])
+            && sh(&["ip", "link", "set", &vb, "netns", &net.b])
+            && sh(&["ip", "-n", &net.a, "addr", "add", "10.231.0.1/24", "dev", &va])
+            && sh(&["ip", "-n", &net.b, "addr", "add", "10.231.0.2/24", "dev", &vb])
+            && sh(&["ip", "-n", &net.a, "link", "set", &va, "up"])
+            && sh(&["ip", "-n", &net.b, "link", "set", &vb, "up"])
+            && sh(&["ip", "-n", &net.a, "link", "set", "lo", "up"])
+            && sh(&["ip", "-n", &net.b, "link", "set", "lo", "up"]);
+        ok.then_some(net)
+    }
+
+    /// Drops `permille` of the RoCE datagrams each namespace receives and
+    /// duplicates `dup_permille` of those it sends.
+    fn faults(&self, permille: u32, dup_permille: u32) {
+        for (ns, dev) in [(&self.a, "ula"), (&self.b, "ulb")] {
+            let id = std::process::id() % 100_000;
+            let rules = format!(
+                "flush ruleset\n\
+                 table inet uroce_loss {{\n\
+                 chain input {{\n\
+                 type filter hook input priority 0;\n\
+                 udp dport 4791 numgen random mod 1000 < {permille} counter drop\n\
+                 }}\n\
+                 }}\n\
+                 table netdev uroce_dup {{\n\
+                 chain egress {{\n\
+                 type filter hook egress device {dev}{id} priority 0;\n\
+                 udp dport 4791 numgen random mod 1000 < {dup_permille} counter dup to {dev}{id}\n\
+                 }}\n\
+                 }}\n"
+            );
+            let mut nft = Command::new("ip")
+                .args(["netns", "exec", ns, "nft", "-f", "-"])
+                .stdin(Stdio::piped())
+                .spawn()
+                .unwrap();
+            nft.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
+            assert!(nft.wait().unwrap().success(), "nft rules in {ns}");
+        }
+    }
+}
+
+impl Net {
+    /// Packets the rules dropped and duplicated so far, both sides.
+    fn counted(&self) -> (u64, u64) {
+        let (mut drops, mut dups) = (0, 0);
+        for ns in [&self.a, &self.b] {
+            let out = Command::new("ip")
+                .args(["netns", "exec", ns, "nft", "list", "ruleset"])
+                .output()
+                .unwrap();
+            for l in String::from_utf8_lossy(&out.stdout).lines() {
+                let n = l
+                    .split("counter packets ")
+                    .nth(1)
+                    .and_then(|r| r.split(' ').next()?.parse().ok())
+                    .unwrap_or(0);
+                if l.contains(" drop") {
+                    drops += n;
+                } else if l.contains(" dup to ") {
+                    dups += n;
+                }
+            }
+        }
+        (drops, dups)
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        sh(&["ip", "netns", "del", &self.a]);
+        sh(&["ip", "netns", "del", &self.b]);
+    }
+}
+
+fn spawn(ns: &str, role: &str) -> Child {
+    Command::new("ip")
+        .args(["netns", "exec", ns])
+        .arg(std::env::current_exe().unwrap())
+        .args(["loss_suite_over_veth", "--exact", "--nocapture", "--test-threads", "1"])
+        .env(ROLE, role)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .unwrap()
+}
+
+/// One throughput line of the client: operation, message size, MB/s.
+type Tput = (String, usize, f64);
+
+/// Runs one client/server pair at the current faults; returns the
+/// client's throughput lines.
+fn run_pair(net: &Net) -> Vec<Tput> {
+    let mut srv = spawn(&net.b, "server");
+    let mut cli = spawn(&net.a, "client");
+    let mut s_in = srv.stdin.take().unwrap();
+    let mut c_in = cli.stdin.take().unwrap();
+    let mut s_out = BufReader::new(srv.stdout.take().unwrap());
+    let mut c_out = BufReader::new(cli.stdout.take().unwrap());
+    let next = |r: &mut BufReader<std::process::ChildStdout>| {
+        let mut s = String::new();
+        loop {
+            s.clear();
+            if r.read_line(&mut s).unwrap() == 0 {
+                return String::new();
+            }
+            // The test harness prints its own text too, and "test NAME ... "
+            // without a newline before the test's first line.
+            let markers = ["INFO ", "READY", "ACK", "SEND ", "TPUT ", "DONE", "SERVER OK"];
+            if let Some(at) = markers.iter().filter_map(|m| s.find(m)).min() {
+                return s[at..].trim().to_string();
+            }
+        }
+    };
+    let si = next(&mut s_out);
+    let ci = next(&mut c_out);
+    line(&mut c_in, &si);
+    line(&mut s_in, &ci);
+    let ready = next(&mut s_out);
+    line(&mut c_in, &ready);
+    let mut tput = vec![];
+    loop {
+        let l = next(&mut c_out);
+        if l.is_empty() {
+            break;
+        }
+        line(&mut s_in, &l);
+        if l.starts_with("SEND ") {
+            let ack = next(&mut s_out);
+            line(&mut c_in, &ack);
+        } else if let Some(t) = l.strip_prefix("TPUT ") {
+            let f: Vec<&str> = t.split_whitespace().collect();
+            tput.push((f[0].to_string(), f[1].parse().unwrap(), f[2].parse().unwrap()));
+        } else if l == "DONE" {
+            break;
+        }
+    }
+    let done = next(&mut s_out);
+    let (cs, ss) = (cli.wait().unwrap(), srv.wait().unwrap());
+    assert!(cs.success() && ss.success(), "client {cs}, server {ss}");
+    assert!(done.starts_with("SERVER OK"), "{done}");
+    tput
+}
+
+#[test]
+fn loss_suite_over_veth() {
+    match std::env::var(ROLE).as_deref() {
+        Ok("server") => {
+            return server("10.231.0.2".parse().unwrap(), "10.231.0.1".parse().unwrap());
+        }
+        Ok("client") => {
+            return client("10.231.0.1".parse().unwrap(), "10.231.0.2".parse().unwrap());
+        }
+        _ => {}
+    }
+    let can = unsafe_free_is_root() && sh(&["nft", "--version"]);
+    if !can {
+        assert!(std::env::var_os("CI").is_none(), "the loss suite needs root and nft under CI");
+        eprintln!("not root or no nft: skipped");
+        return;
+    }
+    let net = Net::new().expect("namespaces and veth");
+    let mut table: Vec<(u32, Vec<Tput>)> = vec![];
+    for permille in [0u32, 1, 10, 50] {
+        net.faults(permille, if permille == 0 { 0 } else { 5 });
+        let t = run_pair(&net);
+        let (drops, dups) = net.counted();
+        eprintln!(
+            "{:.1} % loss: nftables dropped {drops} and duplicated {dups} datagrams",
+            f64::from(permille) / 10.0
+        );
+        assert!(permille == 0 || (drops > 0 && dups > 0), "no fault was injected");
+        table.push((permille, t));
+    }
+    eprintln!("loss each way | {}", STREAMS.map(|(o, s)| format!("{o:?} {s}")).join(" | "));
+    for (p, t) in &table {
+        let cells: Vec<String> = t
+            .iter()
+            .zip(&table[0].1)
+            .map(|(r, b)| format!("{:.0} MB/s ({:.0}%)", r.2, r.2 / b.2 * 100.0))
+            .collect();
+        eprintln!("{:>5.1} % | {}", f64::from(*p) / 10.0, cells.join(" | "));
+    }
+    let mut failures = vec![];
+    for (p, t) in &table {
+        let floor = match p {
+            1 => 0.7,
+            10 => 0.3,
+            _ => 0.0,
+        };
+        for (r, b) in t.iter().zip(&table[0].1) {
+            if r.2 < b.2 * floor {
+                failures.push(format!("{} {} at {}‰: {:.0} of {:.0} MB/s", r.0, r.1, p, r.2, b.2));
+            }
+        }
+    }
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+fn unsafe_free_is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status").is_ok_and(|s| {
+        s.lines().any(|l| l.starts_with("Uid:") && l.split_whitespace().nth(1) == Some("0"))
+    })
+}
