@@ -262,6 +262,13 @@ fn perftest_default_and_old_post_send() {
     perftest("ib_write_bw", &["-c", "UC"], 1);
     perftest("ib_send_bw", &["-e"], 1);
     perftest("ib_atomic_bw", &["-A", "CMP_AND_SWAP"], 1);
+    // 128 outstanding READs/atomics, what rxe offers and perftest asks of
+    // a peer (it failed "to modify QP to RTS" at 16).
+    for t in ["ib_read_bw", "ib_atomic_bw"] {
+        let p = same(t, &["-o", "128", "-n", "500"], Duration::from_secs(120));
+        assert!(p.client_has(" OUT 0x80 "), "128 outstanding not negotiated: {p}");
+        assert_eq!(perftest_rows(&p.client).len(), 1, "{p}");
+    }
 }
 
 /// perftest's default post path, `ibv_create_qp_ex` + `ibv_wr_*`, is taken
