@@ -315,10 +315,13 @@ fn mixed_pairs_with_uroce_tools() {
     let limit = Duration::from_secs(60);
     for kind in ["rc", "uc", "ud", "srq"] {
         let theirs = tool(&format!("ibv_{kind}_pingpong"));
-        let ours_args = ["pingpong", kind, "-g", "0", "-n", "200"];
-        let their_args = ["-g", "0", "-n", "200"];
+        // -c on both sides: rdma-core's pattern both ways (its server
+        // prints "invalid data in page N" on a mismatch; uroce fails).
+        let ours_args = ["pingpong", kind, "-g", "0", "-n", "200", "-c"];
+        let their_args = ["-g", "0", "-n", "200", "-c"];
         let p = pair((&theirs, &their_args), (&e.uroce, &ours_args), limit);
         assert!(p.client_has("200 iters in"), "{p}");
+        assert!(!p.server.contains("invalid data"), "{p}");
         let p = pair((&e.uroce, &ours_args), (&theirs, &their_args), limit);
         assert!(p.client_has("200 iters in"), "{p}");
     }
