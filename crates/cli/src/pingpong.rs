@@ -433,7 +433,7 @@ const CHK_PAGE: usize = 4096;
 /// sides send from the buffer they receive into; rdma-core's server checks
 /// the page bytes once at the end, uroce checks every byte of every message.
 fn chk_byte(fill: u8, i: usize) -> u8 {
-    if i % CHK_PAGE == 0 { 0 } else { fill }
+    if i.is_multiple_of(CHK_PAGE) { 0 } else { fill }
 }
 
 fn post_send(c: &Ctx, qi: usize, ah: Option<&uroce::Ah>, rqpn: u32, k: u32) -> Result<()> {
