@@ -11,6 +11,7 @@ mod perf;
 mod pingpong;
 mod plot;
 mod rping;
+mod stat;
 
 use std::process::ExitCode;
 
@@ -48,6 +49,9 @@ enum Command {
     /// librdmacm's rping: SEND of buffer advertisements, RDMA READ of the
     /// pattern, RDMA WRITE back, verify (connected over TCP for now).
     Rping(rping::Args),
+    /// Counters of every process using a device (rxe's hw_counters set,
+    /// then uroce's own), read while they run.
+    Stat(stat::Args),
 }
 
 fn main() -> ExitCode {
@@ -61,6 +65,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(&a),
         Command::Perf(a) => perf::run(&a),
         Command::Rping(a) => rping::run(&a),
+        Command::Stat(a) => stat::run(&a),
     };
     match result {
         Ok(code) => code,

@@ -400,3 +400,52 @@ fn perf_duration_mode_counts_iterations_in_the_sample_window() {
         assert!((tps * 2.0 * avg / 1e6 - 1.0).abs() < 0.05, "{out}");
     }
 }
+
+/// `uroce stat` reads the counters of the processes using a device while
+/// they run (rxe's names first), and forgets them once they exit.
+#[test]
+fn stat_reads_counters_of_running_processes() {
+    let run_dir = std::env::temp_dir().join(format!("uroce-stat-{}", std::process::id()));
+    let udp = uroce::testing::free_port();
+    let tcp = free_tcp_port().to_string();
+    let with_dir = |mut c: Command| {
+        c.env("UROCE_RUN_DIR", &run_dir);
+        c
+    };
+    let server = spawn_server(
+        with_dir(uroce("127.0.0.1", udp, &["perf", "write-bw", "-p", &tcp, "-D", "4"])),
+        &tcp,
+    );
+    let client = with_dir(uroce(
+        "127.0.0.2",
+        udp,
+        &["perf", "write-bw", "127.0.0.1", "-p", &tcp, "-D", "4"],
+    ))
+    .spawn()
+    .unwrap();
+    // While the test runs: both processes, packets counted, per-QP lines.
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let seen = loop {
+        let o = with_dir(uroce("127.0.0.1", udp, &["stat", "--qp"])).output().unwrap();
+        let t = text(&o);
+        assert!(o.status.success(), "{t}");
+        let sent = t
+            .lines()
+            .find_map(|l| l.trim().strip_prefix("sent_pkts"))
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .unwrap_or(0);
+        if t.contains("uroce0: 2 context(s)") && sent > 1000 && t.contains(" qp 0x") {
+            break t;
+        }
+        assert!(Instant::now() < deadline, "never saw both processes counting:\n{t}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(seen.contains("  rcvd_pkts"), "{seen}");
+    let c = finish(client, Duration::from_secs(60));
+    let s = finish(server, Duration::from_secs(60));
+    assert!(c.status.success() && s.status.success(), "{}\n{}", text(&c), text(&s));
+    // Gone with the processes.
+    let o = with_dir(uroce("127.0.0.1", udp, &["stat"])).output().unwrap();
+    assert!(text(&o).starts_with("no process has"), "{}", text(&o));
+    let _ = std::fs::remove_dir_all(&run_dir);
+}

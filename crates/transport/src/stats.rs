@@ -46,6 +46,14 @@ macro_rules! counters {
                 $(self.$name += o.$name;)*
             }
 
+            /// Sets the counter called `name`; whether one is.
+            pub fn set(&mut self, name: &str, value: u64) -> bool {
+                match name {
+                    $(stringify!($name) => { self.$name = value; true })*
+                    _ => false,
+                }
+            }
+
             /// Every counter with its name, in declaration order.
             pub fn iter(&self) -> impl Iterator<Item = (&'static str, u64)> {
                 [$((stringify!($name), self.$name)),*].into_iter()
@@ -95,6 +103,10 @@ counters! {
     rdma_recvs,
     /// ACK, NAK and RNR NAK packets sent.
     acks_sent,
+    /// Requested ACKs answered by a later, coalesced one.
+    ack_deferred,
+    /// Times the port went down (the interface lost its link).
+    link_downed,
     /// Packets dropped for a bad ICRC.
     icrc_errors,
     /// Packets dropped as malformed.

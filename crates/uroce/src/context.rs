@@ -62,6 +62,8 @@ pub(crate) struct Inner {
     /// When an application thread last drove progress.
     pub(crate) activity: Arc<Activity>,
     stop: AtomicBool,
+    /// Where the progress thread publishes the counters (see `published`).
+    published: std::path::PathBuf,
 }
 
 /// When an application thread last drove progress itself (the background
@@ -110,6 +112,24 @@ impl Inner {
     /// Locks the engine. A poisoned lock (a panic while holding it) is
     /// recovered: the engine's state is updated in steps that leave it
     /// consistent.
+    fn snapshot(&self) -> crate::published::Snapshot {
+        let e = self.lock();
+        let mut total = e.stats;
+        let mut qps: Vec<(u32, uroce_transport::Stats)> =
+            e.qps.iter().map(|(qpn, q)| (*qpn, *q.qp.stats())).collect();
+        drop(e);
+        qps.sort_by_key(|(qpn, _)| *qpn);
+        for (_, s) in &qps {
+            total.accumulate(s);
+        }
+        crate::published::Snapshot {
+            device: self.device.name().to_string(),
+            pid: std::process::id(),
+            device_stats: total,
+            qps,
+        }
+    }
+
     pub(crate) fn lock(&self) -> MutexGuard<'_, Engine> {
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -172,6 +192,7 @@ impl Device {
             options,
             activity: Arc::new(Activity::new()),
             stop: AtomicBool::new(false),
+            published: crate::published::path_for(self.name()),
         });
         if options.progress == ProgressMode::Thread {
             let weak = Arc::downgrade(&inner);
@@ -270,20 +291,25 @@ impl Context {
     /// Device-wide counters (drops before a QP is found: bad ICRC, unknown
     /// QPN, malformed), plus the sum over live QPs.
     pub fn stats(&self) -> uroce_transport::Stats {
-        let e = self.inner.lock();
-        let mut s = e.stats;
-        for q in e.qps.values() {
-            s.accumulate(q.qp.stats());
-        }
-        s
+        self.snapshot().device_stats
+    }
+
+    /// The device totals and every live QP's counters, as `uroce stat`
+    /// shows them.
+    pub fn snapshot(&self) -> crate::published::Snapshot {
+        self.inner.snapshot()
     }
 }
 
 impl Drop for Inner {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
+        let _ = std::fs::remove_file(&self.published);
     }
 }
+
+/// How often the progress thread publishes the counters.
+const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// How long an application poll keeps the background thread away.
 const STEP_ASIDE: Duration = Duration::from_micros(200);
@@ -298,10 +324,16 @@ fn progress_thread(weak: &Weak<Inner>) {
     crate::sched::request_short_slice(PROGRESS_SLICE_NS);
     let mut spin = weak.upgrade().map_or(Duration::from_micros(50), |i| i.options.spin);
     let mut last_work = StdInstant::now();
+    let mut published: Option<StdInstant> = None;
     loop {
         let Some(inner) = weak.upgrade() else { return };
         if inner.stop.load(Ordering::Relaxed) {
             return;
+        }
+        if published.is_none_or(|t| t.elapsed() >= PUBLISH_EVERY) {
+            published = Some(StdInstant::now());
+            // Best effort: a full or read-only disk costs only `uroce stat`.
+            let _ = crate::published::write(&inner.published, &inner.snapshot());
         }
         let since_app = inner.activity.since_app();
         if since_app < STEP_ASIDE {

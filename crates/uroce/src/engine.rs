@@ -229,6 +229,7 @@ impl Engine {
         let up = crate::netif::link_up(self.backend.local().ip());
         if up != self.port_up {
             self.port_up = up;
+            self.stats.link_downed += u64::from(!up);
             self.events.push(if up { AsyncEvent::PortActive } else { AsyncEvent::PortError });
         }
     }

@@ -98,6 +98,7 @@ pub use backend::sim::SimNetwork;
 pub use channel::CompChannel;
 pub use config::DeviceConfig;
 pub use context::{Context, Options, ProgressMode};
+pub mod published;
 pub use device::{AtomicCap, Device, DeviceAttr, PortAttr, device, devices};
 pub use engine::AsyncEvent;
 pub use error::{Error, Result};

@@ -538,7 +538,10 @@ impl Drop for Qp {
     fn drop(&mut self) {
         let mut e = self.ctx.lock();
         e.detach_all(self.qpn);
-        e.qps.remove(&self.qpn);
+        // Device totals keep what destroyed QPs counted (as rxe's do).
+        if let Some(slot) = e.qps.remove(&self.qpn) {
+            e.stats.accumulate(slot.qp.stats());
+        }
     }
 }
 

@@ -103,8 +103,9 @@ impl RespState {
     }
 
     /// Queues an ACK, coalescing with an ACK already waiting at the tail:
-    /// the newer one acknowledges everything the older did.
-    fn push_ack(&mut self, psn: Psn) {
+    /// the newer one acknowledges everything the older did. Returns whether
+    /// it was coalesced (an ACK deferred).
+    fn push_ack(&mut self, psn: Psn) -> bool {
         let msn = self.msn;
         if let Some(RespItem::Ack { psn: p, syndrome: Syndrome::Ack(_), msn: m }) =
             self.out.back_mut()
@@ -113,9 +114,10 @@ impl RespState {
                 *p = psn;
                 *m = msn;
             }
-            return;
+            return true;
         }
         self.out.push_back(RespItem::Ack { psn, syndrome: Syndrome::ACK, msn });
+        false
     }
 }
 
@@ -301,7 +303,9 @@ impl Qp {
             && !matches!(pkt.info().operation, Operation::CompareSwap | Operation::FetchAdd)
         {
             let psn = self.resp.epsn.sub(1);
-            self.resp.push_ack(psn);
+            if self.resp.push_ack(psn) {
+                self.stats.ack_deferred += 1;
+            }
         }
     }
 
@@ -640,7 +644,9 @@ impl Qp {
                 // go-back and on each message's last).
                 if pkt.bth().ack_req() {
                     let last = self.dup_ack_psn(psn);
-                    self.resp.push_ack(last);
+                    if self.resp.push_ack(last) {
+                        self.stats.ack_deferred += 1;
+                    }
                 }
             }
         }
