@@ -370,3 +370,35 @@ fn the_requester_stays_within_128_psns_of_what_was_acknowledged() {
     assert_eq!(p.a.qp.stats().local_ack_timeout_err, 0);
     let _ = Psn::new(0);
 }
+
+/// An RNR wait longer than the Local ACK Timeout spends no transport retry:
+/// the retry deadline starts again when the requester resends.
+#[test]
+fn long_rnr_waits_spend_no_transport_retry() {
+    // RNR timer code 0 is 655 ms; the Local ACK Timeout 16.8 ms.
+    let cfg = PairConfig { timeout: 12, retry_cnt: 1, min_rnr_timer: 0, ..PairConfig::default() };
+    let mut p = RcPair::new(12, LinkConfig::default(), cfg);
+    let (src, lk, _) = p.a.mem.register(PD, 64, ALL);
+    let (rbuf, rlk, _) = p.b.mem.register(PD, 64, ALL);
+    let sgl = [Sge { addr: src, length: 64, lkey: lk }];
+    let flags = uroce_transport::SendFlags::SIGNALED;
+    p.a.qp
+        .post_send(
+            p.now,
+            &[SendWr { wr_id: 1, opcode: WrOpcode::Send, sgl: &sgl, flags, ..SendWr::default() }],
+        )
+        .unwrap();
+    // Three RNR rounds with no receive posted.
+    p.run_until(Duration::from_secs(2), |_| false);
+    assert!(p.a.qp.stats().rcvd_rnr_err >= 3);
+    p.b.qp
+        .post_recv(&[uroce_transport::RecvWr {
+            wr_id: 9,
+            sgl: &[Sge { addr: rbuf, length: 64, lkey: rlk }],
+        }])
+        .unwrap();
+    assert!(p.run_until(Duration::from_secs(2), |p| !sends(&p.a).is_empty()));
+    assert_eq!(sends(&p.a)[0].status, WcStatus::Success);
+    assert_eq!(p.a.qp.stats().completer_retry_err, 0);
+    assert_eq!(p.a.qp.stats().local_ack_timeout_err, 0);
+}

@@ -194,7 +194,9 @@ impl Qp {
         }
         self.nak_resume_at(psn);
         self.req.rnr_wait_until = Some(now.saturating_add(timer.duration()));
+        // The peer answered: the retry deadline starts again after the wait.
         self.req.timer = None;
+        self.req.retry_at = None;
         self.go_back();
     }
 
