@@ -67,6 +67,9 @@ pub(crate) struct RespState {
     nak_sent: bool,
     in_msg: InMsg,
     out: VecDeque<RespItem>,
+    /// READ responses and atomic ACKs in `out` (kept, not counted per
+    /// request: a peer may queue hundreds).
+    out_rd_atomic: usize,
     res: VecDeque<RdAtomicRes>,
     res_cap: usize,
     /// A NAK that ends the connection, sent even though the QP is in ERR.
@@ -81,6 +84,7 @@ impl RespState {
             nak_sent: false,
             in_msg: InMsg::None,
             out: VecDeque::with_capacity(2 * max_rd_atomic + 4),
+            out_rd_atomic: 0,
             res: VecDeque::with_capacity(max_rd_atomic),
             res_cap: max_rd_atomic,
             final_nak: None,
@@ -93,13 +97,28 @@ impl RespState {
         self.nak_sent = false;
         self.in_msg = InMsg::None;
         self.out.clear();
+        self.out_rd_atomic = 0;
         self.res.clear();
     }
 
     /// Drops queued responses on entering ERR (keeping the final NAK).
     pub(crate) fn abort(&mut self) {
         self.out.clear();
+        self.out_rd_atomic = 0;
         self.in_msg = InMsg::None;
+    }
+
+    /// Queues a response.
+    fn push_out(&mut self, item: RespItem) {
+        self.out_rd_atomic += usize::from(!matches!(item, RespItem::Ack { .. }));
+        self.out.push_back(item);
+    }
+
+    /// Takes the oldest queued response.
+    fn pop_out(&mut self) -> Option<RespItem> {
+        let item = self.out.pop_front()?;
+        self.out_rd_atomic -= usize::from(!matches!(item, RespItem::Ack { .. }));
+        Some(item)
     }
 
     /// Queues an ACK, coalescing with an ACK already waiting at the tail:
@@ -116,7 +135,7 @@ impl RespState {
             }
             return true;
         }
-        self.out.push_back(RespItem::Ack { psn, syndrome: Syndrome::ACK, msn });
+        self.push_out(RespItem::Ack { psn, syndrome: Syndrome::ACK, msn });
         false
     }
 }
@@ -166,7 +185,7 @@ impl Qp {
                 self.resp.nak_sent = true;
                 self.stats.send_seq_err += 1;
                 let (epsn, msn) = (self.resp.epsn, self.resp.msn);
-                self.resp.out.push_back(RespItem::Ack {
+                self.resp.push_out(RespItem::Ack {
                     psn: epsn,
                     syndrome: Syndrome::Nak(NakCode::PsnSequenceError),
                     msn,
@@ -187,7 +206,7 @@ impl Qp {
                 self.resp.nak_sent = true;
                 let (epsn, msn) = (self.resp.epsn, self.resp.msn);
                 let timer: RnrTimer = self.attr.min_rnr_timer;
-                self.resp.out.push_back(RespItem::Ack {
+                self.resp.push_out(RespItem::Ack {
                     psn: epsn,
                     syndrome: Syndrome::RnrNak(timer),
                     msn,
@@ -516,7 +535,7 @@ impl Qp {
         self.remember(RdAtomicRes::Read { first_psn: psn, last_psn: psn.add(npsn - 1) });
         self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
         let msn = self.resp.msn;
-        self.resp.out.push_back(RespItem::Read { psn, va, rkey, remaining: len, first: true, msn });
+        self.resp.push_out(RespItem::Read { psn, va, rkey, remaining: len, first: true, msn });
         self.accept(pkt, npsn);
         Ok(())
     }
@@ -546,14 +565,14 @@ impl Qp {
         self.remember(RdAtomicRes::Atomic { psn, orig });
         self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
         let msn = self.resp.msn;
-        self.resp.out.push_back(RespItem::AtomicAck { psn, orig, msn });
+        self.resp.push_out(RespItem::AtomicAck { psn, orig, msn });
         self.accept(pkt, 1);
         Ok(())
     }
 
     /// READ responses and atomic ACKs waiting to be sent.
     fn rd_atomic_queued(&self) -> usize {
-        self.resp.out.iter().filter(|i| !matches!(i, RespItem::Ack { .. })).count()
+        self.resp.out_rd_atomic
     }
 
     fn remember(&mut self, r: RdAtomicRes) {
@@ -618,7 +637,7 @@ impl Qp {
                 if let Some(slot) = streaming {
                     *slot = item;
                 } else if self.rd_atomic_queued() < MAX_QUEUED_RD_ATOMIC {
-                    self.resp.out.push_back(item);
+                    self.resp.push_out(item);
                 }
             }
             Operation::CompareSwap | Operation::FetchAdd => {
@@ -632,7 +651,7 @@ impl Qp {
                             < usize::from(self.attr.max_dest_rd_atomic.max(1)) =>
                     {
                         let msn = self.resp.msn;
-                        self.resp.out.push_back(RespItem::AtomicAck { psn, orig, msn });
+                        self.resp.push_out(RespItem::AtomicAck { psn, orig, msn });
                     }
                     _ => self.stats.drop(DropReason::StaleDuplicate),
                 }
@@ -688,12 +707,12 @@ impl Qp {
         let item = *self.resp.out.front()?;
         match item {
             RespItem::Ack { psn, syndrome, msn } => {
-                self.resp.out.pop_front();
+                self.resp.pop_out();
                 self.stats.acks_sent += 1;
                 self.build_ack(psn, syndrome, msn, None, buf)
             }
             RespItem::AtomicAck { psn, orig, msn } => {
-                self.resp.out.pop_front();
+                self.resp.pop_out();
                 self.build_ack(psn, Syndrome::ACK, msn, Some(orig), buf)
             }
             RespItem::Read { psn, va, rkey, remaining, first, msn } => {
@@ -729,7 +748,7 @@ impl Qp {
                         .is_err()
                 {
                     // The region went away under a READ in progress.
-                    self.resp.out.pop_front();
+                    self.resp.pop_out();
                     self.resp.final_nak = None;
                     return self.build_ack(
                         psn,
@@ -741,7 +760,7 @@ impl Qp {
                 }
                 buf[hl + n as usize..total].fill(0);
                 if last {
-                    self.resp.out.pop_front();
+                    self.resp.pop_out();
                 } else if let Some(RespItem::Read {
                     psn: p, va: v, remaining: r, first: f, ..
                 }) = self.resp.out.front_mut()
