@@ -56,9 +56,10 @@ pub fn run_dir() -> PathBuf {
     if let Some(d) = std::env::var_os("XDG_RUNTIME_DIR") {
         return PathBuf::from(d).join("uroce");
     }
-    // SAFETY: getuid has no preconditions and cannot fail.
-    #[allow(unsafe_code)]
-    let uid = unsafe { libc::getuid() };
+    // The owner of /proc/self is this process's effective uid (no unsafe
+    // getuid() outside the unsafe modules).
+    use std::os::unix::fs::MetadataExt;
+    let uid = std::fs::metadata("/proc/self").map_or(0, |m| m.uid());
     PathBuf::from(format!("/tmp/uroce-{uid}"))
 }
 
