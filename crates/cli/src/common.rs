@@ -27,9 +27,13 @@ pub(crate) fn open_device(name: Option<&str>) -> Result<Context> {
 /// RoCE cannot address a peer without one.
 pub(crate) fn local_gid(ctx: &Context, port: u8, index: Option<i32>) -> Result<[u8; 16]> {
     let i = index.unwrap_or(0);
-    let bad = || anyhow!("Could not get local gid for gid index {i} (port {port} has GID 0 only)");
+    let len = ctx.query_port(port).map_or(0, |p| p.gid_tbl_len);
+    let bad = || anyhow!("Could not get local gid for gid index {i} (port {port} has {len})");
     let i = u32::try_from(i).map_err(|_| bad())?;
-    ctx.query_gid(port, i).map_err(|_| bad())
+    match ctx.gid_entry(port, i) {
+        Ok(Some(a)) => Ok(uroce::wire::grh::gid_of(a)),
+        _ => Err(bad()),
+    }
 }
 
 /// The IP address a peer's GID stands for.

@@ -175,8 +175,10 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
             println!("\t\t\tactive_speed:\t\t2.5 Gbps (1)");
             let phys = if p.active { "LINK_UP (5)" } else { "DISABLED (3)" };
             println!("\t\t\tphys_state:\t\t{phys}");
-            let gid = Ipv6Addr::from(d.gid());
-            println!("\t\t\tGID[  0]:\t\t{gid}, RoCE v2");
+            for (i, a) in d.gid_table() {
+                let gid = Ipv6Addr::from(uroce::wire::grh::gid_of(a));
+                println!("\t\t\tGID[{i:>3}]:\t\t{gid}, RoCE v2");
+            }
         }
         println!();
     }

@@ -59,7 +59,8 @@ pub(crate) unsafe extern "C" fn ibv_init_ah_from_wc(
 ) -> c_int {
     guard(-1, || {
         // SAFETY: verbs contract.
-        if unsafe { ctx(context) }.is_none() || port != 1 {
+        let Some(dev) = (unsafe { ctx(context) }) else { return minus_one(libc::EINVAL) };
+        if port != 1 {
             return minus_one(libc::EINVAL);
         }
         // SAFETY: NULL or readable/writable structs from the caller.
@@ -89,11 +90,17 @@ pub(crate) unsafe extern "C" fn ibv_init_ah_from_wc(
             Ok(_) => return minus_one(libc::EINVAL),
             Err(e) => return minus_one(e.errno()),
         };
+        // The reply leaves from the GID the datagram came to.
+        let sgid_index = uroce::wire::grh::GrhInfo::parse(area)
+            .ok()
+            .and_then(|g| dev.uroce().gid_index_of(g.dst))
+            .and_then(|i| u8::try_from(i).ok())
+            .unwrap_or(0);
         *out = ibv_ah_attr {
             grh: ibv_global_route {
                 dgid: ibv_gid { raw: uroce::wire::grh::gid_of(a.dst) },
                 flow_label: a.flow_label,
-                sgid_index: 0,
+                sgid_index,
                 hop_limit: a.hop_limit,
                 traffic_class: a.traffic_class,
             },

@@ -297,11 +297,10 @@ fn gid_at(context: *mut ibv_context, port: u8, index: c_int) -> Result<Option<[u
     if port != 1 || index < 0 {
         return Err(libc::EINVAL);
     }
-    let len = c.uroce().query_port(1).map_err(|_| libc::EINVAL)?.gid_tbl_len;
-    if index as u32 >= len {
-        return Err(libc::EINVAL);
-    }
-    Ok(c.uroce().query_gid(1, index as u32).ok())
+    c.uroce()
+        .gid_entry(1, index as u32)
+        .map(|g| g.map(uroce::wire::grh::gid_of))
+        .map_err(|_| libc::EINVAL)
 }
 
 pub(crate) unsafe extern "C" fn ibv_query_gid(

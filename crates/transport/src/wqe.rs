@@ -121,6 +121,9 @@ pub struct UdDest {
     /// Q_Key; a value with the high bit set means "use the QP's own Q_Key"
     /// (IBTA §10.2.4.1).
     pub remote_qkey: u32,
+    /// Source GID index (the AH's `grh.sgid_index`): which local address
+    /// the datagram leaves from.
+    pub sgid_index: u8,
 }
 
 /// A send work request (`ibv_send_wr`).

@@ -55,6 +55,7 @@ fn ud_datagrams_arrive_intact_or_not_at_all() {
                 dst_port: 4791,
                 remote_qpn: p.b.qp.qpn(),
                 remote_qkey: qkey,
+                sgid_index: 0,
             };
             let sge = [Sge { addr: at, length: len as u32, lkey: lk }];
             p.a.qp

@@ -88,20 +88,14 @@ impl Pd {
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for an unspecified destination, a GID
-    /// index other than 0, or an IPv6 destination from an IPv4 device (and
-    /// back).
+    /// index with no address, or a destination of another address family
+    /// than the source GID's; [`Error::Io`] if the source GID's address
+    /// cannot be bound (another device holds it).
     pub fn create_ah(&self, attr: &AhAttr) -> Result<Ah> {
         if attr.dst.is_unspecified() {
             return Err(Error::InvalidArgument("unspecified destination"));
         }
-        if attr.sgid_index != 0 {
-            return Err(Error::InvalidArgument("GID index"));
-        }
-        if attr.dst.is_ipv4() != self.device_addr().is_ipv4() {
-            return Err(Error::InvalidArgument(
-                "destination address family differs from the device's",
-            ));
-        }
+        self.source_for(attr.sgid_index, attr.dst)?;
         let live = self.ah_count().fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         if live >= crate::limits::MAX_AH {
             self.ah_count().fetch_sub(1, std::sync::atomic::Ordering::Relaxed);
@@ -119,6 +113,12 @@ impl Ah {
 
     /// The `wr.ud` part of a send WR to QP `remote_qpn` with `remote_qkey`.
     pub fn dest(&self, remote_qpn: u32, remote_qkey: u32) -> UdDest {
-        UdDest { dst: self.attr.dst, dst_port: self.attr.port, remote_qpn, remote_qkey }
+        UdDest {
+            dst: self.attr.dst,
+            dst_port: self.attr.port,
+            remote_qpn,
+            remote_qkey,
+            sgid_index: self.attr.sgid_index,
+        }
     }
 }

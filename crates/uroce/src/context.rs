@@ -273,19 +273,54 @@ impl Context {
         if port != 1 {
             return Err(Error::InvalidArgument("port number"));
         }
-        Ok(self.inner.device.port_attr())
+        let mut p = self.inner.device.port_attr();
+        p.gid_tbl_len = self.inner.lock().gid_len() as u32;
+        Ok(p)
     }
 
     /// GID `index` of port 1 (`ibv_query_gid`): index 0 is the device's
-    /// address as a RoCEv2 GID.
+    /// address as a RoCEv2 GID, the interface's other addresses follow (see
+    /// [`Context::gid_table`]). An empty slot (its address went away) reads
+    /// as zeros, as on rxe. Reading a GID readies its address for sending
+    /// and receiving: a program reads the GID it is about to give a peer.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for another port or index.
+    /// [`Error::InvalidArgument`] for another port or an index past the
+    /// table.
     pub fn query_gid(&self, port: u8, index: u32) -> Result<[u8; 16]> {
-        if port != 1 || index != 0 {
+        Ok(self.gid_entry(port, index)?.map_or([0; 16], uroce_wire::grh::gid_of))
+    }
+
+    /// GID `index` of port 1 as an address: `None` for an empty slot.
+    ///
+    /// # Errors
+    /// As [`Context::query_gid`].
+    pub fn gid_entry(&self, port: u8, index: u32) -> Result<Option<std::net::IpAddr>> {
+        let mut e = self.inner.lock();
+        if port != 1 || index as usize >= e.gid_len() {
             return Err(Error::InvalidArgument("GID index"));
         }
-        Ok(self.inner.device.gid())
+        let ip = e.gid(index as usize);
+        if ip.is_some() {
+            // Best effort: an address another device holds still reads.
+            let _ = e.use_gid(index as usize);
+        }
+        Ok(ip)
+    }
+
+    /// Port 1's GID table: `(index, address)` for every slot that holds
+    /// one. Index 0 is the device's configured address; then the IPv6
+    /// link-local, IPv4 and other IPv6 addresses of its interface, in
+    /// rxe's order. The table follows address changes (checked every
+    /// 100 ms); indices stay stable while the context is open.
+    pub fn gid_table(&self) -> Vec<(u32, std::net::IpAddr)> {
+        let e = self.inner.lock();
+        (0..e.gid_len()).filter_map(|i| e.gid(i).map(|a| (i as u32, a))).collect()
+    }
+
+    /// The GID index of local address `addr`, if it is in the table.
+    pub fn gid_index_of(&self, addr: std::net::IpAddr) -> Option<u32> {
+        self.inner.lock().gid_index_of(addr).map(|i| i as u32)
     }
 
     /// Device-wide counters (drops before a QP is found: bad ICRC, unknown

@@ -92,6 +92,22 @@ impl Device {
         uroce_wire::grh::gid_of(self.cfg.addr)
     }
 
+    /// Port 1's GID table as it would be if the device were opened now:
+    /// `(index, address)` per entry (an open context keeps its own, with
+    /// stable indices: [`crate::Context::gid_table`]).
+    pub fn gid_table(&self) -> Vec<(u32, IpAddr)> {
+        let t = self.gid_table_now();
+        (0..t.len()).filter_map(|i| t.get(i).map(|a| (i as u32, a))).collect()
+    }
+
+    pub(crate) fn gid_table_now(&self) -> crate::gid::GidTable {
+        if self.sim.is_some() {
+            return crate::gid::GidTable::new(self.cfg.addr, &[]);
+        }
+        let list = crate::netif::all();
+        crate::gid::GidTable::new(self.cfg.addr, &crate::netif::siblings_in(&list, self.cfg.addr))
+    }
+
     /// Device attributes.
     pub fn attr(&self) -> DeviceAttr {
         DeviceAttr {
@@ -133,7 +149,7 @@ impl Device {
             active: crate::netif::link_up(self.cfg.addr),
             max_mtu: Mtu::Mtu4096,
             active_mtu: Mtu::for_link_mtu(link_mtu, over).unwrap_or(Mtu::Mtu256),
-            gid_tbl_len: 1,
+            gid_tbl_len: self.gid_table_now().len() as u32,
             pkey_tbl_len: 1,
             link_layer_ethernet: true,
             ip_mtu: link_mtu,

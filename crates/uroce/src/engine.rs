@@ -17,6 +17,7 @@ use std::sync::Arc;
 use crate::backend::Backend;
 use crate::backend::udp::{MAX_GSO_BYTES, MAX_SEGMENTS};
 use crate::channel::EventQueue;
+use crate::gid::GidTable;
 use crate::mr::MemTable;
 
 /// An asynchronous event (`ibv_async_event`): something that happened to a
@@ -131,10 +132,19 @@ pub(crate) struct Engine {
     /// Asynchronous events not yet read.
     pub(crate) events: Arc<EventQueue<AsyncEvent>>,
     peers: HashMap<IpAddr, PeerIds>,
+    /// Port 1's GID table (the local addresses QPs may send from).
+    gids: GidTable,
 }
 
 impl Engine {
     pub(crate) fn new(backend: Backend, events: Arc<EventQueue<AsyncEvent>>) -> Self {
+        let primary = backend.local().ip();
+        let gids = match backend {
+            Backend::Sim(_) => GidTable::new(primary, &[]),
+            Backend::Udp(_) => {
+                GidTable::new(primary, &crate::netif::siblings_in(&crate::netif::all(), primary))
+            }
+        };
         Self {
             mem: MemTable::default(),
             qps: HashMap::new(),
@@ -155,6 +165,7 @@ impl Engine {
             solvers: HashMap::new(),
             events,
             peers: HashMap::new(),
+            gids,
         }
     }
 
@@ -226,12 +237,70 @@ impl Engine {
         if matches!(self.backend, Backend::Sim(_)) {
             return;
         }
-        let up = crate::netif::link_up(self.backend.local().ip());
+        let primary = self.backend.local().ip();
+        let ifaddrs = crate::netif::all();
+        for gone in self.gids.refresh(&crate::netif::siblings_in(&ifaddrs, primary)) {
+            self.backend.unbind_local(gone);
+        }
+        let up = crate::netif::link_up_in(&ifaddrs, primary);
         if up != self.port_up {
             self.port_up = up;
             self.stats.link_downed += u64::from(!up);
             self.events.push(if up { AsyncEvent::PortActive } else { AsyncEvent::PortError });
         }
+    }
+
+    /// GID `index` of port 1: `None` for an empty slot or past the end.
+    pub(crate) fn gid(&self, index: usize) -> Option<IpAddr> {
+        self.gids.get(index)
+    }
+
+    /// The GID table's length (`gid_tbl_len`).
+    pub(crate) fn gid_len(&self) -> usize {
+        self.gids.len()
+    }
+
+    /// The GID index holding local address `addr`.
+    pub(crate) fn gid_index_of(&self, addr: IpAddr) -> Option<usize> {
+        self.gids.index_of(addr)
+    }
+
+    /// Makes GID `index` usable as a source (binds its address): before a
+    /// QP or AH names it, and when a program reads it to tell a peer.
+    ///
+    /// # Errors
+    /// `InvalidInput` for an empty slot; the bind's error otherwise (the
+    /// address taken by another device or process).
+    pub(crate) fn use_gid(&mut self, index: usize) -> std::io::Result<IpAddr> {
+        let ip = self.gids.get(index).ok_or(std::io::ErrorKind::InvalidInput)?;
+        self.backend.bind_local(ip)?;
+        Ok(ip)
+    }
+
+    /// The GID index to reach `peer` from: the first whose address is of
+    /// the peer's family and scope (link-local for a link-local peer).
+    pub(crate) fn gid_for(&self, peer: IpAddr) -> Option<usize> {
+        let ll = crate::gid::is_link_local(peer);
+        (0..self.gids.len()).find(|&i| {
+            self.gids.get(i).is_some_and(|a| {
+                a.is_ipv4() == peer.is_ipv4() && crate::gid::is_link_local(a) == ll
+            })
+        })
+    }
+
+    /// [`Engine::use_gid`] for a path or AH that sends to `dst`: the GID
+    /// must hold an address of `dst`'s family.
+    pub(crate) fn source_for(&mut self, index: u8, dst: IpAddr) -> crate::Result<IpAddr> {
+        let src = self.use_gid(usize::from(index)).map_err(|e| match e.kind() {
+            std::io::ErrorKind::InvalidInput => crate::Error::InvalidArgument("GID index"),
+            _ => crate::Error::Io(e),
+        })?;
+        if src.is_ipv4() != dst.is_ipv4() {
+            return Err(crate::Error::InvalidArgument(
+                "destination address family differs from the source GID's",
+            ));
+        }
+        Ok(src)
     }
 
     /// The earliest QP deadline.
@@ -243,13 +312,12 @@ impl Engine {
         let mut n = 0;
         let mut buf = std::mem::take(&mut self.buf);
         while n < budget {
-            let local = self.backend.local().ip();
-            if let Ok(Some((len, seg, from))) = self.backend.recv(&mut buf) {
+            if let Ok(Some((len, seg, from, to))) = self.backend.recv(&mut buf) {
                 // With GRO, one read holds a run of packets of `seg` bytes
                 // (the last possibly shorter), the i-th sent with IP ID i.
                 for (i, pkt) in buf[..len].chunks(seg.max(1)).enumerate() {
                     n += 1;
-                    self.deliver(now, from, local, pkt, i as u16);
+                    self.deliver(now, from, to, pkt, i as u16);
                 }
             } else if let Some((len, from, group)) = self.backend.recv_group(&mut buf) {
                 n += 1;
@@ -430,8 +498,14 @@ impl Engine {
                 };
                 sent += 1;
                 let dst = SocketAddr::new(t.dst, t.dst_port);
+                let Some(src) = self.gids.get(usize::from(t.sgid_index)) else {
+                    // Its GID went away: the packet is lost (and resent).
+                    self.stats.send_err += 1;
+                    continue;
+                };
                 let joins = run.count > 0
                     && gso
+                    && run.src == src
                     && run.dst == Some(dst)
                     && t.len <= run.seg
                     && run.count < MAX_SEGMENTS
@@ -443,17 +517,17 @@ impl Engine {
                 }
                 if run.count == 0 {
                     run.seg = t.len;
+                    run.src = src;
                     run.dst = Some(dst);
                 }
-                let local = self.backend.local();
                 let at = run.off;
                 let udp = UdpRepr {
-                    src_port: local.port(),
+                    src_port: self.backend.local().port(),
                     dst_port: t.dst_port,
                     payload_len: t.len,
                     checksum: 0,
                 };
-                let ip = LinuxIpHeader::new(local.ip(), t.dst, 8 + t.len, run.count as u16);
+                let ip = LinuxIpHeader::new(src, t.dst, 8 + t.len, run.count as u16);
                 let pkt = &mut batch[at..at + t.len];
                 let c =
                     icrc::compute(ip.icrc(), &udp.to_bytes().unwrap_or([0; 8]), &pkt[..t.len - 4]);
@@ -530,8 +604,8 @@ impl Engine {
 }
 
 /// Packets gathered for one (GSO) send.
-#[derive(Default)]
 struct Run {
+    src: IpAddr,
     dst: Option<SocketAddr>,
     seg: usize,
     off: usize,
@@ -542,10 +616,22 @@ impl Run {
     fn flush(&mut self, backend: &mut Backend, batch: &[u8], stats: &mut Stats) {
         if let Some(dst) = self.dst
             && self.count > 0
-            && backend.send(dst, &batch[..self.off], self.seg).is_err()
+            && backend.send(self.src, dst, &batch[..self.off], self.seg).is_err()
         {
             stats.send_err += self.count as u64;
         }
         *self = Self::default();
+    }
+}
+
+impl Default for Run {
+    fn default() -> Self {
+        Self {
+            src: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            dst: None,
+            seg: 0,
+            off: 0,
+            count: 0,
+        }
     }
 }

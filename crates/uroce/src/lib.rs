@@ -82,6 +82,7 @@ mod context;
 mod device;
 pub(crate) mod engine;
 mod error;
+mod gid;
 pub mod limits;
 #[allow(unsafe_code)]
 mod mr;
@@ -115,7 +116,9 @@ pub use verbs::{Cq, Mr, Mw, Pd, Qp, QpInitAttr, Srq, SrqAttr, inc_rkey};
 /// Moves an RC or UC QP from RESET to RTS connected to `peer` (the usual
 /// three `ibv_modify_qp` calls of every verbs example), with perftest's
 /// timers for RC: timeout 14 (67 ms), 7 retries, infinite RNR retries,
-/// 16 outstanding READ/atomics; MTU 4096 on loopback, 1024 otherwise.
+/// 16 outstanding READ/atomics; MTU 4096 on loopback, 1024 otherwise. The
+/// source GID is the first of the peer's family and scope
+/// ([`Qp::gid_index_for`]).
 ///
 /// # Errors
 /// As [`Qp::modify`].
@@ -138,7 +141,7 @@ pub fn connect(
     attr.path = Some(Path {
         dst: peer,
         dst_port: peer_port,
-        sgid_index: 0,
+        sgid_index: qp.gid_index_for(peer),
         flow_label: 0,
         hop_limit: 64,
         traffic_class: 0,
@@ -263,6 +266,24 @@ pub mod testing {
         crate::Device::from_config(crate::DeviceConfig { name: "test".into(), addr, port })
             .open()
             .expect("opening the test device")
+    }
+
+    /// Opens a device on `addr` at a port free right now, trying again
+    /// when another thread's probe or device took the port meanwhile (test
+    /// code: panics after 100 attempts).
+    pub fn open_any(addr: &str) -> crate::Context {
+        let ip = addr.parse().expect("an IP address");
+        for _ in 0..100 {
+            let port = free_port();
+            let cfg = crate::DeviceConfig { name: "test".into(), addr: ip, port };
+            match crate::Device::from_config(cfg).open() {
+                Ok(c) => return c,
+                Err(crate::Error::Open { source, .. })
+                    if source.kind() == std::io::ErrorKind::AddrInUse => {}
+                Err(e) => panic!("opening the test device: {e}"),
+            }
+        }
+        panic!("no free port for a test device on {addr}");
     }
 
     /// An RC QP on `pd` with both queues on `cq`, no SRQ (test code:

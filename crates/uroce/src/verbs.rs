@@ -113,9 +113,9 @@ impl Pd {
         &self.ctx.ah_count
     }
 
-    /// The address of the device this PD's context is on.
-    pub(crate) fn device_addr(&self) -> std::net::IpAddr {
-        self.ctx.device.socket_addr().ip()
+    /// Readies source GID `index` for sending to `dst` (an AH names it).
+    pub(crate) fn source_for(&self, index: u8, dst: std::net::IpAddr) -> Result<std::net::IpAddr> {
+        self.ctx.lock().source_for(index, dst)
     }
 
     /// Allocates `len` zeroed bytes and registers them (the safe way to get
@@ -462,12 +462,24 @@ impl Qp {
         self.qp_type
     }
 
+    /// The source GID index for reaching `peer`: the first GID of the
+    /// peer's address family and scope (index 0, the device's address,
+    /// when it suits), or 0 when none does.
+    pub fn gid_index_for(&self, peer: std::net::IpAddr) -> u8 {
+        self.ctx.lock().gid_for(peer).and_then(|i| u8::try_from(i).ok()).unwrap_or(0)
+    }
+
     /// Modifies attributes and state (`ibv_modify_qp`).
     ///
     /// # Errors
     /// [`Error::Modify`] (EINVAL) for a wrong transition, mask or value.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         let mut e = self.ctx.lock();
+        if mask.contains(AttrMask::AV)
+            && let Some(p) = attr.path
+        {
+            e.source_for(p.sgid_index, p.dst)?;
+        }
         let now = e.now();
         let slot = e.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         slot.qp.modify(now, attr, mask)?;

@@ -142,8 +142,15 @@ int main(void)
 	struct ibv_gid_entry ge;
 	CHECK(!ibv_query_gid_ex(ctx, 1, 0, &ge, 0) && ge.gid_type == IBV_GID_TYPE_ROCE_V2,
 	      "gid_ex type %u", ge.gid_type);
-	CHECK(ibv_query_gid_ex(ctx, 1, 1, &ge, 0) == EINVAL, "gid_ex 1");
-	CHECK(ibv_query_gid_table(ctx, &ge, 1, 0) == 1, "gid table");
+	/* The interface's other address: lo pairs 127.0.0.1 with ::1. */
+	static const uint8_t loop6[16] = {[15] = 1};
+	CHECK(!ibv_query_gid_ex(ctx, 1, 1, &ge, 0) && !memcmp(ge.gid.raw, loop6, 16) &&
+		      ge.gid_index == 1 && ge.ndev_ifindex == 1,
+	      "gid_ex 1 (::1 on lo)");
+	CHECK(ibv_query_gid_ex(ctx, 1, 2, &ge, 0) == EINVAL, "gid_ex 2");
+	struct ibv_gid_entry table[4];
+	CHECK(ibv_query_gid_table(ctx, table, 4, 0) == 2 && table[1].gid_index == 1, "gid table");
+	CHECK(ibv_query_gid_table(ctx, table, 1, 0) < 0, "gid table too small");
 	uint16_t pkey;
 	CHECK(!ibv_query_pkey(ctx, 1, 0, &pkey) && pkey == 0xffff, "pkey");
 

@@ -92,6 +92,9 @@ pub struct Transmit {
     pub dst_port: u16,
     /// UDP source port (rxe's rule, so that ECMP hashes per QP pair).
     pub src_port: u16,
+    /// Source GID index: the local address the packet leaves from (the
+    /// I/O layer resolves it in its GID table).
+    pub sgid_index: u8,
 }
 
 /// Asynchronous events a QP raises (`ibv_event_type`).
@@ -743,7 +746,13 @@ impl Qp {
             None => self.requester_poll(now, mem, buf),
         }?;
         self.stats.sent_pkts += 1;
-        Some(Transmit { len, dst: path.dst, dst_port: path.dst_port, src_port: self.src_port })
+        Some(Transmit {
+            len,
+            dst: path.dst,
+            dst_port: path.dst_port,
+            src_port: self.src_port,
+            sgid_index: path.sgid_index,
+        })
     }
 
     /// The earliest deadline at which [`Qp::handle_timeout`] must run.

@@ -89,6 +89,7 @@ impl Qp {
             dst: ud.dst,
             dst_port: ud.dst_port,
             src_port: rxe_ud_sport(self.init.qpn),
+            sgid_index: ud.sgid_index,
         })
     }
 

@@ -32,9 +32,16 @@ impl Backend {
         }
     }
 
-    pub(crate) fn send(&mut self, dst: SocketAddr, data: &[u8], seg: usize) -> io::Result<()> {
+    /// Sends from local address `src` (a GID of the device).
+    pub(crate) fn send(
+        &mut self,
+        src: std::net::IpAddr,
+        dst: SocketAddr,
+        data: &[u8],
+        seg: usize,
+    ) -> io::Result<()> {
         match self {
-            Self::Udp(b) => b.send(dst, data, seg),
+            Self::Udp(b) => b.send(src, dst, data, seg),
             Self::Sim(b) => {
                 for p in data.chunks(seg.max(1)) {
                     b.send(dst, p);
@@ -44,13 +51,34 @@ impl Backend {
         }
     }
 
+    /// A datagram (or GRO run): `(bytes, segment size, sender, the local
+    /// address it came to)`.
     pub(crate) fn recv(
         &mut self,
         buf: &mut [u8],
-    ) -> io::Result<Option<(usize, usize, SocketAddr)>> {
+    ) -> io::Result<Option<(usize, usize, SocketAddr, std::net::IpAddr)>> {
         match self {
             Self::Udp(b) => b.recv(buf),
-            Self::Sim(b) => Ok(b.recv(buf).map(|(n, from)| (n, n, from))),
+            Self::Sim(b) => {
+                let to = b.local().ip();
+                Ok(b.recv(buf).map(|(n, from)| (n, n, from, to)))
+            }
+        }
+    }
+
+    /// Starts receiving on (and sending from) another local address.
+    pub(crate) fn bind_local(&mut self, ip: std::net::IpAddr) -> io::Result<()> {
+        match self {
+            Self::Udp(b) => b.bind_local(ip),
+            Self::Sim(b) if b.local().ip() == ip => Ok(()),
+            Self::Sim(_) => Err(io::Error::from(io::ErrorKind::AddrNotAvailable)),
+        }
+    }
+
+    /// Stops using a local address that went away.
+    pub(crate) fn unbind_local(&mut self, ip: std::net::IpAddr) {
+        if let Self::Udp(b) = self {
+            b.unbind_local(ip);
         }
     }
 

@@ -27,16 +27,29 @@ pub(crate) const MAX_SEGMENTS: usize = 64;
 /// The most bytes one GSO send carries (the IP payload limit).
 pub(crate) const MAX_GSO_BYTES: usize = 65000;
 
-/// A bound, non-blocking UDP socket.
+/// The device's sockets: one per local address in use (the configured
+/// address first, then the GIDs a QP or AH has used), all on the device's
+/// port, plus one per joined multicast group.
 #[derive(Debug)]
 pub(crate) struct UdpBackend {
-    sock: UdpSocket,
+    ports: Vec<Port>,
     local: SocketAddr,
     gso: bool,
-    gro: bool,
+    /// Which socket the next `recv` tries first (no socket starves).
+    next_rx: usize,
     /// One socket per joined multicast group, bound to (group, port): a
     /// socket bound to a unicast address never sees multicast datagrams.
     groups: Vec<(IpAddr, UdpSocket)>,
+}
+
+/// One bound unicast socket.
+#[derive(Debug)]
+struct Port {
+    sock: UdpSocket,
+    ip: IpAddr,
+    /// Interface index for link-local addresses (0 otherwise).
+    scope: u32,
+    gro: bool,
 }
 
 /// `UDP_NO_CHECK6_RX` (linux/udp.h): not in the libc crate.
@@ -132,51 +145,35 @@ struct CmsgBuf([u8; 64]);
 impl UdpBackend {
     /// Binds to `addr` and enables GRO where the kernel has it.
     pub(crate) fn bind(addr: SocketAddr) -> io::Result<Self> {
-        let sock = UdpSocket::bind(addr)?;
-        sock.set_nonblocking(true)?;
-        let fd = sock.as_raw_fd();
-        match addr.ip() {
-            IpAddr::V4(ip) => {
-                setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
-                // Multicast sends leave from the device's address.
-                let a = libc::in_addr { s_addr: u32::from(ip).to_be() };
-                // SAFETY: passes a live in_addr of the stated size.
-                unsafe {
-                    libc::setsockopt(
-                        fd,
-                        libc::IPPROTO_IP,
-                        libc::IP_MULTICAST_IF,
-                        (&raw const a).cast(),
-                        size_of::<libc::in_addr>() as libc::socklen_t,
-                    )
-                };
-            }
-            IpAddr::V6(_) => {
-                setsockopt_int(
-                    fd,
-                    libc::IPPROTO_IPV6,
-                    libc::IPV6_MTU_DISCOVER,
-                    libc::IP_PMTUDISC_DO,
-                )?;
-                accept_zero_checksum6(fd)?;
-            }
-        }
-        // Deep buffers: a window's burst must not be dropped by the socket
-        // (the kernel caps these at net.core.*mem_max).
-        // With CAP_NET_ADMIN the *FORCE options pass that cap: a receiver
-        // descheduled on a busy host then loses nothing (UC and UD have no
-        // retransmission to hide a socket overflow).
-        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20).is_err() {
-            let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
-        }
-        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 8 << 20).is_err() {
-            let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 8 << 20);
-        }
-        let gro = std::env::var_os("UROCE_NO_GRO").is_none()
-            && setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+        let port = Port::bind(addr, 0)?;
+        let local = port.sock.local_addr()?;
         let gso = std::env::var_os("UROCE_NO_GSO").is_none();
-        let local = sock.local_addr()?;
-        Ok(Self { sock, local, gso, gro, groups: Vec::new() })
+        Ok(Self { ports: vec![port], local, gso, next_rx: 0, groups: Vec::new() })
+    }
+
+    /// Binds another local address of the device (a GID in use) on the
+    /// device's port; a no-op if it is bound already.
+    pub(crate) fn bind_local(&mut self, ip: IpAddr) -> io::Result<()> {
+        if self.ports.iter().any(|p| p.ip == ip) {
+            return Ok(());
+        }
+        let scope = if crate::gid::is_link_local(ip) {
+            crate::netif::index_of(ip).ok_or(io::ErrorKind::AddrNotAvailable)?
+        } else {
+            0
+        };
+        let port = Port::bind(SocketAddr::new(ip, self.local.port()), scope)?;
+        self.ports.push(port);
+        Ok(())
+    }
+
+    /// Closes the socket of a local address that went away (never the
+    /// configured one).
+    pub(crate) fn unbind_local(&mut self, ip: IpAddr) {
+        if let Some(i) = self.ports.iter().skip(1).position(|p| p.ip == ip) {
+            self.ports.remove(i + 1);
+            self.next_rx = 0;
+        }
     }
 
     /// Joins multicast `group` on the device's interface.
@@ -265,7 +262,7 @@ impl UdpBackend {
 
     /// Every descriptor to wait on.
     pub(crate) fn raw_fds(&self) -> Vec<i32> {
-        let mut v = vec![self.sock.as_raw_fd()];
+        let mut v: Vec<i32> = self.ports.iter().map(|p| p.sock.as_raw_fd()).collect();
         v.extend(self.groups.iter().map(|(_, s)| s.as_raw_fd()));
         v
     }
@@ -280,14 +277,135 @@ impl UdpBackend {
         self.gso
     }
 
-    /// Sends `data`: one packet, or (with `seg` < `data.len()`) a run of
-    /// `seg`-byte packets, the last possibly shorter, as one GSO send.
-    /// `WouldBlock` means the socket buffer is full: the caller counts the
-    /// packets as lost (the transport retransmits).
-    pub(crate) fn send(&mut self, dst: SocketAddr, data: &[u8], seg: usize) -> io::Result<()> {
+    /// Sends `data` from local address `src`: one packet, or (with `seg` <
+    /// `data.len()`) a run of `seg`-byte packets, the last possibly
+    /// shorter, as one GSO send. `WouldBlock` means the socket buffer is
+    /// full: the caller counts the packets as lost (the transport
+    /// retransmits). A source not bound yet is bound now.
+    pub(crate) fn send(
+        &mut self,
+        src: IpAddr,
+        dst: SocketAddr,
+        data: &[u8],
+        seg: usize,
+    ) -> io::Result<()> {
+        let i = match self.ports.iter().position(|p| p.ip == src) {
+            Some(i) => i,
+            None => {
+                self.bind_local(src)?;
+                self.ports.len() - 1
+            }
+        };
+        let port = &self.ports[i];
+        let dst = match dst {
+            // A link-local destination is reached through the interface
+            // of the address we send from.
+            SocketAddr::V6(d) if d.scope_id() == 0 && crate::gid::is_link_local(dst.ip()) => {
+                SocketAddr::V6(SocketAddrV6::new(*d.ip(), d.port(), d.flowinfo(), port.scope))
+            }
+            d => d,
+        };
         if seg >= data.len() || !self.gso {
-            return self.sock.send_to(data, dst).map(|_| ());
+            return port.sock.send_to(data, dst).map(|_| ());
         }
+        let r = port.send_gso(dst, data, seg);
+        if let Err(e) = &r
+            && matches!(
+                e.raw_os_error(),
+                Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+            )
+        {
+            // No GSO here: later runs go one packet per send. These packets'
+            // ICRCs assumed GSO's IP IDs, so they are lost (and resent).
+            self.gso = false;
+        }
+        r
+    }
+
+    /// Receives one datagram (with GRO, possibly a run of packets) into
+    /// `buf`: `(bytes, segment size, sender, local address it came to)`, or
+    /// `None` when none waits on any socket.
+    pub(crate) fn recv(
+        &mut self,
+        buf: &mut [u8],
+    ) -> io::Result<Option<(usize, usize, SocketAddr, IpAddr)>> {
+        let n = self.ports.len();
+        for k in 0..n {
+            let i = (self.next_rx + k) % n;
+            let port = &self.ports[i];
+            match port.recv(buf) {
+                Ok(Some((len, seg, from))) => {
+                    self.next_rx = (i + 1) % n;
+                    return Ok(Some((len, seg, from, port.ip)));
+                }
+                Ok(None) => {}
+                Err(e) if i == 0 => return Err(e),
+                // A secondary address's error (it went away) is not the
+                // device's.
+                Err(_) => {}
+            }
+        }
+        Ok(None)
+    }
+}
+
+impl Port {
+    /// A non-blocking socket bound to `addr` with the options the data
+    /// path needs.
+    fn bind(addr: SocketAddr, scope: u32) -> io::Result<Self> {
+        let addr = match addr {
+            SocketAddr::V6(a) if scope != 0 => {
+                SocketAddr::V6(SocketAddrV6::new(*a.ip(), a.port(), 0, scope))
+            }
+            a => a,
+        };
+        let sock = UdpSocket::bind(addr)?;
+        sock.set_nonblocking(true)?;
+        let fd = sock.as_raw_fd();
+        match addr.ip() {
+            IpAddr::V4(ip) => {
+                setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
+                // Multicast sends leave from the device's address.
+                let a = libc::in_addr { s_addr: u32::from(ip).to_be() };
+                // SAFETY: passes a live in_addr of the stated size.
+                unsafe {
+                    libc::setsockopt(
+                        fd,
+                        libc::IPPROTO_IP,
+                        libc::IP_MULTICAST_IF,
+                        (&raw const a).cast(),
+                        size_of::<libc::in_addr>() as libc::socklen_t,
+                    )
+                };
+            }
+            IpAddr::V6(_) => {
+                setsockopt_int(
+                    fd,
+                    libc::IPPROTO_IPV6,
+                    libc::IPV6_MTU_DISCOVER,
+                    libc::IP_PMTUDISC_DO,
+                )?;
+                accept_zero_checksum6(fd)?;
+            }
+        }
+        // Deep buffers: a window's burst must not be dropped by the socket
+        // (the kernel caps these at net.core.*mem_max).
+        // With CAP_NET_ADMIN the *FORCE options pass that cap: a receiver
+        // descheduled on a busy host then loses nothing (UC and UD have no
+        // retransmission to hide a socket overflow).
+        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUFFORCE, 8 << 20).is_err() {
+            let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_RCVBUF, 8 << 20);
+        }
+        if setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUFFORCE, 8 << 20).is_err() {
+            let _ = setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_SNDBUF, 8 << 20);
+        }
+        let gro = std::env::var_os("UROCE_NO_GRO").is_none()
+            && setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
+        Ok(Self { sock, ip: addr.ip(), scope, gro })
+    }
+
+    /// One GSO send of `seg`-byte packets.
+    fn send_gso(&self, dst: SocketAddr, data: &[u8], seg: usize) -> io::Result<()> {
         let (mut addr, alen) = to_raw(dst);
         let mut iov =
             libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
@@ -314,24 +432,12 @@ impl UdpBackend {
         // SAFETY: msg points to live address, iovec (over `data`) and
         // control buffers for the duration of the call.
         let r = unsafe { libc::sendmsg(self.sock.as_raw_fd(), &raw const msg, 0) };
-        if r >= 0 {
-            return Ok(());
-        }
-        let e = io::Error::last_os_error();
-        if matches!(
-            e.raw_os_error(),
-            Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
-        ) {
-            // No GSO here: later runs go one packet per send. These packets'
-            // ICRCs assumed GSO's IP IDs, so they are lost (and resent).
-            self.gso = false;
-        }
-        Err(e)
+        if r >= 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
     }
 
     /// Receives one datagram (with GRO, possibly a run of packets) into
     /// `buf`: `(bytes, segment size, sender)`, or `None` when none waits.
-    pub(crate) fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(usize, usize, SocketAddr)>> {
+    fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(usize, usize, SocketAddr)>> {
         if !self.gro {
             return match self.sock.recv_from(buf) {
                 Ok((n, from)) => Ok(Some((n, n, from))),
