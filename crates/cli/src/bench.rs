@@ -47,6 +47,10 @@ pub(crate) struct Args {
     /// With --peers: install the missing ones with apt-get first.
     #[arg(long, requires = "peers")]
     install: bool,
+    /// Open this many more connected RC QPs on each side that carry no
+    /// traffic (what idle connections cost the measured one).
+    #[arg(long, default_value_t = 0)]
+    idle_qps: u32,
     /// Internal: run as the responder.
     #[arg(long, hide = true)]
     serve: bool,
@@ -92,7 +96,8 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
 
 /// The responder: connects, then obeys one command per line.
 fn serve(a: &Args) -> Result<ExitCode> {
-    let c = open(SERVER_IP, a.port, a.max_size)?;
+    let mut c = open(SERVER_IP, a.port, a.max_size)?;
+    c.add_idle_qps(a.idle_qps, CLIENT_IP.parse()?)?;
     println!("{}", line(&c.me()));
     std::io::stdout().flush()?;
     let stdin = std::io::stdin();
@@ -210,6 +215,7 @@ fn client(a: &Args) -> Result<ExitCode> {
     let mut child = Command::new(exe)
         .args(["bench", "--serve", "--port", &a.port.to_string()])
         .args(["--max-size", &a.max_size.to_string()])
+        .args(["--idle-qps", &a.idle_qps.to_string()])
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -224,7 +230,8 @@ fn client(a: &Args) -> Result<ExitCode> {
         bail!("the responder exited before connecting (see its error above)");
     }
     let peer = parse_line(first.trim())?;
-    let c = open(CLIENT_IP, a.port, a.max_size)?;
+    let mut c = open(CLIENT_IP, a.port, a.max_size)?;
+    c.add_idle_qps(a.idle_qps, SERVER_IP.parse()?)?;
     r.send(&line(&c.me()))?;
     r.expect("connected")?;
     c.connect(SERVER_IP.parse::<IpAddr>()?, &peer)?;

@@ -62,6 +62,8 @@ pub(crate) struct Conn {
     pub(crate) cq: Cq,
     pub(crate) qp: Qp,
     pub(crate) psn: u32,
+    /// QPs connected and never used (`bench --idle-qps`).
+    idle: Vec<Qp>,
 }
 
 /// What the peer needs to reach this side.
@@ -94,7 +96,7 @@ impl Conn {
             srq: None,
         })?;
         let psn = (qp.qpn().wrapping_mul(2_654_435_761) ^ std::process::id()) & 0xff_ffff;
-        Ok(Self { src: buf_len / 2, ctx, _pd: pd, mr, cq, qp, psn })
+        Ok(Self { src: buf_len / 2, ctx, _pd: pd, mr, cq, qp, psn, idle: Vec::new() })
     }
 
     pub(crate) fn me(&self) -> Remote {
@@ -106,6 +108,34 @@ impl Conn {
         let port = self.ctx.device().socket_addr().port();
         uroce::connect(&self.qp, ip, port, peer.qpn, self.psn, peer.psn, ALL_ACCESS)
             .context("connecting the QP")
+    }
+
+    /// Adds `n` RC QPs connected to `ip` (QPNs the peer does not have)
+    /// that carry no traffic: what an idle connection costs the active one.
+    pub(crate) fn add_idle_qps(&mut self, n: u32, ip: std::net::IpAddr) -> Result<()> {
+        let port = self.ctx.device().socket_addr().port();
+        let cap = QpCaps {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        for i in 0..n {
+            let qp = self._pd.create_qp(&QpInitAttr {
+                send_cq: &self.cq,
+                recv_cq: &self.cq,
+                cap,
+                qp_type: QpType::Rc,
+                sq_sig_all: false,
+                srq: None,
+            })?;
+            let peer_qpn = 0x80_0000 + i;
+            uroce::connect(&qp, ip, port, peer_qpn, 0, 0, ALL_ACCESS)
+                .context("connecting an idle QP")?;
+            self.idle.push(qp);
+        }
+        Ok(())
     }
 
     /// Posts `n` receives, each able to take the largest message (they

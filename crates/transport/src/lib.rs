@@ -15,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod endpoint;
 pub mod memory;
 pub mod qp;
 mod queue;
@@ -23,6 +24,7 @@ pub mod stats;
 mod time;
 pub mod wqe;
 
+pub use endpoint::{CqRing, DeviceEvent, Endpoint, GsiDatagram};
 pub use memory::{AccessError, Accessor, AtomicOp, Key, Memory, MwBind, MwType};
 pub use qp::attr::{Access, AttrMask, ModifyError, Path, QpAttr, QpState, QpType};
 pub use qp::{AsyncEvent, PostError, Qp, QpCaps, QpInit, Transmit};

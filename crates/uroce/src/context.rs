@@ -112,16 +112,25 @@ impl Inner {
     /// Locks the engine. A poisoned lock (a panic while holding it) is
     /// recovered: the engine's state is updated in steps that leave it
     /// consistent.
-    fn snapshot(&self) -> crate::published::Snapshot {
+    /// The device totals and the per-QP counters; with `all_qps` false,
+    /// QPs that have counted nothing yet are left out (what the progress
+    /// thread publishes: a thousand idle QPs cost it no copies or lines).
+    fn snapshot(&self, all_qps: bool) -> crate::published::Snapshot {
         let e = self.lock();
-        let mut total = e.stats;
-        let mut qps: Vec<(u32, uroce_transport::Stats)> =
-            e.qps.iter().map(|(qpn, q)| (*qpn, *q.qp.stats())).collect();
+        let mut total = e.ep.stats;
+        let zero = uroce_transport::Stats::default();
+        let mut qps: Vec<(u32, uroce_transport::Stats)> = Vec::new();
+        for q in e.ep.qps() {
+            let s = q.stats();
+            if *s != zero {
+                total.accumulate(s);
+                qps.push((q.qpn(), *s));
+            } else if all_qps {
+                qps.push((q.qpn(), *s));
+            }
+        }
         drop(e);
         qps.sort_by_key(|(qpn, _)| *qpn);
-        for (_, s) in &qps {
-            total.accumulate(s);
-        }
         crate::published::Snapshot {
             device: self.device.name().to_string(),
             pid: std::process::id(),
@@ -332,7 +341,7 @@ impl Context {
     /// The device totals and every live QP's counters, as `uroce stat`
     /// shows them.
     pub fn snapshot(&self) -> crate::published::Snapshot {
-        self.inner.snapshot()
+        self.inner.snapshot(true)
     }
 }
 
@@ -368,7 +377,7 @@ fn progress_thread(weak: &Weak<Inner>) {
         if published.is_none_or(|t| t.elapsed() >= PUBLISH_EVERY) {
             published = Some(StdInstant::now());
             // Best effort: a full or read-only disk costs only `uroce stat`.
-            let _ = crate::published::write(&inner.published, &inner.snapshot());
+            let _ = crate::published::write(&inner.published, &inner.snapshot(false));
         }
         let since_app = inner.activity.since_app();
         if since_app < STEP_ASIDE {

@@ -1,18 +1,18 @@
-//! The progress engine of one context: it owns the transport's QPs, the
-//! key table, the CQ rings and the backend, and moves packets between them.
-//! Everything here runs under the context's lock; the clock lives here and
-//! nowhere in the transport.
+//! The driver of one context: the clock, the backend, the ICRC (computed
+//! on send, checked on receive with IPv4-ID recovery), GSO runs, the GID
+//! table and the port's state, around the sans-IO [`Endpoint`] that holds
+//! the protocol state (QPs, CQs, SRQs, demux, events). Everything here runs
+//! under the context's lock.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 use std::time::Instant as StdInstant;
 
-use uroce_transport::{AsyncEvent as QpEvent, Completion, Instant, Qp, Srq, Stats};
+use uroce_transport::{Endpoint, Instant, Stats};
 use uroce_wire::icrc::{self, ipv4_id::IdSolver};
 use uroce_wire::udp::{LinuxIpHeader, UdpRepr};
 use uroce_wire::{RocePacket, WireError};
-
-use std::sync::Arc;
 
 use crate::backend::Backend;
 use crate::backend::udp::{MAX_GSO_BYTES, MAX_SEGMENTS};
@@ -20,80 +20,8 @@ use crate::channel::EventQueue;
 use crate::gid::GidTable;
 use crate::mr::MemTable;
 
-/// An asynchronous event (`ibv_async_event`): something that happened to a
-/// QP or CQ outside any work request's completion.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum AsyncEvent {
-    /// `IBV_EVENT_QP_FATAL`: the QP went to the error state.
-    QpFatal {
-        /// QP number.
-        qpn: u32,
-    },
-    /// `IBV_EVENT_QP_REQ_ERR`: its responder saw an invalid request.
-    QpRequestError {
-        /// QP number.
-        qpn: u32,
-    },
-    /// `IBV_EVENT_QP_ACCESS_ERR`: its responder saw an access violation.
-    QpAccessError {
-        /// QP number.
-        qpn: u32,
-    },
-    /// `IBV_EVENT_SQ_DRAINED`.
-    SqDrained {
-        /// QP number.
-        qpn: u32,
-    },
-    /// `IBV_EVENT_PORT_ACTIVE`: the device's interface is up again.
-    PortActive,
-    /// `IBV_EVENT_PORT_ERR`: the device's interface went down or lost the
-    /// device's address.
-    PortError,
-    /// `IBV_EVENT_CQ_ERR`: the CQ overflowed and lost completions.
-    CqError {
-        /// CQ handle ([`crate::Cq::handle`]).
-        cq: u32,
-    },
-    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP on an SRQ went to the error
-    /// state and takes no more WQEs from it.
-    QpLastWqeReached {
-        /// QP number.
-        qpn: u32,
-    },
-    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: fewer WQEs than the armed limit are
-    /// left (the limit is disarmed).
-    SrqLimitReached {
-        /// SRQ handle ([`crate::Srq::handle`]).
-        srq: u32,
-    },
-}
-
-/// The destination QPN of multicast datagrams (IBTA §10.5.2.1).
-pub(crate) const MULTICAST_QPN: u32 = 0xff_ffff;
-
-/// A QP and where its completions go.
-#[derive(Debug)]
-pub(crate) struct QpSlot {
-    pub(crate) qp: Qp,
-    pub(crate) send_cq: u32,
-    pub(crate) recv_cq: u32,
-    pub(crate) srq: Option<u32>,
-}
-
-/// A completion queue's ring.
-#[derive(Debug)]
-pub(crate) struct CqState {
-    pub(crate) ring: VecDeque<Completion>,
-    pub(crate) cap: usize,
-    /// Set when a completion found the ring full (IBV_EVENT_CQ_ERR).
-    pub(crate) overflowed: bool,
-    /// The completion channel, if the CQ was created on one.
-    pub(crate) channel: Option<Arc<EventQueue<u32>>>,
-    /// Armed by `req_notify`: `Some(solicited_only)`.
-    pub(crate) armed: Option<bool>,
-    /// CQ events raised on the channel and not yet acknowledged.
-    pub(crate) unacked_events: u64,
-}
+/// An asynchronous event (`ibv_async_event`).
+pub use uroce_transport::DeviceEvent as AsyncEvent;
 
 /// How a peer fills its IPv4 identification field, learned from its first
 /// valid packet: ID 0 (uroce, or any DF sender on an unconnected socket), or
@@ -110,21 +38,16 @@ const ID_AHEAD: i16 = 4096;
 const ID_BEHIND: i16 = 1024;
 
 pub(crate) struct Engine {
+    /// The protocol state.
+    pub(crate) ep: Endpoint,
     pub(crate) mem: MemTable,
-    pub(crate) qps: HashMap<u32, QpSlot>,
-    pub(crate) cqs: HashMap<u32, CqState>,
-    pub(crate) srqs: HashMap<u32, Srq>,
+    /// Completion channels, by CQ handle.
+    pub(crate) channels: HashMap<u32, Arc<EventQueue<u32>>>,
     /// Whether the port is active, and when it was last checked.
     pub(crate) port_up: bool,
     port_checked: Option<Instant>,
-    /// Multicast groups and the UD QPs attached to each.
-    mcast: HashMap<IpAddr, Vec<u32>>,
-    next_srq: u32,
     backend: Backend,
     origin: StdInstant,
-    pub(crate) stats: Stats,
-    next_qpn: u32,
-    next_cq: u32,
     pub(crate) next_pd: u32,
     buf: Vec<u8>,
     txbuf: Vec<u8>,
@@ -146,19 +69,13 @@ impl Engine {
             }
         };
         Self {
+            ep: Endpoint::new(),
             mem: MemTable::default(),
-            qps: HashMap::new(),
-            cqs: HashMap::new(),
-            srqs: HashMap::new(),
-            mcast: HashMap::new(),
+            channels: HashMap::new(),
             port_up: true,
             port_checked: None,
-            next_srq: 1,
             backend,
             origin: StdInstant::now(),
-            stats: Stats::default(),
-            next_qpn: 0x11,
-            next_cq: 1,
             next_pd: 1,
             buf: vec![0; 65536],
             txbuf: vec![0; 65536 + 8192],
@@ -177,36 +94,19 @@ impl Engine {
         Instant::from_nanos(self.origin.elapsed().as_nanos() as u64 + 1)
     }
 
-    pub(crate) fn alloc_qpn(&mut self) -> u32 {
-        loop {
-            let q = self.next_qpn;
-            self.next_qpn = if q >= 0xff_ffff { 0x11 } else { q + 1 };
-            if !self.qps.contains_key(&q) {
-                return q;
-            }
+    /// Creates a CQ of `cap` entries, notifying `channel` when armed.
+    pub(crate) fn create_cq(&mut self, cap: usize, channel: Option<Arc<EventQueue<u32>>>) -> u32 {
+        let id = self.ep.create_cq(cap);
+        if let Some(ch) = channel {
+            self.channels.insert(id, ch);
         }
-    }
-
-    pub(crate) fn alloc_srq(&mut self, srq: Srq) -> u32 {
-        let id = self.next_srq;
-        self.next_srq += 1;
-        self.srqs.insert(id, srq);
         id
     }
 
-    pub(crate) fn alloc_cq(&mut self, cap: usize, channel: Option<Arc<EventQueue<u32>>>) -> u32 {
-        let id = self.next_cq;
-        self.next_cq += 1;
-        let cq = CqState {
-            ring: VecDeque::with_capacity(cap),
-            cap,
-            overflowed: false,
-            channel,
-            armed: None,
-            unacked_events: 0,
-        };
-        self.cqs.insert(id, cq);
-        id
+    /// Destroys a CQ.
+    pub(crate) fn destroy_cq(&mut self, id: u32) {
+        self.ep.destroy_cq(id);
+        self.channels.remove(&id);
     }
 
     /// Receives, runs timers, transmits and moves completions. Returns
@@ -215,15 +115,26 @@ impl Engine {
         let now = self.now();
         self.check_port(now);
         let mut work = self.receive(now, 256) > 0;
-        for slot in self.qps.values_mut() {
-            if slot.qp.poll_timeout().is_some_and(|t| t <= now) {
-                slot.qp.handle_timeout(now);
-                work = true;
-            }
+        if self.ep.poll_timeout().is_some_and(|t| t <= now) {
+            work |= self.ep.handle_timeout(now) > 0;
         }
         work |= self.transmit(now) > 0;
-        work |= self.collect();
+        work |= self.forward_events();
         work
+    }
+
+    /// Hands the endpoint's events to their descriptors: async events to
+    /// the context's queue, CQ notifications to the CQs' channels.
+    fn forward_events(&mut self) -> bool {
+        while let Some(e) = self.ep.poll_event() {
+            self.events.push(e);
+        }
+        while let Some(cq) = self.ep.poll_cq_notify() {
+            if let Some(ch) = self.channels.get(&cq) {
+                ch.push(cq);
+            }
+        }
+        self.ep.take_moved()
     }
 
     /// Looks at the device's interface every 100 ms: a port that goes
@@ -245,8 +156,8 @@ impl Engine {
         let up = crate::netif::link_up_in(&ifaddrs, primary);
         if up != self.port_up {
             self.port_up = up;
-            self.stats.link_downed += u64::from(!up);
-            self.events.push(if up { AsyncEvent::PortActive } else { AsyncEvent::PortError });
+            self.ep.stats.link_downed += u64::from(!up);
+            self.ep.push_event(if up { AsyncEvent::PortActive } else { AsyncEvent::PortError });
         }
     }
 
@@ -304,8 +215,8 @@ impl Engine {
     }
 
     /// The earliest QP deadline.
-    pub(crate) fn next_deadline(&self) -> Option<Instant> {
-        self.qps.values().filter_map(|s| s.qp.poll_timeout()).min()
+    pub(crate) fn next_deadline(&mut self) -> Option<Instant> {
+        self.ep.poll_timeout()
     }
 
     fn receive(&mut self, now: Instant, budget: usize) -> usize {
@@ -334,82 +245,43 @@ impl Engine {
         let pkt = match RocePacket::new_checked(bytes) {
             Ok(p) => p,
             Err(_) => {
-                self.stats.drop_malformed += 1;
+                self.ep.stats.drop_malformed += 1;
                 return;
             }
         };
         if self.icrc_ok(from, to, &pkt, index).is_err() {
-            self.stats.icrc_errors += 1;
+            self.ep.stats.icrc_errors += 1;
             return;
         }
-        let qpn = pkt.bth().dest_qpn();
-        if qpn == MULTICAST_QPN && to.is_multicast() {
-            // A multicast datagram goes to every QP attached to the group.
-            let n = self.mcast.get(&to).map_or(0, Vec::len);
-            for i in 0..n {
-                let q = self.mcast[&to][i];
-                self.deliver_to(now, q, from, to, &pkt);
-            }
-            return;
-        }
-        self.deliver_to(now, qpn, from, to, &pkt);
-    }
-
-    fn deliver_to(
-        &mut self,
-        now: Instant,
-        qpn: u32,
-        from: SocketAddr,
-        to: IpAddr,
-        pkt: &RocePacket<&[u8]>,
-    ) {
-        let Some(slot) = self.qps.get_mut(&qpn) else {
-            self.stats.drop_unknown_qpn += 1;
-            return;
-        };
-        match slot.srq.and_then(|id| self.srqs.get_mut(&id)) {
-            Some(srq) => slot.qp.handle_datagram_srq(now, from.ip(), to, pkt, &self.mem, srq),
-            None => slot.qp.handle_datagram(now, from.ip(), to, pkt, &self.mem),
-        }
+        self.ep.handle_datagram(now, from.ip(), to, &pkt, &self.mem);
     }
 
     /// Attaches a UD QP to a multicast group, joining it on first use.
     pub(crate) fn attach(&mut self, qpn: u32, group: IpAddr) -> std::io::Result<()> {
-        if !self.mcast.contains_key(&group) {
+        if self.ep.mcast_counts(group).1 == 0 {
             self.backend.join(group)?;
         }
-        let v = self.mcast.entry(group).or_default();
-        if !v.contains(&qpn) {
-            v.push(qpn);
-        }
+        self.ep.attach(qpn, group);
         Ok(())
     }
 
     /// Detaches a QP; the group is left when its last QP goes.
     pub(crate) fn detach(&mut self, qpn: u32, group: IpAddr) -> bool {
-        let Some(v) = self.mcast.get_mut(&group) else { return false };
-        let before = v.len();
-        v.retain(|&q| q != qpn);
-        let found = v.len() != before;
-        if v.is_empty() {
-            self.mcast.remove(&group);
+        let (found, empty) = self.ep.detach(qpn, group);
+        if empty {
             self.backend.leave(group);
         }
         found
     }
 
-    /// Detaches a QP from every group (QP destruction).
-    pub(crate) fn detach_all(&mut self, qpn: u32) {
-        let groups: Vec<IpAddr> =
-            self.mcast.iter().filter(|(_, v)| v.contains(&qpn)).map(|(g, _)| *g).collect();
-        for g in groups {
-            self.detach(qpn, g);
+    /// Destroys a QP: its multicast groups left empty are left, its
+    /// counters join the device's.
+    pub(crate) fn destroy_qp(&mut self, qpn: u32) {
+        if let Some((_, groups)) = self.ep.remove_qp(qpn) {
+            for g in groups {
+                self.backend.leave(g);
+            }
         }
-    }
-
-    /// Groups joined, and attachments of one group.
-    pub(crate) fn mcast_counts(&self, group: IpAddr) -> (usize, usize) {
-        (self.mcast.len(), self.mcast.get(&group).map_or(0, Vec::len))
     }
 
     /// The IP and UDP headers the sender's kernel put around a datagram we
@@ -488,19 +360,19 @@ impl Engine {
         let gso = self.backend.gso();
         let mut batch = std::mem::take(&mut self.txbuf);
         let mut run = Run::default();
-        for slot in self.qps.values_mut() {
+        {
             loop {
                 if run.count > 0 && batch.len() - run.off < 4096 + 256 {
-                    run.flush(&mut self.backend, &batch, &mut self.stats);
+                    run.flush(&mut self.backend, &batch, &mut self.ep.stats);
                 }
-                let Some(t) = slot.qp.poll_transmit(now, &self.mem, &mut batch[run.off..]) else {
+                let Some(t) = self.ep.poll_transmit(now, &self.mem, &mut batch[run.off..]) else {
                     break;
                 };
                 sent += 1;
                 let dst = SocketAddr::new(t.dst, t.dst_port);
                 let Some(src) = self.gids.get(usize::from(t.sgid_index)) else {
                     // Its GID went away: the packet is lost (and resent).
-                    self.stats.send_err += 1;
+                    self.ep.stats.send_err += 1;
                     continue;
                 };
                 let joins = run.count > 0
@@ -512,7 +384,7 @@ impl Engine {
                     && run.off + t.len <= MAX_GSO_BYTES;
                 if !joins && run.count > 0 {
                     let start = run.off;
-                    run.flush(&mut self.backend, &batch, &mut self.stats);
+                    run.flush(&mut self.backend, &batch, &mut self.ep.stats);
                     batch.copy_within(start..start + t.len, 0);
                 }
                 if run.count == 0 {
@@ -536,70 +408,15 @@ impl Engine {
                 run.count += 1;
                 if t.len < run.seg || !gso {
                     // A shorter packet can only end a GSO run.
-                    run.flush(&mut self.backend, &batch, &mut self.stats);
+                    run.flush(&mut self.backend, &batch, &mut self.ep.stats);
                 }
             }
         }
         if run.count > 0 {
-            run.flush(&mut self.backend, &batch, &mut self.stats);
+            run.flush(&mut self.backend, &batch, &mut self.ep.stats);
         }
         self.txbuf = batch;
         sent
-    }
-
-    /// Moves completions from QPs to their CQs. A full CQ drops the
-    /// completion and marks the CQ overflowed (reported as a CQ error).
-    fn collect(&mut self) -> bool {
-        let mut any = false;
-        for (&qpn, slot) in &mut self.qps {
-            while let Some(c) = slot.qp.poll_completion() {
-                any = true;
-                let id = if c.is_recv { slot.recv_cq } else { slot.send_cq };
-                if let Some(cq) = self.cqs.get_mut(&id) {
-                    if cq.ring.len() >= cq.cap {
-                        if !cq.overflowed {
-                            self.events.push(AsyncEvent::CqError { cq: id });
-                        }
-                        cq.overflowed = true;
-                    } else {
-                        cq.ring.push_back(c);
-                        // An armed CQ raises one event for the next
-                        // completion (solicited-only: a solicited receive or
-                        // any error), then disarms (IBTA C11-…).
-                        let wanted = match cq.armed {
-                            Some(true) => {
-                                (c.is_recv && c.solicited)
-                                    || c.status != uroce_transport::WcStatus::Success
-                            }
-                            Some(false) => true,
-                            None => false,
-                        };
-                        if let (true, Some(ch)) = (wanted, &cq.channel) {
-                            cq.armed = None;
-                            cq.unacked_events += 1;
-                            ch.push(id);
-                        }
-                    }
-                }
-            }
-            while let Some(e) = slot.qp.poll_event() {
-                any = true;
-                self.events.push(match e {
-                    QpEvent::QpFatal => AsyncEvent::QpFatal { qpn },
-                    QpEvent::QpRequestError => AsyncEvent::QpRequestError { qpn },
-                    QpEvent::QpAccessError => AsyncEvent::QpAccessError { qpn },
-                    QpEvent::SqDrained => AsyncEvent::SqDrained { qpn },
-                    QpEvent::LastWqeReached => AsyncEvent::QpLastWqeReached { qpn },
-                });
-            }
-        }
-        for (&id, srq) in &mut self.srqs {
-            if srq.take_limit_event() {
-                any = true;
-                self.events.push(AsyncEvent::SrqLimitReached { srq: id });
-            }
-        }
-        any
     }
 }
 

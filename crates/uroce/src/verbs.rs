@@ -9,7 +9,6 @@ use uroce_transport::{
 };
 
 use crate::context::{Context, Inner};
-use crate::engine::QpSlot;
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::mr::OwnedBuf;
@@ -61,10 +60,10 @@ impl Context {
             return Err(Error::InvalidArgument("cqe out of range"));
         }
         let mut e = self.inner.lock();
-        if e.cqs.len() as u32 >= limits::MAX_CQ {
+        if e.ep.cq_count() as u32 >= limits::MAX_CQ {
             return Err(Error::Limit("max_cq"));
         }
-        let id = e.alloc_cq(cqe as usize, channel.map(|c| c.events.clone()));
+        let id = e.create_cq(cqe as usize, channel.map(|c| c.events.clone()));
         Ok(Cq { inner: Arc::new(CqInner { ctx: self.inner.clone(), id, cqe }) })
     }
 }
@@ -221,10 +220,10 @@ impl Pd {
             return Err(Error::InvalidArgument("SRQ belongs to another context"));
         }
         let mut e = self.ctx.lock();
-        if e.qps.len() as u32 >= limits::MAX_QP {
+        if e.ep.qp_count() as u32 >= limits::MAX_QP {
             return Err(Error::Limit("max_qp"));
         }
-        let qpn = e.alloc_qpn();
+        let qpn = e.ep.alloc_qpn();
         let qp = uroce_transport::Qp::new(QpInit {
             qpn,
             qp_type: init.qp_type,
@@ -236,10 +235,7 @@ impl Pd {
             uses_srq: init.srq.is_some(),
         });
         let srq = init.srq.map(|s| s.inner.id);
-        e.qps.insert(
-            qpn,
-            QpSlot { qp, send_cq: init.send_cq.inner.id, recv_cq: init.recv_cq.inner.id, srq },
-        );
+        e.ep.add_qp(qp, init.send_cq.inner.id, init.recv_cq.inner.id, srq);
         Ok(Qp {
             ctx: self.ctx.clone(),
             qpn,
@@ -331,7 +327,7 @@ struct CqInner {
 
 impl Drop for CqInner {
     fn drop(&mut self) {
-        self.ctx.lock().cqs.remove(&self.id);
+        self.ctx.lock().destroy_cq(self.id);
     }
 }
 
@@ -368,11 +364,11 @@ impl Cq {
     /// [`Error::InvalidArgument`] if the CQ has no channel.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
         let mut e = self.inner.ctx.lock();
-        let cq = e.cqs.get_mut(&self.inner.id).ok_or(Error::InvalidArgument("CQ destroyed"))?;
-        if cq.channel.is_none() {
+        if !e.channels.contains_key(&self.inner.id) {
             return Err(Error::InvalidArgument("CQ has no completion channel"));
         }
-        cq.armed = Some(solicited_only);
+        let cq = e.ep.cq_mut(self.inner.id).ok_or(Error::InvalidArgument("CQ destroyed"))?;
+        cq.arm(solicited_only);
         drop(e);
         // Arming means the caller is about to sleep on the channel.
         self.inner.ctx.activity.release();
@@ -383,14 +379,14 @@ impl Cq {
     /// (`ibv_ack_cq_events`).
     pub fn ack_events(&self, n: u32) {
         let mut e = self.inner.ctx.lock();
-        if let Some(cq) = e.cqs.get_mut(&self.inner.id) {
-            cq.unacked_events = cq.unacked_events.saturating_sub(u64::from(n));
+        if let Some(cq) = e.ep.cq_mut(self.inner.id) {
+            cq.ack_events(u64::from(n));
         }
     }
 
     /// Events raised and not yet acknowledged.
     pub fn unacked_events(&self) -> u64 {
-        self.inner.ctx.lock().cqs.get(&self.inner.id).map_or(0, |c| c.unacked_events)
+        self.inner.ctx.lock().ep.cq(self.inner.id).map_or(0, |c| c.unacked_events())
     }
 
     /// Fills `out` with completions, oldest first, and returns how many
@@ -403,13 +399,13 @@ impl Cq {
         let ctx = &self.inner.ctx;
         let mut e = ctx.lock();
         ctx.app_progress(&mut e);
-        let cq = e.cqs.get_mut(&self.inner.id).ok_or(Error::InvalidArgument("CQ destroyed"))?;
-        if cq.overflowed {
+        let cq = e.ep.cq_mut(self.inner.id).ok_or(Error::InvalidArgument("CQ destroyed"))?;
+        if cq.overflowed() {
             return Err(Error::InvalidArgument("CQ overrun: completions were lost"));
         }
         let mut n = 0;
         while n < out.len() {
-            let Some(c) = cq.ring.pop_front() else { break };
+            let Some(c) = cq.pop() else { break };
             out[n] = c;
             n += 1;
         }
@@ -481,14 +477,14 @@ impl Qp {
             e.source_for(p.sgid_index, p.dst)?;
         }
         let now = e.now();
-        let slot = e.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
-        slot.qp.modify(now, attr, mask)?;
+        let qp = e.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        qp.modify(now, attr, mask)?;
         Ok(())
     }
 
     /// Current attributes (`ibv_query_qp`).
     pub fn query(&self) -> QpAttr {
-        self.ctx.lock().qps.get(&self.qpn).map(|s| s.qp.attr()).unwrap_or_default()
+        self.ctx.lock().ep.qp(self.qpn).map(|q| q.attr()).unwrap_or_default()
     }
 
     /// Posts send WRs and starts sending at once (`ibv_post_send`).
@@ -499,10 +495,10 @@ impl Qp {
         let mut e = self.ctx.lock();
         let now = e.now();
         let eng = &mut *e;
-        let slot = eng.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        let qp = eng.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         // Inline WRs without their bytes take them from their gather list,
         // read now (ibv_post_send semantics).
-        let r = slot.qp.post_send_gather(now, wrs, &eng.mem);
+        let r = qp.post_send_gather(now, wrs, &eng.mem);
         self.ctx.app_progress(&mut e);
         r.map_err(|(index, error)| Error::Post { index, error })
     }
@@ -523,9 +519,9 @@ impl Qp {
         let mut e = self.ctx.lock();
         let now = e.now();
         let eng = &mut *e;
-        let slot = eng.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        let qp = eng.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         let mem = crate::mr::UncheckedInline(&eng.mem);
-        let r = slot.qp.post_send_gather(now, wrs, &mem);
+        let r = qp.post_send_gather(now, wrs, &mem);
         self.ctx.app_progress(&mut e);
         r.map_err(|(index, error)| Error::Post { index, error })
     }
@@ -536,24 +532,20 @@ impl Qp {
     /// [`Error::Post`] naming the first WR that was not posted.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let mut e = self.ctx.lock();
-        let slot = e.qps.get_mut(&self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
-        slot.qp.post_recv(wrs).map_err(|(index, error)| Error::Post { index, error })
+        let qp = e.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        qp.post_recv(wrs).map_err(|(index, error)| Error::Post { index, error })
     }
 
     /// This QP's counters.
     pub fn stats(&self) -> uroce_transport::Stats {
-        self.ctx.lock().qps.get(&self.qpn).map(|s| *s.qp.stats()).unwrap_or_default()
+        self.ctx.lock().ep.qp(self.qpn).map(|q| *q.stats()).unwrap_or_default()
     }
 }
 
 impl Drop for Qp {
     fn drop(&mut self) {
-        let mut e = self.ctx.lock();
-        e.detach_all(self.qpn);
         // Device totals keep what destroyed QPs counted (as rxe's do).
-        if let Some(slot) = e.qps.remove(&self.qpn) {
-            e.stats.accumulate(slot.qp.stats());
-        }
+        self.ctx.lock().destroy_qp(self.qpn);
     }
 }
 
@@ -572,7 +564,7 @@ impl Qp {
             return Err(Error::InvalidArgument("multicast needs a UD QP and a multicast GID"));
         }
         let mut e = self.ctx.lock();
-        let (groups, here) = e.mcast_counts(gid);
+        let (groups, here) = e.ep.mcast_counts(gid);
         if (here == 0 && groups as u32 >= limits::MAX_MCAST_GRP)
             || here as u32 >= limits::MAX_MCAST_QP_ATTACH
         {
@@ -602,7 +594,7 @@ struct SrqInner {
 
 impl Drop for SrqInner {
     fn drop(&mut self) {
-        self.ctx.lock().srqs.remove(&self.id);
+        self.ctx.lock().ep.remove_srq(self.id);
     }
 }
 
@@ -647,10 +639,10 @@ impl Context {
         let mut srq = uroce_transport::Srq::new(attr.max_wr, attr.max_sge);
         srq.arm(attr.srq_limit).map_err(|_| Error::InvalidArgument("srq_limit above max_wr"))?;
         let mut e = self.inner.lock();
-        if e.srqs.len() as u32 >= limits::MAX_SRQ {
+        if e.ep.srq_count() as u32 >= limits::MAX_SRQ {
             return Err(Error::Limit("max_srq"));
         }
-        let id = e.alloc_srq(srq);
+        let id = e.ep.add_srq(srq);
         Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.clone(), id }) })
     }
 }
@@ -667,7 +659,7 @@ impl Srq {
     /// [`Error::Post`] naming the first WR that was not posted.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
         let mut e = self.inner.ctx.lock();
-        let srq = e.srqs.get_mut(&self.inner.id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
+        let srq = e.ep.srq_mut(self.inner.id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
         srq.post_recv(wrs).map_err(|(index, error)| Error::Post { index, error })
     }
 
@@ -678,21 +670,21 @@ impl Srq {
     /// [`Error::InvalidArgument`] for a limit above `max_wr`.
     pub fn arm_limit(&self, limit: u32) -> Result<()> {
         let mut e = self.inner.ctx.lock();
-        let srq = e.srqs.get_mut(&self.inner.id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
+        let srq = e.ep.srq_mut(self.inner.id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
         srq.arm(limit).map_err(|_| Error::InvalidArgument("srq_limit above max_wr"))
     }
 
     /// Current attributes (`ibv_query_srq`).
     pub fn query(&self) -> SrqAttr {
         let e = self.inner.ctx.lock();
-        e.srqs.get(&self.inner.id).map_or(SrqAttr { max_wr: 0, max_sge: 0, srq_limit: 0 }, |s| {
+        e.ep.srq(self.inner.id).map_or(SrqAttr { max_wr: 0, max_sge: 0, srq_limit: 0 }, |s| {
             SrqAttr { max_wr: s.max_wr(), max_sge: s.max_sge(), srq_limit: s.limit() }
         })
     }
 
     /// WQEs posted and not yet taken.
     pub fn len(&self) -> usize {
-        self.inner.ctx.lock().srqs.get(&self.inner.id).map_or(0, |s| s.len())
+        self.inner.ctx.lock().ep.srq(self.inner.id).map_or(0, |s| s.len())
     }
 
     /// Whether no WQE is waiting.

@@ -1,0 +1,625 @@
+//! The device's protocol state, sans-IO: every QP, SRQ and CQ of one
+//! opened device, demux of received packets by destination QPN, the CQ
+//! rings with their arming rules, and the asynchronous events. The I/O
+//! layer (a driver) feeds it datagrams and the time, and takes packets,
+//! deadlines and events out, as quinn-proto's `Endpoint` does for QUIC.
+//!
+//! Scheduling is by work, not by scanning: a QP enters the active queue when
+//! something happens to it (a packet for it, a post, a modify, a timer) and
+//! leaves once it has nothing left to send and its completions are on
+//! their CQs. A QP with no traffic, no timer and no completion costs
+//! nothing per progress pass, however many there are.
+
+use std::cmp::Reverse;
+use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::net::IpAddr;
+
+use crate::memory::Memory;
+use crate::qp::{AsyncEvent as QpEvent, Qp, Transmit};
+use crate::srq::Srq;
+use crate::stats::Stats;
+use crate::time::Instant;
+use crate::wire::RocePacket;
+use crate::wqe::{Completion, WcStatus};
+
+/// The destination QPN of multicast datagrams (IBTA §10.5.2.1).
+pub const MULTICAST_QPN: u32 = 0xff_ffff;
+/// The General Services QP (the connection manager's MADs).
+pub const GSI_QPN: u32 = 1;
+/// The first QPN handed to applications (rxe starts at 17 too).
+pub const FIRST_QPN: u32 = 0x11;
+
+/// An asynchronous event of the device (`ibv_async_event`): something that
+/// happened to a QP, CQ, SRQ or the port outside any work request's
+/// completion.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DeviceEvent {
+    /// `IBV_EVENT_QP_FATAL`: the QP went to the error state.
+    QpFatal {
+        /// QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_QP_REQ_ERR`: its responder saw an invalid request.
+    QpRequestError {
+        /// QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_QP_ACCESS_ERR`: its responder saw an access violation.
+    QpAccessError {
+        /// QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_SQ_DRAINED`.
+    SqDrained {
+        /// QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_PORT_ACTIVE`: the device's interface is up again.
+    PortActive,
+    /// `IBV_EVENT_PORT_ERR`: the device's interface went down or lost the
+    /// device's address.
+    PortError,
+    /// `IBV_EVENT_CQ_ERR`: the CQ overflowed and lost completions.
+    CqError {
+        /// CQ handle.
+        cq: u32,
+    },
+    /// `IBV_EVENT_QP_LAST_WQE_REACHED`: a QP on an SRQ went to the error
+    /// state and takes no more WQEs from it.
+    QpLastWqeReached {
+        /// QP number.
+        qpn: u32,
+    },
+    /// `IBV_EVENT_SRQ_LIMIT_REACHED`: fewer WQEs than the armed limit are
+    /// left (the limit is disarmed).
+    SrqLimitReached {
+        /// SRQ handle.
+        srq: u32,
+    },
+}
+
+/// A completion queue: its ring and its arming state.
+#[derive(Debug)]
+pub struct CqRing {
+    ring: VecDeque<Completion>,
+    cap: usize,
+    /// Set when a completion found the ring full (IBV_EVENT_CQ_ERR).
+    overflowed: bool,
+    /// Armed by `req_notify`: `Some(solicited_only)`.
+    armed: Option<bool>,
+    /// Notifications raised and not yet acknowledged (`ibv_ack_cq_events`).
+    unacked_events: u64,
+}
+
+impl CqRing {
+    fn new(cap: usize) -> Self {
+        Self {
+            ring: VecDeque::with_capacity(cap),
+            cap,
+            overflowed: false,
+            armed: None,
+            unacked_events: 0,
+        }
+    }
+
+    /// Whether a completion was lost to a full ring.
+    pub fn overflowed(&self) -> bool {
+        self.overflowed
+    }
+
+    /// Arms the CQ: the next completion (solicited-only: the next
+    /// solicited receive or error) raises one notification.
+    pub fn arm(&mut self, solicited_only: bool) {
+        self.armed = Some(solicited_only);
+    }
+
+    /// Takes the oldest completion.
+    pub fn pop(&mut self) -> Option<Completion> {
+        self.ring.pop_front()
+    }
+
+    /// Completions waiting.
+    pub fn len(&self) -> usize {
+        self.ring.len()
+    }
+
+    /// Whether none waits.
+    pub fn is_empty(&self) -> bool {
+        self.ring.is_empty()
+    }
+
+    /// Notifications raised and not yet acknowledged.
+    pub fn unacked_events(&self) -> u64 {
+        self.unacked_events
+    }
+
+    /// Acknowledges `n` notifications.
+    pub fn ack_events(&mut self, n: u64) {
+        self.unacked_events = self.unacked_events.saturating_sub(n);
+    }
+
+    /// Queues `c`; returns `Err(())` if the ring was full (the CQ is then
+    /// in error) and whether the CQ's arming asks for a notification.
+    fn push(&mut self, c: Completion) -> Result<bool, ()> {
+        if self.ring.len() >= self.cap {
+            self.overflowed = true;
+            return Err(());
+        }
+        self.ring.push_back(c);
+        // An armed CQ raises one event for the next completion
+        // (solicited-only: a solicited receive or any error), then
+        // disarms (IBTA C11-…).
+        let wanted = match self.armed {
+            Some(true) => (c.is_recv && c.solicited) || c.status != WcStatus::Success,
+            Some(false) => true,
+            None => false,
+        };
+        if wanted {
+            self.armed = None;
+            self.unacked_events += 1;
+        }
+        Ok(wanted)
+    }
+}
+
+/// A QP and where its completions go.
+#[derive(Debug)]
+struct Slot {
+    qp: Qp,
+    send_cq: u32,
+    recv_cq: u32,
+    srq: Option<u32>,
+    /// In the active queue.
+    active: bool,
+    /// The deadline this QP has in the timer heap (later entries for it are
+    /// stale and skipped).
+    armed: Option<Instant>,
+}
+
+/// A datagram for the General Services QP, kept for the connection
+/// manager.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GsiDatagram {
+    /// Sender's address.
+    pub from: IpAddr,
+    /// The local address it came to.
+    pub to: IpAddr,
+    /// The RoCE packet, BTH to ICRC.
+    pub bytes: Vec<u8>,
+}
+
+/// The protocol state of one device.
+#[derive(Debug)]
+pub struct Endpoint {
+    qps: HashMap<u32, Slot>,
+    cqs: HashMap<u32, CqRing>,
+    srqs: HashMap<u32, Srq>,
+    /// Multicast groups and the UD QPs attached to each.
+    mcast: HashMap<IpAddr, Vec<u32>>,
+    /// QPs that may have packets to send or completions to move.
+    active: VecDeque<u32>,
+    /// QP deadlines, earliest first; entries that no longer match their
+    /// QP's `armed` are stale.
+    timers: BinaryHeap<Reverse<(Instant, u32)>>,
+    events: VecDeque<DeviceEvent>,
+    /// CQs to notify on their channels.
+    notify: VecDeque<u32>,
+    /// Completions or events moved since [`Endpoint::take_moved`].
+    moved: bool,
+    /// An SRQ was used since its limit was last looked at.
+    srq_dirty: bool,
+    gsi: Option<(VecDeque<GsiDatagram>, usize)>,
+    next_qpn: u32,
+    next_cq: u32,
+    next_srq: u32,
+    /// Device-wide counters: drops before a QP is found, and the counts of
+    /// destroyed QPs.
+    pub stats: Stats,
+}
+
+impl Default for Endpoint {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Endpoint {
+    /// An endpoint with no objects.
+    pub fn new() -> Self {
+        Self {
+            qps: HashMap::new(),
+            cqs: HashMap::new(),
+            srqs: HashMap::new(),
+            mcast: HashMap::new(),
+            active: VecDeque::new(),
+            timers: BinaryHeap::new(),
+            events: VecDeque::new(),
+            notify: VecDeque::new(),
+            moved: false,
+            srq_dirty: false,
+            gsi: None,
+            next_qpn: FIRST_QPN,
+            next_cq: 1,
+            next_srq: 1,
+            stats: Stats::default(),
+        }
+    }
+
+    // ---- objects ----
+
+    /// A QPN no live QP has (QPNs count up and wrap, as on rxe, so a
+    /// destroyed QP's number is not reused at once).
+    pub fn alloc_qpn(&mut self) -> u32 {
+        loop {
+            let q = self.next_qpn;
+            self.next_qpn = if q >= 0xff_ffff { FIRST_QPN } else { q + 1 };
+            if !self.qps.contains_key(&q) {
+                return q;
+            }
+        }
+    }
+
+    /// Adds a QP (numbered by [`Endpoint::alloc_qpn`]) whose completions
+    /// go to `send_cq` and `recv_cq` and whose receives come from `srq`.
+    pub fn add_qp(&mut self, qp: Qp, send_cq: u32, recv_cq: u32, srq: Option<u32>) {
+        let qpn = qp.qpn();
+        let slot = Slot { qp, send_cq, recv_cq, srq, active: false, armed: None };
+        self.qps.insert(qpn, slot);
+        self.touch(qpn);
+    }
+
+    /// Removes a QP (and its multicast attachments); its counters join the
+    /// device's. Returns it, and the groups left with no QP attached.
+    pub fn remove_qp(&mut self, qpn: u32) -> Option<(Qp, Vec<IpAddr>)> {
+        let groups: Vec<IpAddr> =
+            self.mcast.iter().filter(|(_, v)| v.contains(&qpn)).map(|(g, _)| *g).collect();
+        let mut left = Vec::new();
+        for g in groups {
+            if self.detach(qpn, g) == (true, true) {
+                left.push(g);
+            }
+        }
+        let slot = self.qps.remove(&qpn)?;
+        self.stats.accumulate(slot.qp.stats());
+        Some((slot.qp, left))
+    }
+
+    /// The QP numbered `qpn`.
+    pub fn qp(&self, qpn: u32) -> Option<&Qp> {
+        self.qps.get(&qpn).map(|s| &s.qp)
+    }
+
+    /// The QP numbered `qpn`, to change (post, modify): it becomes active,
+    /// so whatever the change gives it to send leaves on the next pass.
+    pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
+        self.touch(qpn);
+        self.qps.get_mut(&qpn).map(|s| &mut s.qp)
+    }
+
+    /// Every live QP, in no particular order.
+    pub fn qps(&self) -> impl Iterator<Item = &Qp> {
+        self.qps.values().map(|s| &s.qp)
+    }
+
+    /// Live QPs.
+    pub fn qp_count(&self) -> usize {
+        self.qps.len()
+    }
+
+    /// Creates a CQ of `cap` entries; returns its handle.
+    pub fn create_cq(&mut self, cap: usize) -> u32 {
+        let id = self.next_cq;
+        self.next_cq += 1;
+        self.cqs.insert(id, CqRing::new(cap));
+        id
+    }
+
+    /// Destroys a CQ (its completions are dropped).
+    pub fn destroy_cq(&mut self, id: u32) -> bool {
+        self.cqs.remove(&id).is_some()
+    }
+
+    /// CQ `id`.
+    pub fn cq(&self, id: u32) -> Option<&CqRing> {
+        self.cqs.get(&id)
+    }
+
+    /// CQ `id`, to poll or arm.
+    pub fn cq_mut(&mut self, id: u32) -> Option<&mut CqRing> {
+        self.cqs.get_mut(&id)
+    }
+
+    /// Live CQs.
+    pub fn cq_count(&self) -> usize {
+        self.cqs.len()
+    }
+
+    /// Adds an SRQ; returns its handle.
+    pub fn add_srq(&mut self, srq: Srq) -> u32 {
+        let id = self.next_srq;
+        self.next_srq += 1;
+        self.srqs.insert(id, srq);
+        id
+    }
+
+    /// Removes an SRQ.
+    pub fn remove_srq(&mut self, id: u32) -> Option<Srq> {
+        self.srqs.remove(&id)
+    }
+
+    /// SRQ `id`.
+    pub fn srq(&self, id: u32) -> Option<&Srq> {
+        self.srqs.get(&id)
+    }
+
+    /// SRQ `id`, to post to or modify. Its limit event is looked at on the
+    /// next pass.
+    pub fn srq_mut(&mut self, id: u32) -> Option<&mut Srq> {
+        self.srq_dirty = true;
+        self.srqs.get_mut(&id)
+    }
+
+    /// Live SRQs.
+    pub fn srq_count(&self) -> usize {
+        self.srqs.len()
+    }
+
+    // ---- multicast ----
+
+    /// Attaches UD QP `qpn` to `group`. Returns whether the group is new
+    /// (the driver joins it then).
+    pub fn attach(&mut self, qpn: u32, group: IpAddr) -> bool {
+        let first = !self.mcast.contains_key(&group);
+        let v = self.mcast.entry(group).or_default();
+        if !v.contains(&qpn) {
+            v.push(qpn);
+        }
+        first
+    }
+
+    /// Detaches `qpn` from `group`: `(was attached, group now empty)` (the
+    /// driver leaves an empty group).
+    pub fn detach(&mut self, qpn: u32, group: IpAddr) -> (bool, bool) {
+        let Some(v) = self.mcast.get_mut(&group) else { return (false, false) };
+        let before = v.len();
+        v.retain(|&q| q != qpn);
+        let found = v.len() != before;
+        let empty = v.is_empty();
+        if empty {
+            self.mcast.remove(&group);
+        }
+        (found, empty)
+    }
+
+    /// Groups joined, and attachments of `group`.
+    pub fn mcast_counts(&self, group: IpAddr) -> (usize, usize) {
+        (self.mcast.len(), self.mcast.get(&group).map_or(0, Vec::len))
+    }
+
+    // ---- the General Services QP ----
+
+    /// Keeps up to `depth` datagrams to QPN 1 for [`Endpoint::poll_gsi`]
+    /// (the connection manager); without this they are dropped as for an
+    /// unknown QPN.
+    pub fn enable_gsi(&mut self, depth: usize) {
+        self.gsi = Some((VecDeque::new(), depth));
+    }
+
+    /// The oldest datagram to QPN 1 not yet taken.
+    pub fn poll_gsi(&mut self) -> Option<GsiDatagram> {
+        self.gsi.as_mut()?.0.pop_front()
+    }
+
+    // ---- driving ----
+
+    /// Handles a received packet whose ICRC the driver has checked: to
+    /// every QP attached to a multicast group, to QPN 1's agent, or to the
+    /// QP it names.
+    pub fn handle_datagram(
+        &mut self,
+        now: Instant,
+        from: IpAddr,
+        to: IpAddr,
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+    ) {
+        let qpn = pkt.bth().dest_qpn();
+        if qpn == MULTICAST_QPN && to.is_multicast() {
+            let n = self.mcast.get(&to).map_or(0, Vec::len);
+            for i in 0..n {
+                let q = self.mcast[&to][i];
+                self.deliver(now, q, from, to, pkt, mem);
+            }
+            return;
+        }
+        if qpn == GSI_QPN
+            && let Some((q, depth)) = &mut self.gsi
+        {
+            if q.len() < *depth {
+                q.push_back(GsiDatagram { from, to, bytes: pkt.as_bytes().to_vec() });
+            } else {
+                self.stats.drop_unknown_qpn += 1;
+            }
+            return;
+        }
+        self.deliver(now, qpn, from, to, pkt, mem);
+    }
+
+    fn deliver(
+        &mut self,
+        now: Instant,
+        qpn: u32,
+        from: IpAddr,
+        to: IpAddr,
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+    ) {
+        let Some(slot) = self.qps.get_mut(&qpn) else {
+            self.stats.drop_unknown_qpn += 1;
+            return;
+        };
+        match slot.srq.and_then(|id| self.srqs.get_mut(&id)) {
+            Some(srq) => {
+                self.srq_dirty = true;
+                slot.qp.handle_datagram_srq(now, from, to, pkt, mem, srq);
+            }
+            None => slot.qp.handle_datagram(now, from, to, pkt, mem),
+        }
+        self.touch(qpn);
+    }
+
+    /// The next packet to send, written into `buf` (BTH to ICRC, the ICRC
+    /// left for the driver). Packets of one QP come one after the other,
+    /// so runs to one peer can leave as one GSO send. `None` when no
+    /// active QP has anything to send; by then every completion is on its
+    /// CQ.
+    pub fn poll_transmit(
+        &mut self,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<Transmit> {
+        while let Some(&qpn) = self.active.front() {
+            if let Some(slot) = self.qps.get_mut(&qpn) {
+                if let Some(t) = slot.qp.poll_transmit(now, mem, buf) {
+                    return Some(t);
+                }
+                self.settle(qpn);
+            }
+            self.active.pop_front();
+        }
+        self.collect_srq_events();
+        None
+    }
+
+    /// The earliest deadline at which [`Endpoint::handle_timeout`] must run.
+    pub fn poll_timeout(&mut self) -> Option<Instant> {
+        while let Some(&Reverse((t, qpn))) = self.timers.peek() {
+            if self.qps.get(&qpn).is_some_and(|s| s.armed == Some(t)) {
+                return Some(t);
+            }
+            self.timers.pop();
+        }
+        None
+    }
+
+    /// Runs the timers due at `now`. Returns how many QPs had one.
+    pub fn handle_timeout(&mut self, now: Instant) -> usize {
+        let mut fired = 0;
+        while let Some(&Reverse((t, qpn))) = self.timers.peek() {
+            if t > now {
+                break;
+            }
+            self.timers.pop();
+            let Some(slot) = self.qps.get_mut(&qpn) else { continue };
+            if slot.armed != Some(t) {
+                continue;
+            }
+            slot.armed = None;
+            match slot.qp.poll_timeout() {
+                Some(d) if d <= now => {
+                    slot.qp.handle_timeout(now);
+                    fired += 1;
+                    self.touch(qpn);
+                }
+                Some(d) => {
+                    slot.armed = Some(d);
+                    self.timers.push(Reverse((d, qpn)));
+                }
+                None => {}
+            }
+        }
+        fired
+    }
+
+    /// The next asynchronous event.
+    pub fn poll_event(&mut self) -> Option<DeviceEvent> {
+        self.events.pop_front()
+    }
+
+    /// Raises a device event (the port's state, which the driver watches).
+    pub fn push_event(&mut self, e: DeviceEvent) {
+        self.events.push_back(e);
+        self.moved = true;
+    }
+
+    /// The next CQ whose arming asked for a notification on its channel.
+    pub fn poll_cq_notify(&mut self) -> Option<u32> {
+        self.notify.pop_front()
+    }
+
+    /// QPs on the active queue (those the next pass looks at).
+    pub fn active_len(&self) -> usize {
+        self.active.len()
+    }
+
+    /// Whether completions or events moved since the last call.
+    pub fn take_moved(&mut self) -> bool {
+        std::mem::take(&mut self.moved)
+    }
+
+    // ---- internals ----
+
+    /// Puts `qpn` on the active queue.
+    fn touch(&mut self, qpn: u32) {
+        if let Some(slot) = self.qps.get_mut(&qpn)
+            && !slot.active
+        {
+            slot.active = true;
+            self.active.push_back(qpn);
+        }
+    }
+
+    /// A QP with nothing more to send: its completions and events go out,
+    /// its timer into the heap, and it leaves the active queue.
+    fn settle(&mut self, qpn: u32) {
+        let Some(slot) = self.qps.get_mut(&qpn) else { return };
+        slot.active = false;
+        while let Some(c) = slot.qp.poll_completion() {
+            self.moved = true;
+            let id = if c.is_recv { slot.recv_cq } else { slot.send_cq };
+            if let Some(cq) = self.cqs.get_mut(&id) {
+                let was = cq.overflowed;
+                match cq.push(c) {
+                    Ok(true) => self.notify.push_back(id),
+                    Ok(false) => {}
+                    Err(()) if !was => self.events.push_back(DeviceEvent::CqError { cq: id }),
+                    Err(()) => {}
+                }
+            }
+        }
+        while let Some(e) = slot.qp.poll_event() {
+            self.moved = true;
+            self.events.push_back(match e {
+                QpEvent::QpFatal => DeviceEvent::QpFatal { qpn },
+                QpEvent::QpRequestError => DeviceEvent::QpRequestError { qpn },
+                QpEvent::QpAccessError => DeviceEvent::QpAccessError { qpn },
+                QpEvent::SqDrained => DeviceEvent::SqDrained { qpn },
+                QpEvent::LastWqeReached => DeviceEvent::QpLastWqeReached { qpn },
+            });
+        }
+        match slot.qp.poll_timeout() {
+            // A later deadline than the armed one: that entry fires first
+            // and re-arms at this one.
+            Some(d) if slot.armed.is_none_or(|a| d < a) => {
+                slot.armed = Some(d);
+                self.timers.push(Reverse((d, qpn)));
+            }
+            Some(_) => {}
+            // No timer any more: the heap's entry is stale.
+            None => slot.armed = None,
+        }
+    }
+
+    fn collect_srq_events(&mut self) {
+        if !std::mem::take(&mut self.srq_dirty) {
+            return;
+        }
+        for (&id, srq) in &mut self.srqs {
+            if srq.take_limit_event() {
+                self.moved = true;
+                self.events.push_back(DeviceEvent::SrqLimitReached { srq: id });
+            }
+        }
+    }
+}
