@@ -199,6 +199,24 @@ fn devices_and_devinfo_print_what_rdma_core_prints() {
 }
 
 #[test]
+fn bench_with_idle_qps_measures_among_them() {
+    let udp = uroce::testing::free_port();
+    let out = std::env::temp_dir().join(format!("uroce-bench-idle-{}", std::process::id()));
+    let o = Command::new(BIN)
+        .args(["bench", "--ops", "write", "--min-size", "8", "--max-size", "8"])
+        .args(["--idle-qps", "300", "--scale", "0.02", "--port", &udp.to_string(), "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let row = t.lines().find(|l| l.starts_with("write ")).unwrap_or_else(|| panic!("{t}"));
+    let v: Vec<f64> = row.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
+    assert!(v[0] == 8.0 && v[1] > 0.0 && v[4] > 0.0, "{row}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
 fn bench_sweeps_sizes_and_writes_table_csv_and_svg() {
     let udp = uroce::testing::free_port();
     let out = std::env::temp_dir().join(format!("uroce-bench-{}", std::process::id()));
