@@ -319,23 +319,31 @@ impl Engine {
         let (ip, udp) = self.rx_headers(from, to, len, 0);
         let computed = icrc::compute(ip.icrc(), &udp, pkt.covered());
         let peer = self.peers.get(&from.ip()).copied();
-        // A uroce sender: ID 0, or ID `index` within a GSO run.
-        let gso_match = index > 0 && from.is_ipv4() && {
-            let (ip_i, _) = self.rx_headers(from, to, len, index);
-            icrc::compute(ip_i.icrc(), &udp, pkt.covered()) == pkt.icrc()
-        };
-        if computed == pkt.icrc() || gso_match {
+        if computed == pkt.icrc() {
+            // ID 0: a uroce sender (or the first packet of a GSO run).
             if peer.is_none() {
                 self.peers.insert(from.ip(), PeerIds::Zero);
             }
             return Ok(());
         }
-        if !from.is_ipv4() || matches!(peer, Some(PeerIds::Zero)) {
+        if !from.is_ipv4() {
             return Err(WireError::IcrcMismatch);
         }
+        // The ICRC is linear in the IP ID: one CRC and a small solve tell
+        // which ID the sender used, instead of a CRC per candidate ID.
         let covered = pkt.covered().len();
         let solver = self.solvers.entry(covered).or_insert_with(|| IdSolver::new(covered));
         let id = solver.solve(computed ^ pkt.icrc()).ok_or(WireError::IcrcMismatch)?;
+        if index > 0 && id == index {
+            // Segment `index` of a uroce GSO run carries IP ID `index`.
+            if peer.is_none() {
+                self.peers.insert(from.ip(), PeerIds::Zero);
+            }
+            return Ok(());
+        }
+        if matches!(peer, Some(PeerIds::Zero)) {
+            return Err(WireError::IcrcMismatch);
+        }
         let next = match peer {
             Some(PeerIds::Counter(last)) => {
                 // rxe counts up per packet; allow some reordering behind the
@@ -360,56 +368,53 @@ impl Engine {
         let gso = self.backend.gso();
         let mut batch = std::mem::take(&mut self.txbuf);
         let mut run = Run::default();
-        {
-            loop {
-                if run.count > 0 && batch.len() - run.off < 4096 + 256 {
-                    run.flush(&mut self.backend, &batch, &mut self.ep.stats);
-                }
-                let Some(t) = self.ep.poll_transmit(now, &self.mem, &mut batch[run.off..]) else {
-                    break;
-                };
-                sent += 1;
-                let dst = SocketAddr::new(t.dst, t.dst_port);
-                let Some(src) = self.gids.get(usize::from(t.sgid_index)) else {
-                    // Its GID went away: the packet is lost (and resent).
-                    self.ep.stats.send_err += 1;
-                    continue;
-                };
-                let joins = run.count > 0
-                    && gso
-                    && run.src == src
-                    && run.dst == Some(dst)
-                    && t.len <= run.seg
-                    && run.count < MAX_SEGMENTS
-                    && run.off + t.len <= MAX_GSO_BYTES;
-                if !joins && run.count > 0 {
-                    let start = run.off;
-                    run.flush(&mut self.backend, &batch, &mut self.ep.stats);
-                    batch.copy_within(start..start + t.len, 0);
-                }
-                if run.count == 0 {
-                    run.seg = t.len;
-                    run.src = src;
-                    run.dst = Some(dst);
-                }
-                let at = run.off;
-                let udp = UdpRepr {
-                    src_port: self.backend.local().port(),
-                    dst_port: t.dst_port,
-                    payload_len: t.len,
-                    checksum: 0,
-                };
-                let ip = LinuxIpHeader::new(src, t.dst, 8 + t.len, run.count as u16);
-                let pkt = &mut batch[at..at + t.len];
-                let c =
-                    icrc::compute(ip.icrc(), &udp.to_bytes().unwrap_or([0; 8]), &pkt[..t.len - 4]);
-                pkt[t.len - 4..].copy_from_slice(&c.to_le_bytes());
-                run.off += t.len;
-                run.count += 1;
-                if t.len < run.seg || !gso {
-                    // A shorter packet can only end a GSO run.
-                    run.flush(&mut self.backend, &batch, &mut self.ep.stats);
-                }
+        loop {
+            if run.count > 0 && batch.len() - run.off < 4096 + 256 {
+                run.flush(&mut self.backend, &batch, &mut self.ep.stats);
+            }
+            let Some(t) = self.ep.poll_transmit(now, &self.mem, &mut batch[run.off..]) else {
+                break;
+            };
+            sent += 1;
+            let dst = SocketAddr::new(t.dst, t.dst_port);
+            let Some(src) = self.gids.get(usize::from(t.sgid_index)) else {
+                // Its GID went away: the packet is lost (and resent).
+                self.ep.stats.send_err += 1;
+                continue;
+            };
+            let joins = run.count > 0
+                && gso
+                && run.src == src
+                && run.dst == Some(dst)
+                && t.len <= run.seg
+                && run.count < MAX_SEGMENTS
+                && run.off + t.len <= MAX_GSO_BYTES;
+            if !joins && run.count > 0 {
+                let start = run.off;
+                run.flush(&mut self.backend, &batch, &mut self.ep.stats);
+                batch.copy_within(start..start + t.len, 0);
+            }
+            if run.count == 0 {
+                run.seg = t.len;
+                run.src = src;
+                run.dst = Some(dst);
+            }
+            let at = run.off;
+            let udp = UdpRepr {
+                src_port: self.backend.local().port(),
+                dst_port: t.dst_port,
+                payload_len: t.len,
+                checksum: 0,
+            };
+            let ip = LinuxIpHeader::new(src, t.dst, 8 + t.len, run.count as u16);
+            let pkt = &mut batch[at..at + t.len];
+            let c = icrc::compute(ip.icrc(), &udp.to_bytes().unwrap_or([0; 8]), &pkt[..t.len - 4]);
+            pkt[t.len - 4..].copy_from_slice(&c.to_le_bytes());
+            run.off += t.len;
+            run.count += 1;
+            if t.len < run.seg || !gso {
+                // A shorter packet can only end a GSO run.
+                run.flush(&mut self.backend, &batch, &mut self.ep.stats);
             }
         }
         if run.count > 0 {

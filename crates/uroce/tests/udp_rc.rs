@@ -641,3 +641,76 @@ fn ipv6_datagrams_with_a_zero_udp_checksum_are_accepted() {
         std::thread::sleep(Duration::from_millis(5));
     }
 }
+
+/// A sender that counts its IPv4 identification up per packet, as Linux rxe
+/// does, with the ICRC over that ID (which a UDP socket never shows): the
+/// receiver recovers each ID from the ICRC, accepts IDs that follow the
+/// count, and rejects one far off it or a corrupted packet.
+#[test]
+fn ipv4_ids_of_a_counting_sender_are_recovered_from_the_icrc() {
+    use uroce_wire::udp::{LinuxIpHeader, UdpRepr};
+    use uroce_wire::{BthRepr, Opcode, Psn, RethRepr, RocePacketRepr, icrc};
+    let b = end("127.0.0.1", uroce::testing::free_port());
+    let port = b.ctx.device().socket_addr().port();
+    let tx = UdpSocket::bind("127.0.0.3:0").unwrap();
+    let sport = tx.local_addr().unwrap().port();
+    let (src, dst) = ("127.0.0.3".parse::<IpAddr>().unwrap(), "127.0.0.1".parse().unwrap());
+    uroce::connect(&b.qp, src, sport, 0x99, 5, 300, ALL).unwrap();
+    let write = |psn: u32, ident: u16, at: u64, data: &[u8; 8], corrupt: bool| {
+        let repr = RocePacketRepr {
+            bth: BthRepr {
+                opcode: Opcode::RC_RDMA_WRITE_ONLY,
+                pkey: 0xffff,
+                dest_qpn: b.qp.qpn(),
+                psn: Psn::new(psn),
+                ack_req: true,
+                ..BthRepr::default()
+            },
+            reth: Some(RethRepr { va: b.mr.addr() + at, rkey: b.mr.rkey(), dma_len: 8 }),
+            ..RocePacketRepr::default()
+        };
+        let len = repr.packet_len(data.len());
+        let mut roce = vec![0u8; len];
+        repr.emit(&mut roce, data).unwrap();
+        let udp = UdpRepr { src_port: sport, dst_port: port, payload_len: len, checksum: 0 };
+        let ip = LinuxIpHeader::new(src, dst, 8 + len, ident);
+        let c = icrc::compute(ip.icrc(), &udp.to_bytes().unwrap(), &roce[..len - 4]);
+        roce[len - 4..].copy_from_slice(&c.to_le_bytes());
+        if corrupt {
+            roce[len - 6] ^= 0x40;
+        }
+        tx.send_to(&roce, (dst, port)).unwrap();
+    };
+    let landed = |at: usize, want: &[u8; 8]| {
+        let t = Instant::now();
+        let mut got = [0u8; 8];
+        loop {
+            b.mr.read(at, &mut got).unwrap();
+            if &got == want {
+                return;
+            }
+            assert!(t.elapsed() < Duration::from_secs(10), "WRITE at {at} never landed");
+            std::thread::sleep(Duration::from_millis(2));
+        }
+    };
+    for i in 0..5u16 {
+        let data = [b'a' + i as u8; 8];
+        write(300 + u32::from(i), 4000 + 3 * i, 64 * u64::from(i), &data, false);
+        landed(64 * usize::from(i), &data);
+    }
+    let errors = b.ctx.stats().icrc_errors;
+    // An ID far from the count, then a flipped payload bit: both refused.
+    write(305, 4000 + 30_000, 1024, &[b'x'; 8], false);
+    write(305, 4020, 1024, &[b'y'; 8], true);
+    let t = Instant::now();
+    while b.ctx.stats().icrc_errors < errors + 2 {
+        assert!(t.elapsed() < Duration::from_secs(10), "{:?}", b.ctx.stats());
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let mut got = [0u8; 8];
+    b.mr.read(1024, &mut got).unwrap();
+    assert_eq!(got, [0; 8], "nothing from a refused packet landed");
+    // The count goes on.
+    write(305, 4021, 1024, &[b'z'; 8], false);
+    landed(1024, &[b'z'; 8]);
+}
