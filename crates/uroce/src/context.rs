@@ -143,6 +143,14 @@ impl Inner {
         self.engine.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// A post rang the doorbell: what it queued leaves now, without a
+    /// receive pass (a system call that finds nothing, on most posts) and
+    /// without the "application is polling" mark (a program that posts and
+    /// then waits on memory needs the progress thread to keep receiving).
+    pub(crate) fn doorbell(&self, engine: &mut Engine) {
+        engine.transmit_now();
+    }
+
     /// Called by application polls: run progress inline, and tell the
     /// background thread to keep out of the way for a while.
     pub(crate) fn app_progress(&self, engine: &mut Engine) {

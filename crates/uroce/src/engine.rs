@@ -123,6 +123,13 @@ impl Engine {
         work
     }
 
+    /// Sends what is ready (after a post), without a receive pass.
+    pub(crate) fn transmit_now(&mut self) {
+        let now = self.now();
+        self.transmit(now);
+        self.forward_events();
+    }
+
     /// Hands the endpoint's events to their descriptors: async events to
     /// the context's queue, CQ notifications to the CQs' channels.
     fn forward_events(&mut self) -> bool {

@@ -499,7 +499,7 @@ impl Qp {
         // Inline WRs without their bytes take them from their gather list,
         // read now (ibv_post_send semantics).
         let r = qp.post_send_gather(now, wrs, &eng.mem);
-        self.ctx.app_progress(&mut e);
+        self.ctx.doorbell(&mut e);
         r.map_err(|(index, error)| Error::Post { index, error })
     }
 
@@ -522,7 +522,7 @@ impl Qp {
         let qp = eng.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         let mem = crate::mr::UncheckedInline(&eng.mem);
         let r = qp.post_send_gather(now, wrs, &mem);
-        self.ctx.app_progress(&mut e);
+        self.ctx.doorbell(&mut e);
         r.map_err(|(index, error)| Error::Post { index, error })
     }
 
