@@ -11,7 +11,7 @@
 //! nothing per progress pass, however many there are.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
 use std::net::IpAddr;
 
 use crate::memory::Memory;
@@ -193,7 +193,8 @@ pub struct GsiDatagram {
 pub struct Endpoint {
     qps: HashMap<u32, Slot>,
     cqs: HashMap<u32, CqRing>,
-    srqs: HashMap<u32, Srq>,
+    /// Ordered, so that limit events come out in one order every run.
+    srqs: BTreeMap<u32, Srq>,
     /// Multicast groups and the UD QPs attached to each.
     mcast: HashMap<IpAddr, Vec<u32>>,
     /// QPs that may have packets to send or completions to move.
@@ -229,7 +230,7 @@ impl Endpoint {
         Self {
             qps: HashMap::new(),
             cqs: HashMap::new(),
-            srqs: HashMap::new(),
+            srqs: BTreeMap::new(),
             mcast: HashMap::new(),
             active: VecDeque::new(),
             timers: BinaryHeap::new(),

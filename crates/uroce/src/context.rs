@@ -188,6 +188,14 @@ impl Device {
     /// As [`Device::open`].
     pub fn open_with(&self, options: Options) -> Result<Context> {
         let addr = self.socket_addr();
+        let virtual_net = self.sim().filter(|n| n.is_virtual());
+        // On a virtual clock, progress is driven by `SimNetwork::run_until`
+        // alone: a thread would race it.
+        let options = if virtual_net.is_some() {
+            Options { progress: ProgressMode::Inline, ..options }
+        } else {
+            options
+        };
         let backend = match self.sim() {
             Some(net) => Backend::Sim(net.attach(addr)),
             None => Backend::Udp(UdpBackend::bind(addr).map_err(|source| Error::Open {
@@ -204,7 +212,16 @@ impl Device {
         let inner = Arc::new(Inner {
             async_events: events.clone(),
             ah_count: std::sync::atomic::AtomicU32::new(0),
-            engine: Mutex::new(Engine::new(backend, events)),
+            engine: Mutex::new({
+                let mut e = Engine::new(backend, events);
+                if let Some(net) = virtual_net {
+                    let a = u64::from_be_bytes(
+                        uroce_wire::grh::gid_of(addr.ip())[8..].try_into().unwrap_or_default(),
+                    );
+                    e.mem.seed_keys(net.seed() ^ a ^ u64::from(addr.port()));
+                }
+                e
+            }),
             device: self.clone(),
             options,
             activity: Arc::new(Activity::new()),
@@ -234,6 +251,18 @@ impl Context {
     pub fn progress(&self) {
         let mut e = self.inner.lock();
         self.inner.app_progress(&mut e);
+    }
+
+    /// One progress pass; whether anything happened (the virtual-clock
+    /// driver's step).
+    pub(crate) fn drive(&self) -> bool {
+        let mut e = self.inner.lock();
+        e.progress()
+    }
+
+    /// The earliest timer of this context.
+    pub(crate) fn next_deadline(&self) -> Option<uroce_transport::Instant> {
+        self.inner.lock().next_deadline()
     }
 
     /// The next asynchronous event, if any (`ibv_get_async_event`, without

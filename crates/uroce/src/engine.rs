@@ -90,8 +90,13 @@ impl Engine {
         &self.backend
     }
 
+    /// The clock: real time, or a simulated network's (possibly virtual)
+    /// time.
     pub(crate) fn now(&self) -> Instant {
-        Instant::from_nanos(self.origin.elapsed().as_nanos() as u64 + 1)
+        match &self.backend {
+            Backend::Sim(p) => p.now(),
+            Backend::Udp(_) => Instant::from_nanos(self.origin.elapsed().as_nanos() as u64 + 1),
+        }
     }
 
     /// Creates a CQ of `cap` entries, notifying `channel` when armed.

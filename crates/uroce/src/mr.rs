@@ -91,6 +91,12 @@ pub(crate) struct MemTable {
 }
 
 impl MemTable {
+    /// Makes the key bytes a function of `seed` (a virtual simulation,
+    /// repeatable bit for bit).
+    pub(crate) fn seed_keys(&mut self, seed: u64) {
+        self.key_rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
+    }
+
     /// A random key byte other than `old`: keys are not predictable from
     /// one run (or registration) to the next, as hardware and rxe keys.
     fn fresh_key_byte(&mut self, old: u8) -> u8 {

@@ -3,11 +3,15 @@
 //! bandwidth per direction) instead of sockets, and every packet can be
 //! captured to a pcap file for Wireshark.
 //!
-//! Under the verbs API the simulated network runs on the real clock (the
+//! A network made with [`SimNetwork::new`] runs on the real clock (the
 //! application and the progress threads run in real time), so faults are
-//! reproducible in kind but runs are not bit-for-bit repeatable; the
-//! transport's own simulation tests (`uroce_sim::RcPair`) use a virtual
-//! clock and are.
+//! reproducible in kind but runs are not bit-for-bit repeatable. One made
+//! with [`SimNetwork::new_virtual`] runs on a virtual clock: its contexts
+//! have no progress thread, [`SimNetwork::run_until`] drives them and
+//! moves the clock from one event to the next, and a run is the same bit
+//! for bit for the same seed (keys, packets, faults, completions, times),
+//! the whole verbs stack included: CQs, channels, events, SRQs, memory
+//! windows.
 
 use std::collections::{HashMap, VecDeque};
 use std::net::SocketAddr;
@@ -26,11 +30,15 @@ struct World {
     net: SimNet,
     inboxes: HashMap<SocketAddr, VecDeque<(SocketAddr, Vec<u8>)>>,
     origin: StdInstant,
+    /// The virtual clock, for a virtual network.
+    virtual_now: Option<Instant>,
+    seed: u64,
 }
 
 impl World {
     fn now(&self) -> Instant {
-        Instant::from_nanos(self.origin.elapsed().as_nanos() as u64 + 1)
+        self.virtual_now
+            .unwrap_or_else(|| Instant::from_nanos(self.origin.elapsed().as_nanos() as u64 + 1))
     }
 
     /// Moves every datagram due now into its destination's inbox.
@@ -65,12 +73,79 @@ impl SimNetwork {
     /// A network whose every direction has `link`'s faults, drawn from
     /// `seed`.
     pub fn new(seed: u64, link: LinkConfig) -> Self {
+        Self::make(seed, link, None)
+    }
+
+    /// A network on a virtual clock (see the module documentation): drive
+    /// its contexts with [`SimNetwork::run_until`].
+    pub fn new_virtual(seed: u64, link: LinkConfig) -> Self {
+        Self::make(seed, link, Some(Instant::from_nanos(1)))
+    }
+
+    fn make(seed: u64, link: LinkConfig, virtual_now: Option<Instant>) -> Self {
         Self {
             world: Arc::new(Mutex::new(World {
                 net: SimNet::new(seed, link),
                 inboxes: HashMap::new(),
                 origin: StdInstant::now(),
+                virtual_now,
+                seed,
             })),
+        }
+    }
+
+    /// Whether the network runs on a virtual clock.
+    pub fn is_virtual(&self) -> bool {
+        self.lock().virtual_now.is_some()
+    }
+
+    /// The network's time (virtual, or real since creation).
+    pub fn now(&self) -> Instant {
+        self.lock().now()
+    }
+
+    /// The seed of the network's faults (contexts on a virtual network
+    /// derive their key bytes from it).
+    pub(crate) fn seed(&self) -> u64 {
+        self.lock().seed
+    }
+
+    /// Drives `contexts` on the virtual clock: every context makes
+    /// progress until none has work at the current instant, then `done` is
+    /// asked, then the clock moves to the next event (a delivery or a
+    /// context's timer). Returns whether `done` said yes within `limit` of
+    /// virtual time; `false` also when nothing is left to happen.
+    ///
+    /// # Panics
+    /// On a network with a real clock.
+    pub fn run_until(
+        &self,
+        contexts: &[&crate::Context],
+        limit: std::time::Duration,
+        mut done: impl FnMut() -> bool,
+    ) -> bool {
+        assert!(self.is_virtual(), "run_until drives a virtual network");
+        let end = self.now().as_nanos().saturating_add(limit.as_nanos() as u64);
+        loop {
+            while contexts.iter().fold(false, |any, c| c.drive() | any) {}
+            if done() {
+                return true;
+            }
+            let mut next = self.lock().net.next_delivery();
+            for c in contexts {
+                next = match (next, c.next_deadline()) {
+                    (Some(a), Some(b)) => Some(a.min(b)),
+                    (a, b) => a.or(b),
+                };
+            }
+            match next {
+                Some(t) if t.as_nanos() <= end => {
+                    let mut w = self.lock();
+                    let now = w.now();
+                    w.virtual_now = Some(if t > now { t } else { now });
+                }
+                _ => return false,
+            }
         }
     }
 
@@ -126,6 +201,11 @@ impl std::fmt::Debug for SimPort {
 impl SimPort {
     pub(crate) fn local(&self) -> SocketAddr {
         self.local
+    }
+
+    /// The network's clock.
+    pub(crate) fn now(&self) -> Instant {
+        self.net.lock().now()
     }
 
     /// Puts one RoCE packet on the network, framed as Linux would (IPv4 ID
