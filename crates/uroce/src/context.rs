@@ -4,8 +4,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, Weak};
 use std::time::{Duration, Instant as StdInstant};
 
-use crate::backend::Backend;
-use crate::backend::udp::UdpBackend;
 use crate::device::Device;
 use crate::engine::Engine;
 use crate::error::{Error, Result};
@@ -188,22 +186,19 @@ impl Device {
     /// As [`Device::open`].
     pub fn open_with(&self, options: Options) -> Result<Context> {
         let addr = self.socket_addr();
-        let virtual_net = self.sim().filter(|n| n.is_virtual());
+        let virtual_seed = self.virtual_seed();
         // On a virtual clock, progress is driven by `SimNetwork::run_until`
         // alone: a thread would race it.
-        let options = if virtual_net.is_some() {
+        let options = if virtual_seed.is_some() {
             Options { progress: ProgressMode::Inline, ..options }
         } else {
             options
         };
-        let backend = match self.sim() {
-            Some(net) => Backend::Sim(net.attach(addr)),
-            None => Backend::Udp(UdpBackend::bind(addr).map_err(|source| Error::Open {
-                device: self.name().to_string(),
-                addr,
-                source,
-            })?),
-        };
+        let backend = self.backend().map_err(|source| Error::Open {
+            device: self.name().to_string(),
+            addr,
+            source,
+        })?;
         let events = Arc::new(crate::channel::EventQueue::new().map_err(|source| Error::Open {
             device: self.name().to_string(),
             addr,
@@ -214,11 +209,10 @@ impl Device {
             ah_count: std::sync::atomic::AtomicU32::new(0),
             engine: Mutex::new({
                 let mut e = Engine::new(backend, events);
-                if let Some(net) = virtual_net {
-                    let a = u64::from_be_bytes(
-                        uroce_wire::grh::gid_of(addr.ip())[8..].try_into().unwrap_or_default(),
-                    );
-                    e.mem.seed_keys(net.seed() ^ a ^ u64::from(addr.port()));
+                if let Some(seed) = virtual_seed {
+                    let gid = uroce_wire::grh::gid_of(addr.ip());
+                    let a = u64::from_be_bytes(gid[8..].try_into().unwrap_or_default());
+                    e.mem.seed_keys(seed ^ a ^ u64::from(addr.port()));
                 }
                 e
             }),
@@ -255,12 +249,14 @@ impl Context {
 
     /// One progress pass; whether anything happened (the virtual-clock
     /// driver's step).
+    #[cfg(feature = "sim")]
     pub(crate) fn drive(&self) -> bool {
         let mut e = self.inner.lock();
         e.progress()
     }
 
     /// The earliest timer of this context.
+    #[cfg(feature = "sim")]
     pub(crate) fn next_deadline(&self) -> Option<uroce_transport::Instant> {
         self.inner.lock().next_deadline()
     }
@@ -455,7 +451,7 @@ fn progress_thread(weak: &Weak<Inner>) {
         if fds.is_empty() {
             std::thread::sleep(wait.min(Duration::from_micros(100)));
         } else {
-            crate::backend::udp::wait_readable(&fds, Some(wait));
+            crate::backend::wait_readable(&fds, Some(wait));
         }
         spin = if slept.elapsed() < spin * 4 {
             (spin * 2).min(SPIN_MAX)

@@ -13,12 +13,13 @@ use crate::limits;
 #[derive(Debug, Clone)]
 pub struct Device {
     cfg: DeviceConfig,
+    #[cfg(feature = "sim")]
     sim: Option<crate::backend::sim::SimNetwork>,
 }
 
 impl PartialEq for Device {
     fn eq(&self, other: &Self) -> bool {
-        self.cfg == other.cfg && self.sim.is_some() == other.sim.is_some()
+        self.cfg == other.cfg && self.is_simulated() == other.is_simulated()
     }
 }
 
@@ -50,15 +51,42 @@ pub fn device(name: Option<&str>) -> Result<Device> {
 impl Device {
     /// A device from an explicit configuration (tests, tools).
     pub fn from_config(cfg: DeviceConfig) -> Self {
-        Self { cfg, sim: None }
+        Self {
+            cfg,
+            #[cfg(feature = "sim")]
+            sim: None,
+        }
     }
 
+    #[cfg(feature = "sim")]
     pub(crate) fn with_sim(cfg: DeviceConfig, net: crate::backend::sim::SimNetwork) -> Self {
         Self { cfg, sim: Some(net) }
     }
 
-    pub(crate) fn sim(&self) -> Option<&crate::backend::sim::SimNetwork> {
-        self.sim.as_ref()
+    /// Whether the device is on a simulated network.
+    fn is_simulated(&self) -> bool {
+        #[cfg(feature = "sim")]
+        return self.sim.is_some();
+        #[cfg(not(feature = "sim"))]
+        false
+    }
+
+    /// The seed of the device's virtual network, if it is on one.
+    pub(crate) fn virtual_seed(&self) -> Option<u64> {
+        #[cfg(feature = "sim")]
+        return self.sim.as_ref().filter(|n| n.is_virtual()).map(|n| n.seed());
+        #[cfg(not(feature = "sim"))]
+        None
+    }
+
+    /// The device's packet I/O: a UDP socket on its address, or its port on
+    /// a simulated network.
+    pub(crate) fn backend(&self) -> std::io::Result<Box<dyn crate::backend::Backend>> {
+        #[cfg(feature = "sim")]
+        if let Some(net) = &self.sim {
+            return Ok(Box::new(net.attach(self.socket_addr())));
+        }
+        Ok(Box::new(crate::backend::udp::UdpBackend::bind(self.socket_addr())?))
     }
 
     /// Name (`uroce0`, …).
@@ -101,7 +129,7 @@ impl Device {
     }
 
     pub(crate) fn gid_table_now(&self) -> crate::gid::GidTable {
-        if self.sim.is_some() {
+        if self.is_simulated() {
             return crate::gid::GidTable::new(self.cfg.addr, &[]);
         }
         let list = crate::netif::all();

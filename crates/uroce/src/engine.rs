@@ -15,7 +15,6 @@ use uroce_wire::udp::{LinuxIpHeader, UdpRepr};
 use uroce_wire::{RocePacket, WireError};
 
 use crate::backend::Backend;
-use crate::backend::udp::{MAX_GSO_BYTES, MAX_SEGMENTS};
 use crate::channel::EventQueue;
 use crate::gid::GidTable;
 use crate::mr::MemTable;
@@ -46,7 +45,7 @@ pub(crate) struct Engine {
     /// Whether the port is active, and when it was last checked.
     pub(crate) port_up: bool,
     port_checked: Option<Instant>,
-    backend: Backend,
+    backend: Box<dyn Backend>,
     origin: StdInstant,
     pub(crate) next_pd: u32,
     buf: Vec<u8>,
@@ -60,13 +59,12 @@ pub(crate) struct Engine {
 }
 
 impl Engine {
-    pub(crate) fn new(backend: Backend, events: Arc<EventQueue<AsyncEvent>>) -> Self {
+    pub(crate) fn new(backend: Box<dyn Backend>, events: Arc<EventQueue<AsyncEvent>>) -> Self {
         let primary = backend.local().ip();
-        let gids = match backend {
-            Backend::Sim(_) => GidTable::new(primary, &[]),
-            Backend::Udp(_) => {
-                GidTable::new(primary, &crate::netif::siblings_in(&crate::netif::all(), primary))
-            }
+        let gids = if backend.on_host() {
+            GidTable::new(primary, &crate::netif::siblings_in(&crate::netif::all(), primary))
+        } else {
+            GidTable::new(primary, &[])
         };
         Self {
             ep: Endpoint::new(),
@@ -86,17 +84,16 @@ impl Engine {
         }
     }
 
-    pub(crate) fn backend(&self) -> &Backend {
-        &self.backend
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        self.backend.as_ref()
     }
 
     /// The clock: real time, or a simulated network's (possibly virtual)
     /// time.
     pub(crate) fn now(&self) -> Instant {
-        match &self.backend {
-            Backend::Sim(p) => p.now(),
-            Backend::Udp(_) => Instant::from_nanos(self.origin.elapsed().as_nanos() as u64 + 1),
-        }
+        self.backend
+            .clock()
+            .unwrap_or_else(|| Instant::from_nanos(self.origin.elapsed().as_nanos() as u64 + 1))
     }
 
     /// Creates a CQ of `cap` entries, notifying `channel` when armed.
@@ -157,7 +154,7 @@ impl Engine {
             return;
         }
         self.port_checked = Some(now);
-        if matches!(self.backend, Backend::Sim(_)) {
+        if !self.backend.on_host() {
             return;
         }
         let primary = self.backend.local().ip();
@@ -377,12 +374,12 @@ impl Engine {
     /// ID `i`, which is what the kernel's segmentation puts on the wire.
     fn transmit(&mut self, now: Instant) -> usize {
         let mut sent = 0;
-        let gso = self.backend.gso();
+        let limits = self.backend.batch();
         let mut batch = std::mem::take(&mut self.txbuf);
         let mut run = Run::default();
         loop {
             if run.count > 0 && batch.len() - run.off < 4096 + 256 {
-                run.flush(&mut self.backend, &batch, &mut self.ep.stats);
+                run.flush(self.backend.as_mut(), &batch, &mut self.ep.stats);
             }
             let Some(t) = self.ep.poll_transmit(now, &self.mem, &mut batch[run.off..]) else {
                 break;
@@ -395,15 +392,15 @@ impl Engine {
                 continue;
             };
             let joins = run.count > 0
-                && gso
+                && limits.segments > 1
                 && run.src == src
                 && run.dst == Some(dst)
                 && t.len <= run.seg
-                && run.count < MAX_SEGMENTS
-                && run.off + t.len <= MAX_GSO_BYTES;
+                && run.count < limits.segments
+                && run.off + t.len <= limits.bytes;
             if !joins && run.count > 0 {
                 let start = run.off;
-                run.flush(&mut self.backend, &batch, &mut self.ep.stats);
+                run.flush(self.backend.as_mut(), &batch, &mut self.ep.stats);
                 batch.copy_within(start..start + t.len, 0);
             }
             if run.count == 0 {
@@ -424,13 +421,13 @@ impl Engine {
             pkt[t.len - 4..].copy_from_slice(&c.to_le_bytes());
             run.off += t.len;
             run.count += 1;
-            if t.len < run.seg || !gso {
+            if t.len < run.seg || limits.segments <= 1 {
                 // A shorter packet can only end a GSO run.
-                run.flush(&mut self.backend, &batch, &mut self.ep.stats);
+                run.flush(self.backend.as_mut(), &batch, &mut self.ep.stats);
             }
         }
         if run.count > 0 {
-            run.flush(&mut self.backend, &batch, &mut self.ep.stats);
+            run.flush(self.backend.as_mut(), &batch, &mut self.ep.stats);
         }
         self.txbuf = batch;
         sent
@@ -447,7 +444,7 @@ struct Run {
 }
 
 impl Run {
-    fn flush(&mut self, backend: &mut Backend, batch: &[u8], stats: &mut Stats) {
+    fn flush(&mut self, backend: &mut dyn Backend, batch: &[u8], stats: &mut Stats) {
         if let Some(dst) = self.dst
             && self.count > 0
             && backend.send(self.src, dst, &batch[..self.off], self.seg).is_err()

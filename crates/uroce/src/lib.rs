@@ -64,8 +64,8 @@
 //!
 //! RC, UC and UD queue pairs, SRQs, completion channels, async events and
 //! memory windows work over the `udp` backend (UDP GSO/GRO batching) and the
-//! in-process `sim` backend; AF_XDP and DPDK backends come later (see the
-//! README).
+//! in-process `sim` backend (feature `sim`, for tests); AF_XDP and DPDK
+//! backends come later (see the README).
 
 #![deny(unsafe_code)]
 
@@ -95,6 +95,7 @@ mod verbs;
 pub use ah::{Ah, AhAttr};
 #[cfg(feature = "tokio")]
 pub use async_cq::AsyncCq;
+#[cfg(feature = "sim")]
 pub use backend::sim::SimNetwork;
 pub use channel::CompChannel;
 pub use config::DeviceConfig;
@@ -103,6 +104,7 @@ pub mod published;
 pub use device::{AtomicCap, Device, DeviceAttr, PortAttr, device, devices};
 pub use engine::AsyncEvent;
 pub use error::{Error, Result};
+#[cfg(feature = "sim")]
 pub use uroce_sim::LinkConfig;
 pub use uroce_transport as transport;
 pub use uroce_transport::{

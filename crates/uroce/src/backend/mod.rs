@@ -1,118 +1,81 @@
 //! Packet I/O backends: how RoCEv2 packets (UDP payloads) leave and enter
-//! a context.
+//! a context. The driver (`crate::engine`) sees only the [`Backend`]
+//! trait; what a backend is made of stays in its module.
 
+#[cfg(feature = "sim")]
 pub(crate) mod sim;
 pub(crate) mod udp;
 
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
+use std::time::Duration;
 
-/// The backend of one context.
-#[derive(Debug)]
-pub(crate) enum Backend {
-    /// Kernel UDP socket.
-    Udp(udp::UdpBackend),
-    /// In-process simulated network.
-    Sim(sim::SimPort),
+use uroce_transport::Instant;
+
+/// How many packets, and bytes, one batched send may carry.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct SendBatch {
+    /// Segments per send (1: no batching).
+    pub(crate) segments: usize,
+    /// Bytes per send.
+    pub(crate) bytes: usize,
 }
 
-impl Backend {
-    pub(crate) fn local(&self) -> SocketAddr {
-        match self {
-            Self::Udp(b) => b.local(),
-            Self::Sim(b) => b.local(),
-        }
+/// A datagram received: `(bytes, segment size, sender, local address it
+/// came to)`; with receive offload, `bytes` holds a run of `segment size`
+/// packets (the last possibly shorter).
+pub(crate) type Received = (usize, usize, SocketAddr, IpAddr);
+
+/// One context's packet I/O.
+pub(crate) trait Backend: Send + std::fmt::Debug {
+    /// The device's address and port.
+    fn local(&self) -> SocketAddr;
+
+    /// How runs of equal-sized packets to one destination may leave
+    /// together (what the driver gathers before [`Backend::send`]).
+    fn batch(&self) -> SendBatch;
+
+    /// Sends from local address `src`: one packet, or (with `seg` <
+    /// `data.len()`) a run of `seg`-byte packets as one send.
+    fn send(&mut self, src: IpAddr, dst: SocketAddr, data: &[u8], seg: usize) -> io::Result<()>;
+
+    /// The next datagram (or run), if one waits.
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<Received>>;
+
+    /// Descriptors to sleep on while idle (none: the progress thread naps).
+    fn raw_fds(&self) -> Vec<i32>;
+
+    /// The backend's own clock, if it has one (a simulated network's).
+    fn clock(&self) -> Option<Instant> {
+        None
     }
 
-    /// Whether runs of packets may leave as one GSO send.
-    pub(crate) fn gso(&self) -> bool {
-        match self {
-            Self::Udp(b) => b.gso(),
-            Self::Sim(_) => false,
-        }
-    }
-
-    /// Sends from local address `src` (a GID of the device).
-    pub(crate) fn send(
-        &mut self,
-        src: std::net::IpAddr,
-        dst: SocketAddr,
-        data: &[u8],
-        seg: usize,
-    ) -> io::Result<()> {
-        match self {
-            Self::Udp(b) => b.send(src, dst, data, seg),
-            Self::Sim(b) => {
-                for p in data.chunks(seg.max(1)) {
-                    b.send(dst, p);
-                }
-                Ok(())
-            }
-        }
-    }
-
-    /// A datagram (or GRO run): `(bytes, segment size, sender, the local
-    /// address it came to)`.
-    pub(crate) fn recv(
-        &mut self,
-        buf: &mut [u8],
-    ) -> io::Result<Option<(usize, usize, SocketAddr, std::net::IpAddr)>> {
-        match self {
-            Self::Udp(b) => b.recv(buf),
-            Self::Sim(b) => {
-                let to = b.local().ip();
-                Ok(b.recv(buf).map(|(n, from)| (n, n, from, to)))
-            }
-        }
+    /// Whether the host's interfaces describe this device: its GID table
+    /// and its port's state (not for a simulated network).
+    fn on_host(&self) -> bool {
+        true
     }
 
     /// Starts receiving on (and sending from) another local address.
-    pub(crate) fn bind_local(&mut self, ip: std::net::IpAddr) -> io::Result<()> {
-        match self {
-            Self::Udp(b) => b.bind_local(ip),
-            Self::Sim(b) if b.local().ip() == ip => Ok(()),
-            Self::Sim(_) => Err(io::Error::from(io::ErrorKind::AddrNotAvailable)),
-        }
-    }
+    fn bind_local(&mut self, ip: IpAddr) -> io::Result<()>;
 
     /// Stops using a local address that went away.
-    pub(crate) fn unbind_local(&mut self, ip: std::net::IpAddr) {
-        if let Self::Udp(b) = self {
-            b.unbind_local(ip);
-        }
-    }
-
-    /// Descriptors to sleep on (none for the simulated network).
-    pub(crate) fn raw_fds(&self) -> Vec<i32> {
-        match self {
-            Self::Udp(b) => b.raw_fds(),
-            Self::Sim(_) => Vec::new(),
-        }
-    }
+    fn unbind_local(&mut self, ip: IpAddr);
 
     /// Joins a multicast group.
-    pub(crate) fn join(&mut self, group: std::net::IpAddr) -> io::Result<()> {
-        match self {
-            Self::Udp(b) => b.join(group),
-            Self::Sim(_) => Err(io::Error::from(io::ErrorKind::Unsupported)),
-        }
-    }
+    fn join(&mut self, group: IpAddr) -> io::Result<()>;
 
     /// Leaves a multicast group.
-    pub(crate) fn leave(&mut self, group: std::net::IpAddr) {
-        if let Self::Udp(b) = self {
-            b.leave(group);
-        }
-    }
+    fn leave(&mut self, group: IpAddr);
 
     /// A datagram received on a joined group: `(bytes, sender, group)`.
-    pub(crate) fn recv_group(
-        &mut self,
-        buf: &mut [u8],
-    ) -> Option<(usize, SocketAddr, std::net::IpAddr)> {
-        match self {
-            Self::Udp(b) => b.recv_group(buf),
-            Self::Sim(_) => None,
-        }
-    }
+    fn recv_group(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr, IpAddr)>;
+}
+
+/// Blocks until one of `fds` is readable or `timeout` passes. Takes bare
+/// numbers so that a sleeping progress thread keeps no reference to the
+/// backend: if the context is closed meanwhile, the poll returns at once
+/// (POLLNVAL) or at the timeout, and never touches memory.
+pub(crate) fn wait_readable(fds: &[i32], timeout: Option<Duration>) {
+    udp::wait_readable(fds, timeout);
 }

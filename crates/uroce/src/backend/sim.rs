@@ -199,10 +199,6 @@ impl std::fmt::Debug for SimPort {
 }
 
 impl SimPort {
-    pub(crate) fn local(&self) -> SocketAddr {
-        self.local
-    }
-
     /// The network's clock.
     pub(crate) fn now(&self) -> Instant {
         self.net.lock().now()
@@ -210,20 +206,80 @@ impl SimPort {
 
     /// Puts one RoCE packet on the network, framed as Linux would (IPv4 ID
     /// 0 with DF), its ICRC recomputed over that framing.
-    pub(crate) fn send(&mut self, dst: SocketAddr, roce: &[u8]) {
+    fn send_one(&mut self, dst: SocketAddr, roce: &[u8]) {
         let dg = encapsulate(self.local.ip(), dst.ip(), self.local.port(), dst.port(), roce);
         let mut w = self.net.lock();
         let now = w.now();
         w.net.send(now, self.local.ip(), dst.ip(), dg);
     }
 
-    pub(crate) fn recv(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
+    fn recv_one(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
         let mut w = self.net.lock();
         w.route();
         let (from, p) = w.inboxes.get_mut(&self.local)?.pop_front()?;
         let n = p.len().min(buf.len());
         buf[..n].copy_from_slice(&p[..n]);
         Some((n, from))
+    }
+}
+
+impl super::Backend for SimPort {
+    fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn batch(&self) -> super::SendBatch {
+        super::SendBatch { segments: 1, bytes: 65000 }
+    }
+
+    fn send(
+        &mut self,
+        _src: std::net::IpAddr,
+        dst: SocketAddr,
+        data: &[u8],
+        seg: usize,
+    ) -> std::io::Result<()> {
+        for p in data.chunks(seg.max(1)) {
+            self.send_one(dst, p);
+        }
+        Ok(())
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<super::Received>> {
+        let to = self.local.ip();
+        Ok(self.recv_one(buf).map(|(n, from)| (n, n, from, to)))
+    }
+
+    fn raw_fds(&self) -> Vec<i32> {
+        Vec::new()
+    }
+
+    fn clock(&self) -> Option<Instant> {
+        Some(self.now())
+    }
+
+    fn on_host(&self) -> bool {
+        false
+    }
+
+    fn bind_local(&mut self, ip: std::net::IpAddr) -> std::io::Result<()> {
+        if ip == self.local.ip() {
+            Ok(())
+        } else {
+            Err(std::io::ErrorKind::AddrNotAvailable.into())
+        }
+    }
+
+    fn unbind_local(&mut self, _ip: std::net::IpAddr) {}
+
+    fn join(&mut self, _group: std::net::IpAddr) -> std::io::Result<()> {
+        Err(std::io::ErrorKind::Unsupported.into())
+    }
+
+    fn leave(&mut self, _group: std::net::IpAddr) {}
+
+    fn recv_group(&mut self, _buf: &mut [u8]) -> Option<(usize, SocketAddr, std::net::IpAddr)> {
+        None
     }
 }
 

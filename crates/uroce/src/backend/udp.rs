@@ -23,9 +23,9 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 /// The most segments one GSO send carries.
-pub(crate) const MAX_SEGMENTS: usize = 64;
+const MAX_SEGMENTS: usize = 64;
 /// The most bytes one GSO send carries (the IP payload limit).
-pub(crate) const MAX_GSO_BYTES: usize = 65000;
+const MAX_GSO_BYTES: usize = 65000;
 
 /// The device's sockets: one per local address in use (the configured
 /// address first, then the GIDs a QP or AH has used), all on the device's
@@ -153,7 +153,7 @@ impl UdpBackend {
 
     /// Binds another local address of the device (a GID in use) on the
     /// device's port; a no-op if it is bound already.
-    pub(crate) fn bind_local(&mut self, ip: IpAddr) -> io::Result<()> {
+    fn bind_local_addr(&mut self, ip: IpAddr) -> io::Result<()> {
         if self.ports.iter().any(|p| p.ip == ip) {
             return Ok(());
         }
@@ -169,7 +169,7 @@ impl UdpBackend {
 
     /// Closes the socket of a local address that went away (never the
     /// configured one).
-    pub(crate) fn unbind_local(&mut self, ip: IpAddr) {
+    fn unbind_local_addr(&mut self, ip: IpAddr) {
         if let Some(i) = self.ports.iter().skip(1).position(|p| p.ip == ip) {
             self.ports.remove(i + 1);
             self.next_rx = 0;
@@ -177,7 +177,7 @@ impl UdpBackend {
     }
 
     /// Joins multicast `group` on the device's interface.
-    pub(crate) fn join(&mut self, group: IpAddr) -> io::Result<()> {
+    fn join_group(&mut self, group: IpAddr) -> io::Result<()> {
         if self.groups.iter().any(|(g, _)| *g == group) {
             return Ok(());
         }
@@ -246,12 +246,12 @@ impl UdpBackend {
     }
 
     /// Leaves multicast `group` (closing its socket drops the membership).
-    pub(crate) fn leave(&mut self, group: IpAddr) {
+    fn leave_group(&mut self, group: IpAddr) {
         self.groups.retain(|(g, _)| *g != group);
     }
 
     /// Receives from the joined groups: `(bytes, sender, group)`.
-    pub(crate) fn recv_group(&self, buf: &mut [u8]) -> Option<(usize, SocketAddr, IpAddr)> {
+    fn recv_from_groups(&self, buf: &mut [u8]) -> Option<(usize, SocketAddr, IpAddr)> {
         for (g, s) in &self.groups {
             if let Ok((n, from)) = s.recv_from(buf) {
                 return Some((n, from, *g));
@@ -261,20 +261,10 @@ impl UdpBackend {
     }
 
     /// Every descriptor to wait on.
-    pub(crate) fn raw_fds(&self) -> Vec<i32> {
+    fn fds(&self) -> Vec<i32> {
         let mut v: Vec<i32> = self.ports.iter().map(|p| p.sock.as_raw_fd()).collect();
         v.extend(self.groups.iter().map(|(_, s)| s.as_raw_fd()));
         v
-    }
-
-    /// The bound address.
-    pub(crate) fn local(&self) -> SocketAddr {
-        self.local
-    }
-
-    /// Whether runs of packets may leave in one GSO send.
-    pub(crate) fn gso(&self) -> bool {
-        self.gso
     }
 
     /// Sends `data` from local address `src`: one packet, or (with `seg` <
@@ -282,7 +272,7 @@ impl UdpBackend {
     /// shorter, as one GSO send. `WouldBlock` means the socket buffer is
     /// full: the caller counts the packets as lost (the transport
     /// retransmits). A source not bound yet is bound now.
-    pub(crate) fn send(
+    fn send_from(
         &mut self,
         src: IpAddr,
         dst: SocketAddr,
@@ -292,7 +282,7 @@ impl UdpBackend {
         let i = match self.ports.iter().position(|p| p.ip == src) {
             Some(i) => i,
             None => {
-                self.bind_local(src)?;
+                self.bind_local_addr(src)?;
                 self.ports.len() - 1
             }
         };
@@ -325,10 +315,7 @@ impl UdpBackend {
     /// Receives one datagram (with GRO, possibly a run of packets) into
     /// `buf`: `(bytes, segment size, sender, local address it came to)`, or
     /// `None` when none waits on any socket.
-    pub(crate) fn recv(
-        &mut self,
-        buf: &mut [u8],
-    ) -> io::Result<Option<(usize, usize, SocketAddr, IpAddr)>> {
+    fn recv_any(&mut self, buf: &mut [u8]) -> io::Result<Option<super::Received>> {
         let n = self.ports.len();
         for k in 0..n {
             let i = (self.next_rx + k) % n;
@@ -346,6 +333,52 @@ impl UdpBackend {
             }
         }
         Ok(None)
+    }
+}
+
+impl super::Backend for UdpBackend {
+    fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn batch(&self) -> super::SendBatch {
+        if self.gso {
+            super::SendBatch { segments: MAX_SEGMENTS, bytes: MAX_GSO_BYTES }
+        } else {
+            super::SendBatch { segments: 1, bytes: MAX_GSO_BYTES }
+        }
+    }
+
+    fn send(&mut self, src: IpAddr, dst: SocketAddr, data: &[u8], seg: usize) -> io::Result<()> {
+        self.send_from(src, dst, data, seg)
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<super::Received>> {
+        self.recv_any(buf)
+    }
+
+    fn raw_fds(&self) -> Vec<i32> {
+        self.fds()
+    }
+
+    fn bind_local(&mut self, ip: IpAddr) -> io::Result<()> {
+        self.bind_local_addr(ip)
+    }
+
+    fn unbind_local(&mut self, ip: IpAddr) {
+        self.unbind_local_addr(ip);
+    }
+
+    fn join(&mut self, group: IpAddr) -> io::Result<()> {
+        self.join_group(group)
+    }
+
+    fn leave(&mut self, group: IpAddr) {
+        self.leave_group(group);
+    }
+
+    fn recv_group(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr, IpAddr)> {
+        self.recv_from_groups(buf)
     }
 }
 
