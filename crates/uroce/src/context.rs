@@ -60,6 +60,8 @@ pub(crate) struct Inner {
     /// When an application thread last drove progress.
     pub(crate) activity: Arc<Activity>,
     stop: AtomicBool,
+    /// Rung by a deferred post while the progress thread sleeps.
+    bell: crate::channel::EventQueue<()>,
     /// Where the progress thread publishes the counters (see `published`).
     published: std::path::PathBuf,
 }
@@ -73,6 +75,11 @@ pub(crate) struct Activity {
     origin: StdInstant,
     /// Last application poll, ns since `origin` (0: none recently).
     app_poll_ns: AtomicU64,
+    /// Last post, ns since `origin`.
+    last_post_ns: AtomicU64,
+    /// What the progress thread is doing: `RUNNING`, `PARKED` (stepping
+    /// aside) or `SLEEPING` (in `ppoll` on the sockets and the doorbell).
+    thread_state: std::sync::atomic::AtomicU8,
     progress_thread: std::sync::OnceLock<std::thread::Thread>,
 }
 
@@ -81,6 +88,8 @@ impl Activity {
         Self {
             origin: StdInstant::now(),
             app_poll_ns: AtomicU64::new(0),
+            last_post_ns: AtomicU64::new(0),
+            thread_state: std::sync::atomic::AtomicU8::new(RUNNING),
             progress_thread: std::sync::OnceLock::new(),
         }
     }
@@ -145,8 +154,33 @@ impl Inner {
     /// receive pass (a system call that finds nothing, on most posts) and
     /// without the "application is polling" mark (a program that posts and
     /// then waits on memory needs the progress thread to keep receiving).
+    ///
+    /// A post that follows another within `BURST_GAP` (a program filling
+    /// its send queue one WR per call) only queues, up to `BURST_POSTS`
+    /// posts, when a progress thread runs: the batch leaves as GSO runs
+    /// with the next poll, the burst's cap or the progress thread, which a
+    /// deferred post wakes if it is stepping aside or asleep. An isolated
+    /// post (a ping-pong) leaves at once.
     pub(crate) fn doorbell(&self, engine: &mut Engine) {
+        let a = &self.activity;
+        // The gap since the previous post *returned*: its own transmit
+        // must not make the next post look isolated.
+        let now = a.origin.elapsed().as_nanos() as u64;
+        let last = a.last_post_ns.swap(now, Ordering::Relaxed);
+        let bursty = now.saturating_sub(last) < BURST_GAP.as_nanos() as u64;
+        if bursty && engine.deferred_posts < BURST_POSTS && a.progress_thread.get().is_some() {
+            engine.deferred_posts += 1;
+            // A thread stepping aside resumes within `STEP_ASIDE` (and the
+            // application polls before that, as it is polling); a sleeping
+            // one is woken.
+            if a.thread_state.load(Ordering::SeqCst) == SLEEPING {
+                a.thread_state.store(RUNNING, Ordering::SeqCst);
+                self.bell.push(());
+            }
+            return;
+        }
         engine.transmit_now();
+        a.last_post_ns.store(a.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 
     /// Called by application polls: run progress inline, and tell the
@@ -204,7 +238,11 @@ impl Device {
             addr,
             source,
         })?);
+        let bell = crate::channel::EventQueue::new()
+            .and_then(|b| b.set_nonblocking(true).map(|()| b))
+            .map_err(|source| Error::Open { device: self.name().to_string(), addr, source })?;
         let inner = Arc::new(Inner {
+            bell,
             async_events: events.clone(),
             ah_count: std::sync::atomic::AtomicU32::new(0),
             engine: Mutex::new({
@@ -390,6 +428,14 @@ const PUBLISH_EVERY: Duration = Duration::from_millis(100);
 
 /// How long an application poll keeps the background thread away.
 const STEP_ASIDE: Duration = Duration::from_micros(200);
+/// Posts closer together than this are a burst (see `Inner::doorbell`).
+const BURST_GAP: Duration = Duration::from_micros(4);
+/// The most posts a burst queues before they leave.
+const BURST_POSTS: u32 = 32;
+/// Progress thread states (`Activity::thread_state`).
+const RUNNING: u8 = 0;
+const PARKED: u8 = 1;
+const SLEEPING: u8 = 2;
 /// Bounds of the adaptive busy-poll window.
 const SPIN_MIN: Duration = Duration::from_micros(5);
 const SPIN_MAX: Duration = Duration::from_millis(1);
@@ -415,10 +461,21 @@ fn progress_thread(weak: &Weak<Inner>) {
         let since_app = inner.activity.since_app();
         if since_app < STEP_ASIDE {
             // An application thread is polling and drives progress itself
-            // (until it releases progress, which unparks us).
-            drop(inner);
-            std::thread::park_timeout(STEP_ASIDE - since_app);
-            continue;
+            // (until it releases progress or defers a post, which unparks
+            // us).
+            let state = &inner.activity.thread_state;
+            state.store(PARKED, Ordering::SeqCst);
+            let deferred = inner.lock().deferred_posts > 0;
+            if deferred {
+                state.store(RUNNING, Ordering::SeqCst);
+            } else {
+                drop(inner);
+                std::thread::park_timeout(STEP_ASIDE - since_app);
+                if let Some(i) = weak.upgrade() {
+                    i.activity.thread_state.store(RUNNING, Ordering::SeqCst);
+                }
+                continue;
+            }
         }
         let (worked, deadline) = {
             let mut e = inner.lock();
@@ -446,12 +503,29 @@ fn progress_thread(weak: &Weak<Inner>) {
         // Sleep on the socket without the lock and without a strong
         // reference, so the context can close meanwhile. (A simulated
         // network has no descriptor: nap briefly instead.)
-        let fds = inner.lock().backend().raw_fds();
+        inner.activity.thread_state.store(SLEEPING, Ordering::SeqCst);
+        let (mut fds, deferred) = {
+            let e = inner.lock();
+            (e.backend().raw_fds(), e.deferred_posts > 0)
+        };
+        if deferred {
+            // A post came in between: no sleep.
+            inner.activity.thread_state.store(RUNNING, Ordering::SeqCst);
+            continue;
+        }
+        {
+            use std::os::fd::{AsFd, AsRawFd};
+            fds.push(inner.bell.as_fd().as_raw_fd());
+        }
         drop(inner);
-        if fds.is_empty() {
+        if fds.len() == 1 {
             std::thread::sleep(wait.min(Duration::from_micros(100)));
         } else {
             crate::backend::wait_readable(&fds, Some(wait));
+        }
+        if let Some(i) = weak.upgrade() {
+            i.activity.thread_state.store(RUNNING, Ordering::SeqCst);
+            while i.bell.pop().is_ok() {}
         }
         spin = if slept.elapsed() < spin * 4 {
             (spin * 2).min(SPIN_MAX)

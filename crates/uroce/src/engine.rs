@@ -56,6 +56,9 @@ pub(crate) struct Engine {
     peers: HashMap<IpAddr, PeerIds>,
     /// Port 1's GID table (the local addresses QPs may send from).
     gids: GidTable,
+    /// Posts queued without a transmit pass since the last one (see
+    /// `Inner::doorbell`).
+    pub(crate) deferred_posts: u32,
 }
 
 impl Engine {
@@ -81,6 +84,7 @@ impl Engine {
             events,
             peers: HashMap::new(),
             gids,
+            deferred_posts: 0,
         }
     }
 
@@ -373,6 +377,7 @@ impl Engine {
     /// peer leave as one GSO send; packet `i` of a run gets its ICRC over IP
     /// ID `i`, which is what the kernel's segmentation puts on the wire.
     fn transmit(&mut self, now: Instant) -> usize {
+        self.deferred_posts = 0;
         let mut sent = 0;
         let limits = self.backend.batch();
         let mut batch = std::mem::take(&mut self.txbuf);
