@@ -24,7 +24,7 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
                     *n += 1;
                     shared.clone()
                 }
-                None => match entry.cfg.open() {
+                None => match entry.cfg.open_shared() {
                     Ok(c) => {
                         let shared = Arc::new(DevShared {
                             ctx: c,

@@ -214,6 +214,26 @@ impl Device {
         self.open_with(Options::default())
     }
 
+    /// The context of this device that the process already has open, or
+    /// a new one with default [`Options`]: one engine (and one UDP port)
+    /// per device per process, shared by every opener, as the C library's
+    /// `ibv_open_device` shares it and as a connection manager in the same
+    /// process must.
+    ///
+    /// # Errors
+    /// As [`Device::open`].
+    pub fn open_shared(&self) -> Result<Context> {
+        static OPEN: Mutex<Vec<(Device, std::sync::Weak<Inner>)>> = Mutex::new(Vec::new());
+        let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+        open.retain(|(_, w)| w.strong_count() > 0);
+        if let Some(inner) = open.iter().find(|(d, _)| d == self).and_then(|(_, w)| w.upgrade()) {
+            return Ok(Context { inner });
+        }
+        let c = self.open()?;
+        open.push((self.clone(), Arc::downgrade(&c.inner)));
+        Ok(c)
+    }
+
     /// Opens the device with explicit options.
     ///
     /// # Errors

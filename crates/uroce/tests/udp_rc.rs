@@ -714,3 +714,29 @@ fn ipv4_ids_of_a_counting_sender_are_recovered_from_the_icrc() {
     write(305, 4021, 1024, &[b'z'; 8], false);
     landed(1024, &[b'z'; 8]);
 }
+
+/// `open_shared` gives every opener in the process the one engine of a
+/// device (one UDP port, one QPN space); when the last one closes, the
+/// device can be opened afresh.
+#[test]
+fn open_shared_gives_one_engine_per_device() {
+    let port = uroce::testing::free_port();
+    let addr: IpAddr = "127.0.0.1".parse().unwrap();
+    let dev = uroce::Device::from_config(uroce::DeviceConfig { name: "shared".into(), addr, port });
+    let (a, b) = (dev.open_shared().unwrap(), dev.open_shared().unwrap());
+    assert!(dev.open().is_err(), "the port belongs to the shared context");
+    let cap = QpCaps {
+        max_send_wr: 1,
+        max_recv_wr: 1,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
+    let (ca, cb) = (a.create_cq(4).unwrap(), b.create_cq(4).unwrap());
+    let qa = uroce::testing::rc_qp(&pa, &ca, cap, true);
+    let qb = uroce::testing::rc_qp(&pb, &cb, cap, true);
+    assert_ne!(qa.qpn(), qb.qpn(), "one QPN space");
+    drop((qa, qb, ca, cb, pa, pb, a, b));
+    dev.open().expect("free again once every sharer closed");
+}
