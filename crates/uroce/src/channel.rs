@@ -115,7 +115,7 @@ pub struct CompChannel {
     pub(crate) events: Arc<EventQueue<u32>>,
     /// The context's record of application polling, released before a
     /// blocking wait so that the progress thread serves the wait.
-    pub(crate) activity: Arc<crate::context::Activity>,
+    pub(crate) activity: Arc<crate::progress::Activity>,
 }
 
 impl CompChannel {

@@ -1,12 +1,13 @@
-//! An opened device: the engine, its lock, and the progress thread.
+//! An opened device: the driver, its lock, and the progress thread.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, Weak};
-use std::time::{Duration, Instant as StdInstant};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
 use crate::device::Device;
-use crate::engine::Engine;
+use crate::driver::Driver;
 use crate::error::{Error, Result};
+use crate::progress::{Activity, progress_thread};
 
 /// Who drives the protocol (retransmissions, serving a peer's READ, WRITE
 /// and atomics, ACKs).
@@ -50,79 +51,30 @@ impl Default for Options {
 }
 
 pub(crate) struct Inner {
-    engine: Mutex<Engine>,
-    /// Live address handles (AHs hold no engine state, only a count).
+    driver: Mutex<Driver>,
+    /// Live address handles (AHs hold no driver state, only a count).
     pub(crate) ah_count: std::sync::atomic::AtomicU32,
-    /// The async event queue (also held by the engine, which fills it).
+    /// The async event queue (also held by the driver, which fills it).
     async_events: Arc<crate::channel::EventQueue<crate::AsyncEvent>>,
     pub(crate) device: Device,
     pub(crate) options: Options,
     /// When an application thread last drove progress.
     pub(crate) activity: Arc<Activity>,
-    stop: AtomicBool,
+    pub(crate) stop: AtomicBool,
     /// Rung by a deferred post while the progress thread sleeps.
-    bell: crate::channel::EventQueue<()>,
+    pub(crate) bell: crate::channel::EventQueue<()>,
     /// Where the progress thread publishes the counters (see `published`).
-    published: std::path::PathBuf,
-}
-
-/// When an application thread last drove progress itself (the background
-/// thread then steps aside), shared with completion channels: a thread
-/// about to block on one hands progress back at once instead of leaving
-/// the background thread asleep for the rest of its step-aside.
-#[derive(Debug)]
-pub(crate) struct Activity {
-    origin: StdInstant,
-    /// Last application poll, ns since `origin` (0: none recently).
-    app_poll_ns: AtomicU64,
-    /// Last post, ns since `origin`.
-    last_post_ns: AtomicU64,
-    /// What the progress thread is doing: `RUNNING`, `PARKED` (stepping
-    /// aside) or `SLEEPING` (in `ppoll` on the sockets and the doorbell).
-    thread_state: std::sync::atomic::AtomicU8,
-    progress_thread: std::sync::OnceLock<std::thread::Thread>,
-}
-
-impl Activity {
-    fn new() -> Self {
-        Self {
-            origin: StdInstant::now(),
-            app_poll_ns: AtomicU64::new(0),
-            last_post_ns: AtomicU64::new(0),
-            thread_state: std::sync::atomic::AtomicU8::new(RUNNING),
-            progress_thread: std::sync::OnceLock::new(),
-        }
-    }
-
-    fn touch(&self) {
-        self.app_poll_ns.store(self.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
-
-    fn since_app(&self) -> Duration {
-        self.origin
-            .elapsed()
-            .saturating_sub(Duration::from_nanos(self.app_poll_ns.load(Ordering::Relaxed)))
-    }
-
-    /// The application stops polling (it is about to sleep on a channel or
-    /// has armed a CQ to do so): the background thread resumes now.
-    pub(crate) fn release(&self) {
-        if self.app_poll_ns.swap(0, Ordering::Relaxed) != 0
-            && let Some(t) = self.progress_thread.get()
-        {
-            t.unpark();
-        }
-    }
+    pub(crate) published: std::path::PathBuf,
 }
 
 impl Inner {
-    /// Locks the engine. A poisoned lock (a panic while holding it) is
-    /// recovered: the engine's state is updated in steps that leave it
+    /// Locks the driver. A poisoned lock (a panic while holding it) is
+    /// recovered: the driver's state is updated in steps that leave it
     /// consistent.
     /// The device totals and the per-QP counters; with `all_qps` false,
     /// QPs that have counted nothing yet are left out (what the progress
     /// thread publishes: a thousand idle QPs cost it no copies or lines).
-    fn snapshot(&self, all_qps: bool) -> crate::published::Snapshot {
+    pub(crate) fn snapshot(&self, all_qps: bool) -> crate::published::Snapshot {
         let e = self.lock();
         let mut total = e.ep.stats;
         let zero = uroce_transport::Stats::default();
@@ -146,48 +98,8 @@ impl Inner {
         }
     }
 
-    pub(crate) fn lock(&self) -> MutexGuard<'_, Engine> {
-        self.engine.lock().unwrap_or_else(|e| e.into_inner())
-    }
-
-    /// A post rang the doorbell: what it queued leaves now, without a
-    /// receive pass (a system call that finds nothing, on most posts) and
-    /// without the "application is polling" mark (a program that posts and
-    /// then waits on memory needs the progress thread to keep receiving).
-    ///
-    /// A post that follows another within `BURST_GAP` (a program filling
-    /// its send queue one WR per call) only queues, up to `BURST_POSTS`
-    /// posts, when a progress thread runs: the batch leaves as GSO runs
-    /// with the next poll, the burst's cap or the progress thread, which a
-    /// deferred post wakes if it is stepping aside or asleep. An isolated
-    /// post (a ping-pong) leaves at once.
-    pub(crate) fn doorbell(&self, engine: &mut Engine) {
-        let a = &self.activity;
-        // The gap since the previous post *returned*: its own transmit
-        // must not make the next post look isolated.
-        let now = a.origin.elapsed().as_nanos() as u64;
-        let last = a.last_post_ns.swap(now, Ordering::Relaxed);
-        let bursty = now.saturating_sub(last) < BURST_GAP.as_nanos() as u64;
-        if bursty && engine.deferred_posts < BURST_POSTS && a.progress_thread.get().is_some() {
-            engine.deferred_posts += 1;
-            // A thread stepping aside resumes within `STEP_ASIDE` (and the
-            // application polls before that, as it is polling); a sleeping
-            // one is woken.
-            if a.thread_state.load(Ordering::SeqCst) == SLEEPING {
-                a.thread_state.store(RUNNING, Ordering::SeqCst);
-                self.bell.push(());
-            }
-            return;
-        }
-        engine.transmit_now();
-        a.last_post_ns.store(a.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
-    }
-
-    /// Called by application polls: run progress inline, and tell the
-    /// background thread to keep out of the way for a while.
-    pub(crate) fn app_progress(&self, engine: &mut Engine) {
-        self.activity.touch();
-        engine.progress();
+    pub(crate) fn lock(&self) -> MutexGuard<'_, Driver> {
+        self.driver.lock().unwrap_or_else(|e| e.into_inner())
     }
 }
 
@@ -215,7 +127,7 @@ impl Device {
     }
 
     /// The context of this device that the process already has open, or
-    /// a new one with default [`Options`]: one engine (and one UDP port)
+    /// a new one with default [`Options`]: one driver (and one UDP port)
     /// per device per process, shared by every opener, as the C library's
     /// `ibv_open_device` shares it and as a connection manager in the same
     /// process must.
@@ -265,8 +177,8 @@ impl Device {
             bell,
             async_events: events.clone(),
             ah_count: std::sync::atomic::AtomicU32::new(0),
-            engine: Mutex::new({
-                let mut e = Engine::new(backend, events);
+            driver: Mutex::new({
+                let mut e = Driver::new(backend, events);
                 if let Some(seed) = virtual_seed {
                     let gid = uroce_wire::grh::gid_of(addr.ip());
                     let a = u64::from_be_bytes(gid[8..].try_into().unwrap_or_default());
@@ -440,119 +352,6 @@ impl Drop for Inner {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = std::fs::remove_file(&self.published);
-    }
-}
-
-/// How often the progress thread publishes the counters.
-const PUBLISH_EVERY: Duration = Duration::from_millis(100);
-
-/// How long an application poll keeps the background thread away.
-const STEP_ASIDE: Duration = Duration::from_micros(200);
-/// Posts closer together than this are a burst (see `Inner::doorbell`).
-const BURST_GAP: Duration = Duration::from_micros(4);
-/// The most posts a burst queues before they leave.
-const BURST_POSTS: u32 = 32;
-/// Progress thread states (`Activity::thread_state`).
-const RUNNING: u8 = 0;
-const PARKED: u8 = 1;
-const SLEEPING: u8 = 2;
-/// Bounds of the adaptive busy-poll window.
-const SPIN_MIN: Duration = Duration::from_micros(5);
-const SPIN_MAX: Duration = Duration::from_millis(1);
-
-/// The scheduler slice the progress thread asks for (see `sched`).
-const PROGRESS_SLICE_NS: u64 = 100_000;
-
-fn progress_thread(weak: &Weak<Inner>) {
-    crate::sched::request_short_slice(PROGRESS_SLICE_NS);
-    let mut spin = weak.upgrade().map_or(Duration::from_micros(50), |i| i.options.spin);
-    let mut last_work = StdInstant::now();
-    let mut published: Option<StdInstant> = None;
-    loop {
-        let Some(inner) = weak.upgrade() else { return };
-        if inner.stop.load(Ordering::Relaxed) {
-            return;
-        }
-        if published.is_none_or(|t| t.elapsed() >= PUBLISH_EVERY) {
-            published = Some(StdInstant::now());
-            // Best effort: a full or read-only disk costs only `uroce stat`.
-            let _ = crate::published::write(&inner.published, &inner.snapshot(false));
-        }
-        let since_app = inner.activity.since_app();
-        if since_app < STEP_ASIDE {
-            // An application thread is polling and drives progress itself
-            // (until it releases progress or defers a post, which unparks
-            // us).
-            let state = &inner.activity.thread_state;
-            state.store(PARKED, Ordering::SeqCst);
-            let deferred = inner.lock().deferred_posts > 0;
-            if deferred {
-                state.store(RUNNING, Ordering::SeqCst);
-            } else {
-                drop(inner);
-                std::thread::park_timeout(STEP_ASIDE - since_app);
-                if let Some(i) = weak.upgrade() {
-                    i.activity.thread_state.store(RUNNING, Ordering::SeqCst);
-                }
-                continue;
-            }
-        }
-        let (worked, deadline) = {
-            let mut e = inner.lock();
-            let w = e.progress();
-            (w, e.next_deadline().map(|d| (d, e.now())))
-        };
-        if worked {
-            last_work = StdInstant::now();
-            continue;
-        }
-        let idle = last_work.elapsed();
-        if idle < spin {
-            // Yield rather than spin: on a small machine the thread that
-            // needs the core may be an application thread just woken by a
-            // completion event.
-            std::thread::yield_now();
-            continue;
-        }
-        // Going to sleep: if traffic comes back soon after, the window was
-        // too short; if we always sleep, shrink it.
-        let wait = deadline
-            .map_or(Duration::from_millis(100), |(d, now)| d.saturating_since(now))
-            .min(Duration::from_millis(100));
-        let slept = StdInstant::now();
-        // Sleep on the socket without the lock and without a strong
-        // reference, so the context can close meanwhile. (A simulated
-        // network has no descriptor: nap briefly instead.)
-        inner.activity.thread_state.store(SLEEPING, Ordering::SeqCst);
-        let (mut fds, deferred) = {
-            let e = inner.lock();
-            (e.backend().raw_fds(), e.deferred_posts > 0)
-        };
-        if deferred {
-            // A post came in between: no sleep.
-            inner.activity.thread_state.store(RUNNING, Ordering::SeqCst);
-            continue;
-        }
-        {
-            use std::os::fd::{AsFd, AsRawFd};
-            fds.push(inner.bell.as_fd().as_raw_fd());
-        }
-        drop(inner);
-        if fds.len() == 1 {
-            std::thread::sleep(wait.min(Duration::from_micros(100)));
-        } else {
-            crate::backend::wait_readable(&fds, Some(wait));
-        }
-        if let Some(i) = weak.upgrade() {
-            i.activity.thread_state.store(RUNNING, Ordering::SeqCst);
-            while i.bell.pop().is_ok() {}
-        }
-        spin = if slept.elapsed() < spin * 4 {
-            (spin * 2).min(SPIN_MAX)
-        } else {
-            (spin / 2).max(SPIN_MIN)
-        };
-        last_work = StdInstant::now();
     }
 }
 

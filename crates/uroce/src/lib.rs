@@ -80,7 +80,7 @@ mod channel;
 pub mod config;
 mod context;
 mod device;
-pub(crate) mod engine;
+pub(crate) mod driver;
 mod error;
 mod gid;
 pub mod limits;
@@ -88,6 +88,7 @@ pub mod limits;
 mod mr;
 #[allow(unsafe_code)]
 mod netif;
+mod progress;
 #[allow(unsafe_code)]
 mod sched;
 mod verbs;
@@ -102,7 +103,7 @@ pub use config::DeviceConfig;
 pub use context::{Context, Options, ProgressMode};
 pub mod published;
 pub use device::{AtomicCap, Device, DeviceAttr, PortAttr, device, devices};
-pub use engine::AsyncEvent;
+pub use driver::AsyncEvent;
 pub use error::{Error, Result};
 #[cfg(feature = "sim")]
 pub use uroce_sim::LinkConfig;

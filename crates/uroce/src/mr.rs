@@ -12,7 +12,7 @@
 //! Invariants (checked where a `// SAFETY:` comment relies on them):
 //! 1. A [`Region`] in the table points to `len` bytes that are valid for
 //!    reads and writes until it is removed from the table.
-//! 2. The table is only used under the context's engine lock, so a region
+//! 2. The table is only used under the context's lock, so a region
 //!    is never removed while a copy into it runs.
 //! 3. Every copy is bounds-checked against the region before it happens.
 

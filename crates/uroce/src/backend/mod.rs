@@ -1,5 +1,5 @@
 //! Packet I/O backends: how RoCEv2 packets (UDP payloads) leave and enter
-//! a context. The driver (`crate::engine`) sees only the [`Backend`]
+//! a context. The driver (`crate::driver`) sees only the [`Backend`]
 //! trait; what a backend is made of stays in its module.
 
 #[cfg(feature = "sim")]

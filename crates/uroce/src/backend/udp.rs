@@ -13,7 +13,7 @@
 //!
 //! Wire facts this relies on: an unconnected socket with `IP_PMTUDISC_DO`
 //! makes Linux send IPv4 with DF and identification 0; segment `i` of a GSO
-//! send gets identification `i`. The engine computes each packet's ICRC
+//! send gets identification `i`. The driver computes each packet's ICRC
 //! with that ID, so every packet is exactly what an rxe peer accepts.
 
 use std::io;

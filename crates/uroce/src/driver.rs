@@ -36,7 +36,7 @@ const ID_AHEAD: i16 = 4096;
 /// How far behind it (reordering).
 const ID_BEHIND: i16 = 1024;
 
-pub(crate) struct Engine {
+pub(crate) struct Driver {
     /// The protocol state.
     pub(crate) ep: Endpoint,
     pub(crate) mem: MemTable,
@@ -61,7 +61,7 @@ pub(crate) struct Engine {
     pub(crate) deferred_posts: u32,
 }
 
-impl Engine {
+impl Driver {
     pub(crate) fn new(backend: Box<dyn Backend>, events: Arc<EventQueue<AsyncEvent>>) -> Self {
         let primary = backend.local().ip();
         let gids = if backend.on_host() {
@@ -212,7 +212,7 @@ impl Engine {
         })
     }
 
-    /// [`Engine::use_gid`] for a path or AH that sends to `dst`: the GID
+    /// [`Driver::use_gid`] for a path or AH that sends to `dst`: the GID
     /// must hold an address of `dst`'s family.
     pub(crate) fn source_for(&mut self, index: u8, dst: IpAddr) -> crate::Result<IpAddr> {
         let src = self.use_gid(usize::from(index)).map_err(|e| match e.kind() {
