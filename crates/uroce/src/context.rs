@@ -7,7 +7,7 @@ use std::time::Duration;
 use crate::device::Device;
 use crate::driver::Driver;
 use crate::error::{Error, Result};
-use crate::progress::{Activity, progress_thread};
+use crate::progress::{Activity, Driven, Post, progress_thread};
 
 /// Who drives the protocol (retransmissions, serving a peer's READ, WRITE
 /// and atomics, ACKs).
@@ -60,21 +60,48 @@ pub(crate) struct Inner {
     pub(crate) options: Options,
     /// When an application thread last drove progress.
     pub(crate) activity: Arc<Activity>,
-    pub(crate) stop: AtomicBool,
+    stop: AtomicBool,
     /// Rung by a deferred post while the progress thread sleeps.
-    pub(crate) bell: crate::channel::EventQueue<()>,
+    bell: crate::channel::EventQueue<()>,
     /// Where the progress thread publishes the counters (see `published`).
-    pub(crate) published: std::path::PathBuf,
+    published: std::path::PathBuf,
 }
 
 impl Inner {
+    /// A post rang the doorbell: what it queued leaves now (or with the
+    /// burst it belongs to, see `Activity::on_post`), without a receive
+    /// pass (a system call that finds nothing, on most posts) and without
+    /// the "application is polling" mark (a program that posts and then
+    /// waits on memory needs the progress thread to keep receiving).
+    pub(crate) fn doorbell(&self, driver: &mut Driver) {
+        match self.activity.on_post(driver.deferred_posts) {
+            Post::Send => {
+                driver.transmit_now();
+                self.activity.post_sent();
+            }
+            Post::Queue { wake } => {
+                driver.deferred_posts += 1;
+                if wake {
+                    self.bell.push(());
+                }
+            }
+        }
+    }
+
+    /// Called by application polls: run progress inline, and tell the
+    /// background thread to keep out of the way for a while.
+    pub(crate) fn app_progress(&self, driver: &mut Driver) {
+        self.activity.touch();
+        driver.progress();
+    }
+
     /// Locks the driver. A poisoned lock (a panic while holding it) is
     /// recovered: the driver's state is updated in steps that leave it
     /// consistent.
     /// The device totals and the per-QP counters; with `all_qps` false,
     /// QPs that have counted nothing yet are left out (what the progress
     /// thread publishes: a thousand idle QPs cost it no copies or lines).
-    pub(crate) fn snapshot(&self, all_qps: bool) -> crate::published::Snapshot {
+    fn snapshot(&self, all_qps: bool) -> crate::published::Snapshot {
         let e = self.lock();
         let mut total = e.ep.stats;
         let zero = uroce_transport::Stats::default();
@@ -352,6 +379,47 @@ impl Drop for Inner {
     fn drop(&mut self) {
         self.stop.store(true, Ordering::Relaxed);
         let _ = std::fs::remove_file(&self.published);
+    }
+}
+
+impl Driven for Inner {
+    fn activity(&self) -> &Activity {
+        &self.activity
+    }
+
+    fn stopped(&self) -> bool {
+        self.stop.load(Ordering::Relaxed)
+    }
+
+    fn spin(&self) -> Duration {
+        self.options.spin
+    }
+
+    fn publish(&self) {
+        // Best effort: a full or read-only disk costs only `uroce stat`.
+        let _ = crate::published::write(&self.published, &self.snapshot(false));
+    }
+
+    fn pass(&self) -> (bool, Option<Duration>) {
+        let mut d = self.lock();
+        let worked = d.progress();
+        let now = d.now();
+        (worked, d.next_deadline().map(|t| t.saturating_since(now)))
+    }
+
+    fn deferred(&self) -> bool {
+        self.lock().deferred_posts > 0
+    }
+
+    fn sleep_fds(&self) -> Vec<i32> {
+        use std::os::fd::{AsFd, AsRawFd};
+        let mut fds = self.lock().backend().raw_fds();
+        fds.push(self.bell.as_fd().as_raw_fd());
+        fds
+    }
+
+    fn drain_bell(&self) {
+        while self.bell.pop().is_ok() {}
     }
 }
 
