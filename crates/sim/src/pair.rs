@@ -6,7 +6,8 @@ use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use uroce_transport::{
-    Access, AttrMask, Completion, Instant, Path, Qp, QpAttr, QpCaps, QpInit, QpState, QpType,
+    Access, AttrMask, Completion, Endpoint, Instant, Path, Qp, QpAttr, QpCaps, QpInit, QpState,
+    QpType,
 };
 use uroce_wire::udp::ROCE_V2_PORT;
 use uroce_wire::{LocalAckTimeout, Mtu, Psn, RnrTimer, UdpDatagram};
@@ -14,20 +15,67 @@ use uroce_wire::{LocalAckTimeout, Mtu, Psn, RnrTimer, UdpDatagram};
 use crate::net::encapsulate;
 use crate::{LinkConfig, SimNet, SplitMix64, TestMemory};
 
-/// One side of the pair.
+/// One side of the pair: an [`Endpoint`] holding one QP (and B's SRQ),
+/// whose completions go to one CQ that [`RcPair::pump`] drains into
+/// `completions`.
 pub struct Node {
     /// The node's address.
     pub addr: IpAddr,
-    /// Its QP.
-    pub qp: Qp,
+    /// Its endpoint: demux, timers, scheduling, the CQ.
+    pub ep: Endpoint,
+    /// Its QP's number (`ep.qp_mut(qpn)` borrows the endpoint alone, where
+    /// a test also passes `&mem`).
+    pub qpn: u32,
+    cq: u32,
+    srq: Option<u32>,
     /// Its memory.
     pub mem: TestMemory,
     /// Completions polled so far.
     pub completions: Vec<Completion>,
     /// Datagrams whose ICRC failed (corrupted in flight).
     pub icrc_drops: u64,
+}
+
+impl Node {
+    fn new(addr: IpAddr, qp: Qp, srq: Option<uroce_transport::Srq>) -> Self {
+        let mut ep = Endpoint::new();
+        let cq = ep.create_cq(1 << 16);
+        let qpn = qp.qpn();
+        let srq = srq.map(|s| ep.add_srq(s));
+        ep.add_qp(qp, cq, cq, srq);
+        Self { addr, ep, qpn, cq, srq, mem: TestMemory::new(), completions: vec![], icrc_drops: 0 }
+    }
+
+    /// The node's QP.
+    pub fn qp(&self) -> &Qp {
+        self.ep.qp(self.qpn).expect("the pair's QP lives as long as the pair")
+    }
+
+    /// The node's QP, to post to or drive by hand (it becomes active).
+    pub fn qp_mut(&mut self) -> &mut Qp {
+        self.ep.qp_mut(self.qpn).expect("the pair's QP lives as long as the pair")
+    }
+
     /// The SRQ the QP receives from, if it uses one.
-    pub srq: Option<uroce_transport::Srq>,
+    pub fn srq(&self) -> Option<&uroce_transport::Srq> {
+        self.ep.srq(self.srq?)
+    }
+
+    /// The SRQ, to post to.
+    pub fn srq_mut(&mut self) -> Option<&mut uroce_transport::Srq> {
+        self.ep.srq_mut(self.srq?)
+    }
+
+    /// Moves the CQ's completions into `completions`.
+    fn drain_cq(&mut self, trace: Option<Instant>) {
+        let Some(cq) = self.ep.cq_mut(self.cq) else { return };
+        while let Some(c) = cq.pop() {
+            if let Some(now) = trace {
+                eprintln!("{:>12} {}: {c:?}", now.as_nanos(), self.addr);
+            }
+            self.completions.push(c);
+        }
+    }
 }
 
 /// Connection parameters for both QPs.
@@ -121,29 +169,15 @@ impl RcPair {
                 uses_srq,
             })
         };
-        let mut a = Node {
-            addr: a_addr,
-            qp: mk(0x11, false),
-            mem: TestMemory::new(),
-            completions: vec![],
-            icrc_drops: 0,
-            srq: None,
-        };
+        let mut a = Node::new(a_addr, mk(0x11, false), None);
         let srq = cfg
             .srq_b
             .then(|| uroce_transport::Srq::new(cfg.caps.max_recv_wr, cfg.caps.max_recv_sge));
-        let mut b = Node {
-            addr: b_addr,
-            qp: mk(0x22, cfg.srq_b),
-            mem: TestMemory::new(),
-            completions: vec![],
-            icrc_drops: 0,
-            srq,
-        };
+        let mut b = Node::new(b_addr, mk(0x22, cfg.srq_b), srq);
         let psn_a = Psn::new(rng.next_u64() as u32);
         let psn_b = Psn::new(rng.next_u64() as u32);
-        connect(&mut a.qp, b_addr, 0x22, psn_a, psn_b, &cfg);
-        connect(&mut b.qp, a_addr, 0x11, psn_b, psn_a, &cfg);
+        connect(a.qp_mut(), b_addr, 0x22, psn_a, psn_b, &cfg);
+        connect(b.qp_mut(), a_addr, 0x11, psn_b, psn_a, &cfg);
         let trace = std::env::var_os("UROCE_SIM_TRACE").is_some();
         Self {
             a,
@@ -156,7 +190,7 @@ impl RcPair {
     }
 
     /// Runs everything due at the current time: deliveries, then expired
-    /// timers, then every packet the QPs are ready to send.
+    /// timers, then every packet the endpoints are ready to send.
     pub fn pump(&mut self) {
         while let Some((src, dst, bytes)) = self.net.pop_due(self.now) {
             let node = if dst == self.a.addr { &mut self.a } else { &mut self.b };
@@ -174,24 +208,21 @@ impl RcPair {
             if self.trace {
                 eprintln!("{:>12} {src} -> {dst}: rx {pkt}", self.now.as_nanos());
             }
-            if d.udp.dst_port() != ROCE_V2_PORT || pkt.bth().dest_qpn() != node.qp.qpn() {
+            if d.udp.dst_port() != ROCE_V2_PORT {
                 node.icrc_drops += 1;
                 continue;
             }
-            match node.srq.as_mut() {
-                Some(srq) => node.qp.handle_datagram_srq(self.now, src, dst, &pkt, &node.mem, srq),
-                None => node.qp.handle_datagram(self.now, src, dst, &pkt, &node.mem),
-            }
+            node.ep.handle_datagram(self.now, src, dst, &pkt, &node.mem);
         }
         for node in [&mut self.a, &mut self.b] {
-            if node.qp.poll_timeout().is_some_and(|t| t <= self.now) {
+            if node.ep.poll_timeout().is_some_and(|t| t <= self.now) {
                 if self.trace {
                     eprintln!("{:>12} {}: timer", self.now.as_nanos(), node.addr);
                 }
-                node.qp.handle_timeout(self.now);
+                node.ep.handle_timeout(self.now);
             }
             for _ in 0..1_000_000 {
-                let Some(t) = node.qp.poll_transmit(self.now, &node.mem, &mut self.buf) else {
+                let Some(t) = node.ep.poll_transmit(self.now, &node.mem, &mut self.buf) else {
                     break;
                 };
                 if let (true, Ok(p)) =
@@ -202,18 +233,13 @@ impl RcPair {
                 let dg = encapsulate(node.addr, t.dst, t.src_port, t.dst_port, &self.buf[..t.len]);
                 self.net.send(self.now, node.addr, t.dst, dg);
             }
-            while let Some(c) = node.qp.poll_completion() {
-                if self.trace {
-                    eprintln!("{:>12} {}: {c:?}", self.now.as_nanos(), node.addr);
-                }
-                node.completions.push(c);
-            }
+            node.drain_cq(self.trace.then_some(self.now));
         }
     }
 
     /// The next event time, if anything is pending.
     fn next_event(&self) -> Option<Instant> {
-        [self.net.next_delivery(), self.a.qp.poll_timeout(), self.b.qp.poll_timeout()]
+        [self.net.next_delivery(), self.a.ep.next_deadline(), self.b.ep.next_deadline()]
             .into_iter()
             .flatten()
             .min()

@@ -504,6 +504,16 @@ impl Endpoint {
         None
     }
 
+    /// [`Endpoint::poll_timeout`] without dropping stale heap entries (a
+    /// scan of the heap: for tests and diagnostics, not a hot path).
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.timers
+            .iter()
+            .filter(|Reverse((t, q))| self.qps.get(q).is_some_and(|s| s.armed == Some(*t)))
+            .map(|Reverse((t, _))| *t)
+            .min()
+    }
+
     /// Runs the timers due at `now`. Returns how many QPs had one.
     pub fn handle_timeout(&mut self, now: Instant) -> usize {
         let mut fired = 0;

@@ -37,10 +37,10 @@ fn req(opcode: Opcode, psn: Psn) -> RocePacketRepr {
 /// Delivers a packet to B from A's address and returns B's responses.
 fn to_b(p: &mut RcPair, bytes: &[u8]) -> Vec<RocePacketRepr> {
     let pkt = RocePacket::new_checked(bytes).unwrap();
-    p.b.qp.handle_packet(p.now, p.a.addr, &pkt, &p.b.mem);
+    p.b.ep.qp_mut(p.b.qpn).unwrap().handle_packet(p.now, p.a.addr, &pkt, &p.b.mem);
     let mut out = vec![];
     let mut buf = vec![0u8; 8192];
-    while let Some(t) = p.b.qp.poll_transmit(p.now, &p.b.mem, &mut buf) {
+    while let Some(t) = p.b.ep.qp_mut(p.b.qpn).unwrap().poll_transmit(p.now, &p.b.mem, &mut buf) {
         out.push(RocePacketRepr::parse(&RocePacket::new_checked(&buf[..t.len]).unwrap()));
     }
     out
@@ -48,7 +48,7 @@ fn to_b(p: &mut RcPair, bytes: &[u8]) -> Vec<RocePacketRepr> {
 
 fn epsn(p: &RcPair) -> Psn {
     // B expects A's first PSN: A's sq_psn.
-    p.a.qp.attr().sq_psn
+    p.a.qp().attr().sq_psn
 }
 
 #[test]
@@ -59,14 +59,14 @@ fn middle_without_first_is_an_invalid_request() {
     assert_eq!(out.len(), 1);
     assert_eq!(out[0].aeth.unwrap().syndrome, Syndrome::Nak(NakCode::InvalidRequest));
     assert_eq!(out[0].bth.psn, e);
-    assert_eq!(p.b.qp.state(), QpState::Error);
+    assert_eq!(p.b.qp().state(), QpState::Error);
 }
 
 #[test]
 fn psn_gap_is_nakked_once() {
     let mut p = RcPair::new(2, LinkConfig::default(), PairConfig::default());
     let (rb, rlk, _) = p.b.mem.register(PD, 4096, ALL);
-    p.b.qp
+    p.b.qp_mut()
         .post_recv(&[RecvWr { wr_id: 1, sgl: &[Sge { addr: rb, length: 4096, lkey: rlk }] }])
         .unwrap();
     let e = epsn(&p);
@@ -85,12 +85,12 @@ fn psn_gap_is_nakked_once() {
     assert_eq!(out[0].aeth.unwrap().syndrome, Syndrome::ACK);
     let out = to_b(&mut p, &packet(&req(Opcode::RC_SEND_ONLY, e), &[2; 8]));
     assert_eq!((out[0].bth.psn, out[0].aeth.unwrap().syndrome), (e, Syndrome::ACK));
-    assert_eq!(p.b.qp.stats().duplicate_request, 1);
+    assert_eq!(p.b.qp().stats().duplicate_request, 1);
     assert_eq!(p.b.mem.snapshot(rb, 8), vec![1; 8], "a duplicate is never placed twice");
     // A PSN half the space away counts as old: answered as a duplicate.
     let out = to_b(&mut p, &packet(&req(Opcode::RC_SEND_ONLY, e.add(1 << 23)), &[3; 8]));
     assert_eq!(out.len(), 1);
-    assert_eq!(p.b.qp.state(), QpState::ReadyToSend);
+    assert_eq!(p.b.qp().state(), QpState::ReadyToSend);
 }
 
 #[test]
@@ -100,20 +100,30 @@ fn packets_from_strangers_and_wrong_pkeys_are_dropped() {
     let bytes = packet(&req(Opcode::RC_SEND_ONLY, e), &[1; 8]);
     let pkt = RocePacket::new_checked(&bytes[..]).unwrap();
     let stranger = IpAddr::V4(Ipv4Addr::new(10, 9, 9, 9));
-    p.b.qp.handle_packet(p.now, stranger, &pkt, &p.b.mem);
-    assert_eq!(p.b.qp.stats().drop_wrong_peer, 1);
+    p.b.ep.qp_mut(p.b.qpn).unwrap().handle_packet(p.now, stranger, &pkt, &p.b.mem);
+    assert_eq!(p.b.qp().stats().drop_wrong_peer, 1);
     let mut r = req(Opcode::RC_SEND_ONLY, e);
     r.bth.pkey = 0x7fff;
     let bytes = packet(&r, &[1; 8]);
-    p.b.qp.handle_packet(p.now, p.a.addr, &RocePacket::new_checked(&bytes[..]).unwrap(), &p.b.mem);
-    assert_eq!(p.b.qp.stats().drop_bad_pkey, 1);
+    p.b.ep.qp_mut(p.b.qpn).unwrap().handle_packet(
+        p.now,
+        p.a.addr,
+        &RocePacket::new_checked(&bytes[..]).unwrap(),
+        &p.b.mem,
+    );
+    assert_eq!(p.b.qp().stats().drop_bad_pkey, 1);
     // A UD opcode to an RC QP.
     let mut r = req(Opcode::UD_SEND_ONLY, e);
     r.deth = Some(Default::default());
     let bytes = packet(&r, &[1; 8]);
-    p.b.qp.handle_packet(p.now, p.a.addr, &RocePacket::new_checked(&bytes[..]).unwrap(), &p.b.mem);
-    assert_eq!(p.b.qp.stats().drop_wrong_transport, 1);
-    assert_eq!(p.b.qp.state(), QpState::ReadyToSend);
+    p.b.ep.qp_mut(p.b.qpn).unwrap().handle_packet(
+        p.now,
+        p.a.addr,
+        &RocePacket::new_checked(&bytes[..]).unwrap(),
+        &p.b.mem,
+    );
+    assert_eq!(p.b.qp().stats().drop_wrong_transport, 1);
+    assert_eq!(p.b.qp().state(), QpState::ReadyToSend);
 }
 
 #[test]
@@ -121,7 +131,7 @@ fn forged_responses_are_dropped() {
     let mut p = RcPair::new(4, LinkConfig::default(), PairConfig::default());
     // Nothing outstanding on A: ACKs, atomic ACKs and READ responses for
     // PSNs it never sent are dropped without effect.
-    let a_next = p.a.qp.attr().sq_psn;
+    let a_next = p.a.qp().attr().sq_psn;
     for (op, psn) in [
         (Opcode::RC_ACKNOWLEDGE, a_next),
         (Opcode::RC_ACKNOWLEDGE, a_next.add(1000)),
@@ -137,16 +147,16 @@ fn forged_responses_are_dropped() {
         }
         let bytes =
             packet(&r, if op == Opcode::RC_RDMA_READ_RESPONSE_ONLY { &[7; 64] } else { &[] });
-        p.a.qp.handle_packet(
+        p.a.ep.qp_mut(p.a.qpn).unwrap().handle_packet(
             p.now,
             p.b.addr,
             &RocePacket::new_checked(&bytes[..]).unwrap(),
             &p.a.mem,
         );
     }
-    assert_eq!(p.a.qp.state(), QpState::ReadyToSend);
-    assert!(p.a.qp.poll_completion().is_none());
-    assert!(p.a.qp.stats().drop_unexpected_response >= 3);
+    assert_eq!(p.a.qp().state(), QpState::ReadyToSend);
+    assert!(p.a.qp_mut().poll_completion().is_none());
+    assert!(p.a.qp().stats().drop_unexpected_response >= 3);
 }
 
 /// Random packets of every opcode with random headers near the expected
@@ -159,7 +169,7 @@ fn random_packets_never_break_anything() {
         let (ra, _, rka) = p.a.mem.register(PD, 8192, ALL);
         let (rb, rlk, rkb) = p.b.mem.register(PD, 8192, ALL);
         for i in 0..8 {
-            p.b.qp
+            p.b.qp_mut()
                 .post_recv(&[RecvWr {
                     wr_id: i,
                     sgl: &[Sge { addr: rb + 4096, length: 512, lkey: rlk }],
@@ -174,7 +184,7 @@ fn random_packets_never_break_anything() {
             let (base, rkey) = if to_a { (ra, rka) } else { (rb, rkb) };
             // A's first PSN is both what A awaits responses for and what
             // B expects next.
-            let qp_psn = p.a.qp.attr().sq_psn;
+            let qp_psn = p.a.qp().attr().sq_psn;
             let psn = qp_psn.add(rng.below(8) as u32).sub(rng.below(4) as u32);
             let h = info.headers;
             let va = base.wrapping_add(rng.below(10_000)).wrapping_sub(rng.below(2000));
@@ -226,9 +236,15 @@ fn random_packets_never_break_anything() {
             } else {
                 IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1))
             };
-            node.qp.handle_packet(p.now, src, &pkt, &node.mem);
-            while node.qp.poll_transmit(p.now, &node.mem, &mut buf).is_some() {}
-            while node.qp.poll_completion().is_some() {}
+            node.ep.qp_mut(node.qpn).unwrap().handle_packet(p.now, src, &pkt, &node.mem);
+            while node
+                .ep
+                .qp_mut(node.qpn)
+                .unwrap()
+                .poll_transmit(p.now, &node.mem, &mut buf)
+                .is_some()
+            {}
+            while node.qp_mut().poll_completion().is_some() {}
         }
         assert!(p.a.mem.guards_intact() && p.b.mem.guards_intact(), "seed {seed}");
     }

@@ -19,7 +19,7 @@ fn send_multi_packet_with_imm() {
     let (dst, rlk, _) = p.b.mem.register(PD, 8192, ALL);
     let data = pattern(5000, 7);
     p.a.mem.fill(src, &data);
-    p.b.qp
+    p.b.qp_mut()
         .post_recv(&[RecvWr { wr_id: 9, sgl: &[Sge { addr: dst, length: 8192, lkey: rlk }] }])
         .unwrap();
     let sge = [Sge { addr: src, length: 5000, lkey: lk }];
@@ -30,7 +30,7 @@ fn send_multi_packet_with_imm() {
         imm_or_inv: 0x1122_3344,
         ..SendWr::default()
     };
-    p.a.qp.post_send(p.now, &[wr]).unwrap();
+    p.a.qp_mut().post_send(p.now, &[wr]).unwrap();
     assert!(p.run_until(Duration::from_secs(1), |p| !p.a.completions.is_empty()
         && !p.b.completions.is_empty()));
     let ca = p.a.completions[0];
@@ -43,7 +43,7 @@ fn send_multi_packet_with_imm() {
     assert_eq!(cb.imm_or_inv, 0x1122_3344);
     assert_eq!(p.b.mem.snapshot(dst, 5000), data);
     assert!(p.a.mem.guards_intact() && p.b.mem.guards_intact());
-    assert_eq!(p.a.qp.stats().retransmits, 0);
+    assert_eq!(p.a.qp().stats().retransmits, 0);
 }
 
 #[test]
@@ -63,7 +63,7 @@ fn write_read_and_atomics() {
         rkey: rk,
         ..SendWr::default()
     };
-    p.a.qp.post_send(p.now, &[wr]).unwrap();
+    p.a.qp_mut().post_send(p.now, &[wr]).unwrap();
     assert!(p.run_until(Duration::from_secs(1), |p| p.a.completions.len() == 1));
     assert_eq!(p.a.completions[0].status, WcStatus::Success);
     assert_eq!(p.b.mem.snapshot(rb + 100, 300_000), data);
@@ -77,7 +77,7 @@ fn write_read_and_atomics() {
         rkey: rk,
         ..SendWr::default()
     };
-    p.a.qp.post_send(p.now, &[wr]).unwrap();
+    p.a.qp_mut().post_send(p.now, &[wr]).unwrap();
     assert!(p.run_until(Duration::from_secs(1), |p| p.a.completions.len() == 2));
     let c = p.a.completions[1];
     assert_eq!((c.status, c.opcode, c.byte_len), (WcStatus::Success, WcOpcode::RdmaRead, 300_000));
@@ -95,7 +95,7 @@ fn write_read_and_atomics() {
     };
     let cs =
         SendWr { wr_id: 5, opcode: WrOpcode::AtomicCmpAndSwp, compare_add: 10, swap: 99, ..fa };
-    p.a.qp.post_send(p.now, &[fa, SendWr { wr_id: 4, ..fa }, cs]).unwrap();
+    p.a.qp_mut().post_send(p.now, &[fa, SendWr { wr_id: 4, ..fa }, cs]).unwrap();
     assert!(p.run_until(Duration::from_secs(1), |p| p.a.completions.len() == 5));
     for c in &p.a.completions {
         assert_eq!(c.status, WcStatus::Success, "{c:?}");

@@ -6,7 +6,7 @@ use std::time::Duration;
 use uroce_sim::pair::{PD, PairConfig};
 use uroce_sim::{LinkConfig, RcPair};
 use uroce_transport::{
-    Access, AsyncEvent, QpState, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode,
+    Access, DeviceEvent, QpState, RecvWr, SendWr, Sge, WcOpcode, WcStatus, WrOpcode,
 };
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
@@ -31,17 +31,17 @@ fn cut_link_exhausts_exactly_the_retry_budget() {
             rkey: rk,
             ..SendWr::default()
         };
-        p.a.qp.post_send(p.now, &[w, SendWr { wr_id: 2, ..w }]).unwrap();
+        p.a.qp_mut().post_send(p.now, &[w, SendWr { wr_id: 2, ..w }]).unwrap();
         let start = p.now;
         assert!(p.run_until(Duration::from_secs(60), |p| sends(p).len() == 2));
         let c = sends(&p);
         assert_eq!((c[0].wr_id, c[0].status), (1, WcStatus::RetryExcErr));
         assert_eq!((c[1].wr_id, c[1].status), (2, WcStatus::WrFlushErr));
-        let st = p.a.qp.stats();
+        let st = p.a.qp().stats();
         assert_eq!(st.local_ack_timeout_err, u64::from(retry_cnt) + 1, "retry_cnt {retry_cnt}");
         assert_eq!(st.retransmits, u64::from(retry_cnt));
         assert_eq!(st.retry_exceeded_err, 1);
-        assert_eq!(p.a.qp.state(), QpState::Error);
+        assert_eq!(p.a.qp().state(), QpState::Error);
         // (retry_cnt + 1) timeouts of 4.096 µs × 2^12 ≈ 16.8 ms each.
         let waited = p.now.saturating_since(start);
         let t = Duration::from_nanos(4096 << 12);
@@ -49,9 +49,9 @@ fn cut_link_exhausts_exactly_the_retry_budget() {
             waited >= t * (u32::from(retry_cnt) + 1) && waited < t * (u32::from(retry_cnt) + 2),
             "{waited:?}"
         );
-        assert_eq!(p.a.qp.poll_event(), Some(AsyncEvent::QpFatal));
+        assert_eq!(p.a.ep.poll_event(), Some(DeviceEvent::QpFatal { qpn: p.a.qpn }));
         // Later posts complete at once with WR_FLUSH_ERR.
-        p.a.qp.post_send(p.now, &[SendWr { wr_id: 3, ..w }]).unwrap();
+        p.a.qp_mut().post_send(p.now, &[SendWr { wr_id: 3, ..w }]).unwrap();
         p.pump();
         assert_eq!(sends(&p)[2].status, WcStatus::WrFlushErr);
     }
@@ -62,7 +62,7 @@ fn rnr_pair(rnr_retry: u8) -> (RcPair, u64, u32) {
     let mut p = RcPair::new(11, LinkConfig::default(), cfg);
     let (src, lk, _) = p.a.mem.register(PD, 100, ALL);
     let sge = [Sge { addr: src, length: 100, lkey: lk }];
-    p.a.qp.post_send(p.now, &[SendWr { wr_id: 1, sgl: &sge, ..SendWr::default() }]).unwrap();
+    p.a.qp_mut().post_send(p.now, &[SendWr { wr_id: 1, sgl: &sge, ..SendWr::default() }]).unwrap();
     let (dst, dk, _) = p.b.mem.register(PD, 100, ALL);
     (p, dst, dk)
 }
@@ -73,11 +73,11 @@ fn rnr_retries_exhaust_exactly() {
         let (mut p, _, _) = rnr_pair(rnr_retry);
         assert!(p.run_until(Duration::from_secs(10), |p| !sends(p).is_empty()));
         assert_eq!(sends(&p)[0].status, WcStatus::RnrRetryExcErr);
-        assert_eq!(p.a.qp.stats().rcvd_rnr_err, u64::from(rnr_retry) + 1);
-        assert_eq!(p.b.qp.stats().send_rnr_err, u64::from(rnr_retry) + 1);
-        assert_eq!(p.a.qp.state(), QpState::Error);
+        assert_eq!(p.a.qp().stats().rcvd_rnr_err, u64::from(rnr_retry) + 1);
+        assert_eq!(p.b.qp().stats().send_rnr_err, u64::from(rnr_retry) + 1);
+        assert_eq!(p.a.qp().state(), QpState::Error);
         // The responder is unharmed.
-        assert_eq!(p.b.qp.state(), QpState::ReadyToSend);
+        assert_eq!(p.b.qp().state(), QpState::ReadyToSend);
     }
 }
 
@@ -86,8 +86,8 @@ fn infinite_rnr_retry_waits_for_the_receive() {
     let (mut p, dst, dk) = rnr_pair(7);
     // 50 ms of RNR NAKs (about 1.3 ms apart), then the receive shows up.
     assert!(!p.run_until(Duration::from_millis(50), |p| !sends(p).is_empty()));
-    assert!(p.b.qp.stats().send_rnr_err > 20);
-    p.b.qp
+    assert!(p.b.qp().stats().send_rnr_err > 20);
+    p.b.qp_mut()
         .post_recv(&[RecvWr { wr_id: 7, sgl: &[Sge { addr: dst, length: 100, lkey: dk }] }])
         .unwrap();
     assert!(p.run_until(Duration::from_secs(1), |p| !sends(p).is_empty()
@@ -101,7 +101,7 @@ fn remote_error(
     w: impl Fn(u64, u32, u32, u64, u32) -> (WrOpcode, u64, u32, u32),
     b_access: Access,
     len: u32,
-) -> (WcStatus, QpState, Option<AsyncEvent>, bool) {
+) -> (WcStatus, QpState, Option<DeviceEvent>, bool) {
     let mut p = RcPair::new(3, LinkConfig::default(), PairConfig::default());
     let (la, lk, _) = p.a.mem.register(PD, 4096, ALL);
     let (rb, _, rk) = p.b.mem.register(PD, 4096, b_access);
@@ -109,10 +109,10 @@ fn remote_error(
     let sge = [Sge { addr: la, length: sge_len, lkey: lk }];
     let wr =
         SendWr { wr_id: 1, opcode: op, sgl: &sge, remote_addr: addr, rkey, ..SendWr::default() };
-    p.a.qp.post_send(p.now, &[wr]).unwrap();
+    p.a.qp_mut().post_send(p.now, &[wr]).unwrap();
     assert!(p.run_until(Duration::from_secs(1), |p| !sends(p).is_empty()));
     let guards = p.a.mem.guards_intact() && p.b.mem.guards_intact();
-    (sends(&p)[0].status, p.b.qp.state(), p.b.qp.poll_event(), guards)
+    (sends(&p)[0].status, p.b.qp().state(), p.b.ep.poll_event(), guards)
 }
 
 #[test]
@@ -120,7 +120,15 @@ fn remote_access_errors() {
     let write = |rb, rk, _lk, _la, len| (WrOpcode::RdmaWrite, rb, rk, len);
     // Wrong rkey.
     let r = remote_error(|rb, rk, _, _, len| (WrOpcode::RdmaWrite, rb, rk ^ 0x100, len), ALL, 64);
-    assert_eq!(r, (WcStatus::RemAccessErr, QpState::Error, Some(AsyncEvent::QpAccessError), true));
+    assert_eq!(
+        r,
+        (
+            WcStatus::RemAccessErr,
+            QpState::Error,
+            Some(DeviceEvent::QpAccessError { qpn: 0x22 }),
+            true
+        )
+    );
     // Out of bounds by one byte.
     let r = remote_error(|rb, rk, _, _, _| (WrOpcode::RdmaWrite, rb + 4096 - 63, rk, 64), ALL, 64);
     assert_eq!(r.0, WcStatus::RemAccessErr);
@@ -154,7 +162,7 @@ fn region_of_another_pd_is_an_access_error() {
         rkey: rk,
         ..SendWr::default()
     };
-    p.a.qp.post_send(p.now, &[wr]).unwrap();
+    p.a.qp_mut().post_send(p.now, &[wr]).unwrap();
     assert!(p.run_until(Duration::from_secs(1), |p| !sends(p).is_empty()));
     assert_eq!(sends(&p)[0].status, WcStatus::RemAccessErr);
     assert_eq!(p.b.mem.snapshot(rb, 16), vec![0; 16]);
@@ -165,11 +173,11 @@ fn send_longer_than_receive_is_loc_len_err() {
     let mut p = RcPair::new(5, LinkConfig::default(), PairConfig::default());
     let (la, lk, _) = p.a.mem.register(PD, 4096, ALL);
     let (rb, rlk, _) = p.b.mem.register(PD, 4096, ALL);
-    p.b.qp
+    p.b.qp_mut()
         .post_recv(&[RecvWr { wr_id: 9, sgl: &[Sge { addr: rb, length: 100, lkey: rlk }] }])
         .unwrap();
     let sge = [Sge { addr: la, length: 2000, lkey: lk }];
-    p.a.qp.post_send(p.now, &[SendWr { wr_id: 1, sgl: &sge, ..SendWr::default() }]).unwrap();
+    p.a.qp_mut().post_send(p.now, &[SendWr { wr_id: 1, sgl: &sge, ..SendWr::default() }]).unwrap();
     assert!(p.run_until(Duration::from_secs(1), |p| !sends(p).is_empty()
         && !p.b.completions.is_empty()));
     assert_eq!(sends(&p)[0].status, WcStatus::RemInvReqErr);
@@ -183,10 +191,10 @@ fn bad_local_key_is_loc_prot_err() {
     let mut p = RcPair::new(5, LinkConfig::default(), PairConfig::default());
     let (la, lk, _) = p.a.mem.register(PD, 4096, ALL);
     let sge = [Sge { addr: la, length: 64, lkey: lk + 7 }];
-    p.a.qp.post_send(p.now, &[SendWr { wr_id: 1, sgl: &sge, ..SendWr::default() }]).unwrap();
+    p.a.qp_mut().post_send(p.now, &[SendWr { wr_id: 1, sgl: &sge, ..SendWr::default() }]).unwrap();
     assert!(p.run_until(Duration::from_secs(1), |p| !sends(p).is_empty()));
     assert_eq!(sends(&p)[0].status, WcStatus::LocProtErr);
-    assert_eq!(p.a.qp.stats().sent_pkts, 0, "nothing may be sent");
+    assert_eq!(p.a.qp().stats().sent_pkts, 0, "nothing may be sent");
     // A READ into a region without LOCAL_WRITE is a protection error too.
     let mut p = RcPair::new(6, LinkConfig::default(), PairConfig::default());
     let (la, lk, _) = p.a.mem.register(PD, 4096, Access(2 | 4 | 8));
@@ -200,7 +208,7 @@ fn bad_local_key_is_loc_prot_err() {
         rkey: rk,
         ..SendWr::default()
     };
-    p.a.qp.post_send(p.now, &[wr]).unwrap();
+    p.a.qp_mut().post_send(p.now, &[wr]).unwrap();
     assert!(p.run_until(Duration::from_secs(1), |p| !sends(p).is_empty()));
     assert_eq!(sends(&p)[0].status, WcStatus::LocProtErr);
 }

@@ -109,7 +109,7 @@ fn post_workload(
                 recv_off += len as u64 + 64;
                 let rsge =
                     [Sge { addr: raddr, length: len as u32 + 16, lkey: peer_side.recv_dst.1 }];
-                peer.qp.post_recv(&[RecvWr { wr_id: 5000 + i as u64, sgl: &rsge }]).unwrap();
+                peer.qp_mut().post_recv(&[RecvWr { wr_id: 5000 + i as u64, sgl: &rsge }]).unwrap();
                 peer_side.recvs.push((5000 + i as u64, len, (kind == 1).then_some(imm)));
                 expect = Expect::Remote { addr: raddr, data: data.clone() };
             }
@@ -123,7 +123,9 @@ fn post_workload(
                 if kind == 3 {
                     let rsge =
                         [Sge { addr: peer_side.recv_dst.0, length: 0, lkey: peer_side.recv_dst.1 }];
-                    peer.qp.post_recv(&[RecvWr { wr_id: 5000 + i as u64, sgl: &rsge }]).unwrap();
+                    peer.qp_mut()
+                        .post_recv(&[RecvWr { wr_id: 5000 + i as u64, sgl: &rsge }])
+                        .unwrap();
                     peer_side.recvs.push((5000 + i as u64, len, Some(imm)));
                 }
                 expect = Expect::Remote { addr: wr.remote_addr, data: data.clone() };
@@ -144,7 +146,7 @@ fn post_workload(
                     rkey: peer_side.read_src.2,
                     ..SendWr::default()
                 };
-                me.qp.post_send(now, &[wr]).unwrap();
+                me.qp_mut().post_send(now, &[wr]).unwrap();
                 my.posted.push((
                     wr_id,
                     WrOpcode::RdmaRead,
@@ -181,7 +183,7 @@ fn post_workload(
                 } else {
                     init.wrapping_add(operand)
                 };
-                me.qp.post_send(now, &[wr]).unwrap();
+                me.qp_mut().post_send(now, &[wr]).unwrap();
                 my.posted.push((
                     wr_id,
                     wr.opcode,
@@ -191,7 +193,7 @@ fn post_workload(
                 continue;
             }
         }
-        me.qp.post_send(now, &[wr]).unwrap();
+        me.qp_mut().post_send(now, &[wr]).unwrap();
         my.posted.push((wr_id, wr.opcode, len, expect));
     }
 }
@@ -231,7 +233,7 @@ fn check_side(
         }
         if may_exhaust
             && c.status == WcStatus::RetryExcErr
-            && me.qp.stats().local_ack_timeout_err > u64::from(PairConfig::default().retry_cnt)
+            && me.qp().stats().local_ack_timeout_err > u64::from(PairConfig::default().retry_cnt)
         {
             exhausted = true;
             continue;
@@ -344,8 +346,8 @@ fn run_seed(seed: u64) -> Result<String, String> {
         "seed {seed}: {link:?} mtu {:?} ops {ops}+{ops_b} time {:?} retrans {}+{}",
         cfg.mtu,
         Duration::from_nanos(p.now.as_nanos()),
-        p.a.qp.stats().retransmits,
-        p.b.qp.stats().retransmits,
+        p.a.qp().stats().retransmits,
+        p.b.qp().stats().retransmits,
     );
     if !finished {
         if std::env::var_os("UROCE_SIM_TRACE").is_some() {
@@ -357,8 +359,8 @@ fn run_seed(seed: u64) -> Result<String, String> {
             want_a,
             p.b.completions.iter().filter(|c| !c.is_recv).count(),
             want_b,
-            p.a.qp.state(),
-            p.b.qp.state(),
+            p.a.qp().state(),
+            p.b.qp().state(),
             p.a.completions.last()
         ));
     }

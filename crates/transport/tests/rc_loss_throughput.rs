@@ -64,7 +64,7 @@ fn run(seed: u64, loss: f64, op: WrOpcode, size: usize, total: usize) -> Duratio
                 flags: SendFlags::SIGNALED,
                 ..SendWr::default()
             };
-            p.a.qp.post_send(p.now, &[w]).unwrap();
+            p.a.qp_mut().post_send(p.now, &[w]).unwrap();
             posted += 1;
         }
         let want = done + 1;

@@ -22,10 +22,10 @@ fn sends(n: &Node) -> Vec<Completion> {
 fn drain(n: &mut Node, now: uroce_transport::Instant) -> Vec<Vec<u8>> {
     let mut out = vec![];
     let mut buf = vec![0u8; 8192];
-    while let Some(t) = n.qp.poll_transmit(now, &n.mem, &mut buf) {
+    while let Some(t) = n.ep.qp_mut(n.qpn).unwrap().poll_transmit(now, &n.mem, &mut buf) {
         out.push(buf[..t.len].to_vec());
     }
-    while let Some(c) = n.qp.poll_completion() {
+    while let Some(c) = n.qp_mut().poll_completion() {
         n.completions.push(c);
     }
     out
@@ -33,8 +33,8 @@ fn drain(n: &mut Node, now: uroce_transport::Instant) -> Vec<Vec<u8>> {
 
 fn deliver(n: &mut Node, now: uroce_transport::Instant, from: IpAddr, bytes: &[u8]) {
     let pkt = RocePacket::new_checked(bytes).unwrap();
-    n.qp.handle_packet(now, from, &pkt, &n.mem);
-    while let Some(c) = n.qp.poll_completion() {
+    n.ep.qp_mut(n.qpn).unwrap().handle_packet(now, from, &pkt, &n.mem);
+    while let Some(c) = n.qp_mut().poll_completion() {
         n.completions.push(c);
     }
 }
@@ -70,11 +70,11 @@ fn a_window_cut_by_a_timeout_asks_for_acks_and_grows_back() {
     let post = |p: &mut RcPair, id| {
         let (sge, w) = write(src, lk, dst, rk, len as u32, id);
         let sgl = [sge];
-        p.a.qp.post_send(p.now, &[SendWr { sgl: &sgl, ..w }]).unwrap();
+        p.a.qp_mut().post_send(p.now, &[SendWr { sgl: &sgl, ..w }]).unwrap();
     };
     post(&mut p, 1);
     assert!(p.run_until(Duration::from_secs(1), |p| sends(&p.a).len() == 1));
-    assert!(p.a.qp.rtt().is_some(), "the round trip is measured");
+    assert!(p.a.qp().rtt().is_some(), "the round trip is measured");
 
     // Cut A -> B in the middle of the next message, then restore it.
     let (a, b) = (p.a.addr, p.b.addr);
@@ -90,15 +90,15 @@ fn a_window_cut_by_a_timeout_asks_for_acks_and_grows_back() {
     assert_eq!(c[1].status, WcStatus::Success);
     // Old behaviour: one 67 ms timeout per 8 packets. Now a few probes.
     assert!(took < Duration::from_millis(20), "recovery took {took:?}");
-    assert!(p.a.qp.stats().rto_probes > 0);
-    assert_eq!(p.a.qp.stats().local_ack_timeout_err, 0, "no retry spent");
+    assert!(p.a.qp().stats().rto_probes > 0);
+    assert_eq!(p.a.qp().stats().local_ack_timeout_err, 0, "no retry spent");
 
     // The window grows back to the whole 128 PSNs.
     for id in 3..13 {
         post(&mut p, id);
         assert!(p.run_until(Duration::from_secs(1), |p| sends(&p.a).len() == id as usize));
     }
-    assert_eq!(p.a.qp.send_window(), 128);
+    assert_eq!(p.a.qp().send_window(), 128);
     assert!(p.b.mem.guards_intact());
 }
 
@@ -115,16 +115,16 @@ fn probes_do_not_spend_the_retry_budget() {
         let (dst, _, rk) = p.b.mem.register(PD, 64, ALL);
         let (sge, w) = write(src, lk, dst, rk, 64, 1);
         let sgl = [sge];
-        p.a.qp.post_send(p.now, &[SendWr { sgl: &sgl, ..w }]).unwrap();
+        p.a.qp_mut().post_send(p.now, &[SendWr { sgl: &sgl, ..w }]).unwrap();
         assert!(p.run_until(Duration::from_secs(1), |p| sends(&p.a).len() == 1));
-        assert!(p.a.qp.rtt().is_some());
+        assert!(p.a.qp().rtt().is_some());
         let (a, b) = (p.a.addr, p.b.addr);
         p.net.set_link(a, b, LinkConfig { down: true, ..link });
-        p.a.qp.post_send(p.now, &[SendWr { wr_id: 2, sgl: &sgl, ..w }]).unwrap();
+        p.a.qp_mut().post_send(p.now, &[SendWr { wr_id: 2, sgl: &sgl, ..w }]).unwrap();
         let start = p.now;
         assert!(p.run_until(Duration::from_secs(60), |p| sends(&p.a).len() == 2));
         assert_eq!(sends(&p.a)[1].status, WcStatus::RetryExcErr);
-        let st = p.a.qp.stats();
+        let st = p.a.qp().stats();
         assert_eq!(st.completer_retry_err, u64::from(retry_cnt));
         assert_eq!(st.local_ack_timeout_err, u64::from(retry_cnt) + 1);
         assert!(st.rto_probes > 0);
@@ -147,7 +147,7 @@ fn duplicate_send_after_an_executed_atomic_is_acked_before_the_atomic() {
     let (rbuf, rlk, _) = p.b.mem.register(PD, 64, ALL);
     let (target, _, rk) = p.b.mem.register(PD, 8, ALL);
     p.b.mem.fill(target, &100u64.to_ne_bytes());
-    p.b.qp
+    p.b.qp_mut()
         .post_recv(&[uroce_transport::RecvWr {
             wr_id: 9,
             sgl: &[Sge { addr: rbuf, length: 64, lkey: rlk }],
@@ -156,7 +156,7 @@ fn duplicate_send_after_an_executed_atomic_is_acked_before_the_atomic() {
     let send_sge = [Sge { addr: buf, length: 8, lkey: lk }];
     let faa_sge = [Sge { addr: buf + 8, length: 8, lkey: lk }];
     let flags = uroce_transport::SendFlags::SIGNALED;
-    p.a.qp
+    p.a.qp_mut()
         .post_send(
             now,
             &[
@@ -258,7 +258,7 @@ fn duplicate_read_responses_rearm_the_timer_and_a_gap_resumes_at_the_hole() {
         ..SendWr::default()
     };
     let mut now = p.now;
-    p.a.qp.post_send(now, &[w]).unwrap();
+    p.a.qp_mut().post_send(now, &[w]).unwrap();
     let req = drain(&mut p.a, now);
     assert_eq!(req.len(), 1);
     let first = repr(&req[0]).bth.psn;
@@ -273,7 +273,7 @@ fn duplicate_read_responses_rearm_the_timer_and_a_gap_resumes_at_the_hole() {
     let step = Duration::from_micros(500);
     for _ in 0..200 {
         now = now.saturating_add(step);
-        let due = p.a.qp.poll_timeout().unwrap();
+        let due = p.a.qp().poll_timeout().unwrap();
         assert!(due > now, "the timer would fire while the peer streams");
         deliver(&mut p.a, now, b, &resp[5]);
         assert!(drain(&mut p.a, now).is_empty(), "nothing resent");
@@ -329,10 +329,10 @@ fn the_requester_stays_within_128_psns_of_what_was_acknowledged() {
         });
     }
     let now = p.now;
-    p.a.qp.post_send(now, &wrs).unwrap();
+    p.a.qp_mut().post_send(now, &wrs).unwrap();
     // `acked`: one past the last PSN the responder acknowledged (ACKs and
     // responses); `reached`: one past the last response PSN that reached A.
-    let mut acked = p.a.qp.attr().sq_psn;
+    let mut acked = p.a.qp().attr().sq_psn;
     let mut overruns = 0;
     for _ in 0..10_000 {
         let reqs = drain(&mut p.a, now);
@@ -367,7 +367,7 @@ fn the_requester_stays_within_128_psns_of_what_was_acknowledged() {
     assert_eq!(c.len(), 32, "everything completed without a timeout");
     assert!(c.iter().all(|c| c.status == WcStatus::Success));
     assert_eq!(overruns, 0);
-    assert_eq!(p.a.qp.stats().local_ack_timeout_err, 0);
+    assert_eq!(p.a.qp().stats().local_ack_timeout_err, 0);
     let _ = Psn::new(0);
 }
 
@@ -382,7 +382,7 @@ fn long_rnr_waits_spend_no_transport_retry() {
     let (rbuf, rlk, _) = p.b.mem.register(PD, 64, ALL);
     let sgl = [Sge { addr: src, length: 64, lkey: lk }];
     let flags = uroce_transport::SendFlags::SIGNALED;
-    p.a.qp
+    p.a.qp_mut()
         .post_send(
             p.now,
             &[SendWr { wr_id: 1, opcode: WrOpcode::Send, sgl: &sgl, flags, ..SendWr::default() }],
@@ -390,8 +390,8 @@ fn long_rnr_waits_spend_no_transport_retry() {
         .unwrap();
     // Three RNR rounds with no receive posted.
     p.run_until(Duration::from_secs(2), |_| false);
-    assert!(p.a.qp.stats().rcvd_rnr_err >= 3);
-    p.b.qp
+    assert!(p.a.qp().stats().rcvd_rnr_err >= 3);
+    p.b.qp_mut()
         .post_recv(&[uroce_transport::RecvWr {
             wr_id: 9,
             sgl: &[Sge { addr: rbuf, length: 64, lkey: rlk }],
@@ -399,6 +399,6 @@ fn long_rnr_waits_spend_no_transport_retry() {
         .unwrap();
     assert!(p.run_until(Duration::from_secs(2), |p| !sends(&p.a).is_empty()));
     assert_eq!(sends(&p.a)[0].status, WcStatus::Success);
-    assert_eq!(p.a.qp.stats().completer_retry_err, 0);
-    assert_eq!(p.a.qp.stats().local_ack_timeout_err, 0);
+    assert_eq!(p.a.qp().stats().completer_retry_err, 0);
+    assert_eq!(p.a.qp().stats().local_ack_timeout_err, 0);
 }

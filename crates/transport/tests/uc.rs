@@ -26,12 +26,12 @@ fn uc_delivers_sends_and_writes_on_a_clean_link() {
     let (dst, dk, rk) = p.b.mem.register(PD, 40_000, ALL);
     let data: Vec<u8> = (0..10_000u32).map(|i| (i * 7) as u8).collect();
     p.a.mem.fill(src, &data);
-    p.b.qp
+    p.b.qp_mut()
         .post_recv(&[RecvWr { wr_id: 1, sgl: &[Sge { addr: dst, length: 20_000, lkey: dk }] }])
         .unwrap();
-    p.b.qp.post_recv(&[RecvWr { wr_id: 2, sgl: &[] }]).unwrap();
+    p.b.qp_mut().post_recv(&[RecvWr { wr_id: 2, sgl: &[] }]).unwrap();
     let sge = [Sge { addr: src, length: 10_000, lkey: lk }];
-    p.a.qp
+    p.a.qp_mut()
         .post_send(
             p.now,
             &[
@@ -67,8 +67,8 @@ fn uc_delivers_sends_and_writes_on_a_clean_link() {
     assert_eq!(p.b.mem.snapshot(dst, 10_000), data);
     assert_eq!(p.b.mem.snapshot(dst + 20_000, 10_000), data);
     // No ACKs exist on UC.
-    assert_eq!(p.b.qp.stats().acks_sent, 0);
-    assert_eq!(p.b.qp.stats().sent_pkts, 0);
+    assert_eq!(p.b.qp().stats().acks_sent, 0);
+    assert_eq!(p.b.qp().stats().sent_pkts, 0);
 }
 
 #[test]
@@ -98,11 +98,11 @@ fn uc_under_loss_delivers_whole_messages_or_nothing() {
         }
         for i in 0..n {
             let sge = [Sge { addr: dst + i as u64 * 20_000, length: 20_000, lkey: dk }];
-            p.b.qp.post_recv(&[RecvWr { wr_id: i as u64, sgl: &sge }]).unwrap();
+            p.b.qp_mut().post_recv(&[RecvWr { wr_id: i as u64, sgl: &sge }]).unwrap();
         }
         for (i, (addr, m)) in msgs.iter().enumerate() {
             let sge = [Sge { addr: *addr, length: m.len() as u32, lkey: lk }];
-            p.a.qp
+            p.a.qp_mut()
                 .post_send(p.now, &[SendWr { wr_id: i as u64, sgl: &sge, ..SendWr::default() }])
                 .unwrap();
         }

@@ -34,7 +34,7 @@ fn ud_datagrams_arrive_intact_or_not_at_all() {
         let (dst, dk, _) = p.b.mem.register(PD, 1 << 20, ALL);
         let slot = 40 + mtu.bytes() as u64;
         for i in 0..64u64 {
-            p.b.qp
+            p.b.qp_mut()
                 .post_recv(&[RecvWr {
                     wr_id: i,
                     sgl: &[Sge { addr: dst + i * slot, length: slot as u32, lkey: dk }],
@@ -53,12 +53,12 @@ fn ud_datagrams_arrive_intact_or_not_at_all() {
             let ud = UdDest {
                 dst: p.b.addr,
                 dst_port: 4791,
-                remote_qpn: p.b.qp.qpn(),
+                remote_qpn: p.b.qp().qpn(),
                 remote_qkey: qkey,
                 sgid_index: 0,
             };
             let sge = [Sge { addr: at, length: len as u32, lkey: lk }];
-            p.a.qp
+            p.a.qp_mut()
                 .post_send(
                     p.now,
                     &[SendWr { wr_id: u64::from(i), sgl: &sge, ud: Some(ud), ..SendWr::default() }],
@@ -68,11 +68,11 @@ fn ud_datagrams_arrive_intact_or_not_at_all() {
         }
         p.run_until_idle(Duration::from_secs(5));
         assert_eq!(p.a.completions.len(), 60, "UD completes when sent");
-        assert!(p.b.qp.stats().drop_qkey_violation > 0);
+        assert!(p.b.qp().stats().drop_qkey_violation > 0);
         for c in &p.b.completions {
             assert_eq!(c.status, WcStatus::Success);
             assert!(c.flags.contains(WcFlags::GRH));
-            assert_eq!(c.src_qp, p.a.qp.qpn());
+            assert_eq!(c.src_qp, p.a.qp().qpn());
             let buf = p.b.mem.snapshot(dst + c.wr_id * slot, c.byte_len as usize);
             let id = u32::from_le_bytes(buf[40..44].try_into().unwrap()) as usize;
             assert!(id % 10 != 9, "a foreign Q_Key got through");
@@ -96,13 +96,13 @@ fn rc_over_an_srq_under_loss_is_exactly_once() {
         let (src, lk, _) = p.a.mem.register(PD, 1 << 20, ALL);
         let (dst, dk, _) = p.b.mem.register(PD, 4 << 20, ALL);
         assert!(
-            p.b.qp.post_recv(&[RecvWr { wr_id: 0, sgl: &[] }]).is_err(),
+            p.b.qp_mut().post_recv(&[RecvWr { wr_id: 0, sgl: &[] }]).is_err(),
             "receives go to the SRQ"
         );
         let n = 40u64;
         for i in 0..n {
             let sge = [Sge { addr: dst + i * 65536, length: 65536, lkey: dk }];
-            p.b.srq.as_mut().unwrap().post_recv(&[RecvWr { wr_id: 1000 + i, sgl: &sge }]).unwrap();
+            p.b.srq_mut().unwrap().post_recv(&[RecvWr { wr_id: 1000 + i, sgl: &sge }]).unwrap();
         }
         let mut msgs = vec![];
         for i in 0..n {
@@ -111,7 +111,7 @@ fn rc_over_an_srq_under_loss_is_exactly_once() {
             m[..4].copy_from_slice(&(i as u32).to_le_bytes());
             p.a.mem.fill(src + i * 20_480, &m);
             let sge = [Sge { addr: src + i * 20_480, length: len as u32, lkey: lk }];
-            p.a.qp
+            p.a.qp_mut()
                 .post_send(p.now, &[SendWr { wr_id: i, sgl: &sge, ..SendWr::default() }])
                 .unwrap();
             msgs.push(m);
@@ -130,7 +130,7 @@ fn rc_over_an_srq_under_loss_is_exactly_once() {
             let buf = p.b.mem.snapshot(dst + k as u64 * 65536, c.byte_len as usize);
             assert_eq!(buf, msgs[k], "seed {seed}: message {k}");
         }
-        assert!(p.b.srq.as_ref().unwrap().is_empty());
+        assert!(p.b.srq().unwrap().is_empty());
         assert!(p.a.mem.guards_intact() && p.b.mem.guards_intact());
     }
 }
