@@ -218,3 +218,45 @@ impl Activity {
         self.last_post_ns.store(self.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Posts in a tight loop: whether any of `n` was queued rather than
+    /// sent (a preempted test thread can make one gap look isolated).
+    fn any_queued(a: &Activity, n: usize) -> Option<Post> {
+        (0..n).map(|_| a.on_post(0)).find(|p| *p != Post::Send)
+    }
+
+    #[test]
+    fn bursts_queue_only_with_a_thread_and_isolated_posts_send() {
+        let a = Activity::new();
+        assert_eq!(any_queued(&a, 50), None, "no progress thread: every post sends");
+        let _ = a.progress_thread.set(std::thread::current());
+        a.post_sent();
+        assert_eq!(any_queued(&a, 50), Some(Post::Queue { wake: false }));
+        // An isolated post sends, and the gap counts from the last return.
+        std::thread::sleep(Duration::from_millis(2));
+        assert_eq!(a.on_post(0), Post::Send);
+        // A full burst sends whatever the gap.
+        assert_eq!(a.on_post(BURST_POSTS), Post::Send);
+    }
+
+    #[test]
+    fn a_queued_post_wakes_a_sleeping_thread_once() {
+        let a = Activity::new();
+        let _ = a.progress_thread.set(std::thread::current());
+        a.post_sent();
+        a.thread_state.store(SLEEPING, Ordering::SeqCst);
+        assert_eq!(any_queued(&a, 50), Some(Post::Queue { wake: true }));
+        assert_eq!(a.thread_state.load(Ordering::SeqCst), RUNNING);
+        assert_eq!(any_queued(&a, 50), Some(Post::Queue { wake: false }), "already woken");
+        a.thread_state.store(PARKED, Ordering::SeqCst);
+        assert_eq!(
+            any_queued(&a, 50),
+            Some(Post::Queue { wake: false }),
+            "a thread stepping aside resumes by itself"
+        );
+    }
+}
