@@ -1,132 +1,91 @@
 //! Registered memory for tests: regions backed by vectors, each surrounded
 //! by guard bytes that [`TestMemory::guards_intact`] checks, so a test can
-//! prove that nothing was written outside a region.
+//! prove that nothing was written outside a region. The key checks are the
+//! production ones (`uroce_transport::keys`); only where the bytes live
+//! differs.
 
 use std::cell::RefCell;
 
-use uroce_transport::{Access, AccessError, Accessor, AtomicOp, Key, Memory};
+use uroce_transport::keys::{KeyTable, Region};
+use uroce_transport::{Access, AccessError, Accessor, AtomicOp, Key, Memory, MwBind};
 
 const GUARD: usize = 64;
 const GUARD_BYTE: u8 = 0xa5;
 
+/// A region's bytes: GUARD bytes, the region, GUARD bytes.
 #[derive(Debug)]
-struct Region {
-    lkey: u32,
-    rkey: u32,
-    pd: u32,
-    addr: u64,
-    len: usize,
-    access: Access,
-    valid: bool,
-    /// GUARD bytes, the region, GUARD bytes.
-    bytes: Vec<u8>,
-}
+pub struct Guarded(RefCell<Vec<u8>>);
 
 /// Test memory: a set of regions at distinct virtual addresses.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct TestMemory {
-    regions: RefCell<Vec<Region>>,
+    keys: KeyTable<Guarded>,
+    /// Deregistered regions, kept for the test's oracle and guard checks.
+    retired: Vec<Region<Guarded>>,
     next_addr: u64,
-    next_key: u32,
+}
+
+impl Default for TestMemory {
+    fn default() -> Self {
+        Self::new()
+    }
 }
 
 impl TestMemory {
-    /// No regions.
+    /// No regions; key bytes from a fixed seed (runs repeat bit for bit).
     pub fn new() -> Self {
-        Self { regions: RefCell::new(Vec::new()), next_addr: 0x1000_0000, next_key: 0x100 }
+        Self { keys: KeyTable::new(0x005e_ed0f_b175), retired: Vec::new(), next_addr: 0x1000_0000 }
     }
 
-    /// Registers a zeroed region of `len` bytes; returns `(addr, lkey, rkey)`.
+    /// Registers a zeroed region of `len` bytes; returns `(addr, lkey,
+    /// rkey)` (the same key, as on rxe).
     pub fn register(&mut self, pd: u32, len: usize, access: Access) -> (u64, u32, u32) {
         let addr = self.next_addr;
         self.next_addr += (len as u64 + 0xfff) & !0xfff;
         self.next_addr += 0x1000;
-        let lkey = self.next_key;
-        let rkey = self.next_key + 1;
-        self.next_key += 0x100;
         let mut bytes = vec![GUARD_BYTE; len + 2 * GUARD];
         bytes[GUARD..GUARD + len].fill(0);
-        self.regions.get_mut().push(Region {
-            lkey,
-            rkey,
-            pd,
-            addr,
-            len,
-            access,
-            valid: true,
-            bytes,
-        });
-        (addr, lkey, rkey)
+        let backing = Guarded(RefCell::new(bytes));
+        let key = self.keys.register(Region { backing, len, addr, pd, access });
+        (addr, key, key)
     }
 
-    /// Invalidates a region's keys (deregistration).
+    /// Invalidates a region's keys (deregistration). The bytes stay
+    /// readable through [`TestMemory::snapshot`] for the test's checks.
     pub fn deregister(&mut self, lkey: u32) {
-        for r in self.regions.get_mut().iter_mut().filter(|r| r.lkey == lkey) {
-            r.valid = false;
+        if let Some(r) = self.keys.deregister(lkey) {
+            self.retired.push(r);
         }
+    }
+
+    fn with_region<T>(&self, addr: u64, len: usize, f: impl FnOnce(&mut [u8]) -> T) -> T {
+        let r = self
+            .keys
+            .regions()
+            .chain(self.retired.iter())
+            .find(|r| addr >= r.addr && addr + len as u64 <= r.addr + r.len as u64)
+            .expect("an address inside a region");
+        let off = GUARD + (addr - r.addr) as usize;
+        f(&mut r.backing.0.borrow_mut()[off..off + len])
     }
 
     /// Copies bytes into a region (test setup, no checks but bounds).
     pub fn fill(&self, addr: u64, data: &[u8]) {
-        let mut regs = self.regions.borrow_mut();
-        let r = regs
-            .iter_mut()
-            .find(|r| addr >= r.addr && addr + data.len() as u64 <= r.addr + r.len as u64)
-            .expect("fill inside a region");
-        let off = GUARD + (addr - r.addr) as usize;
-        r.bytes[off..off + data.len()].copy_from_slice(data);
+        self.with_region(addr, data.len(), |b| b.copy_from_slice(data));
     }
 
     /// Reads bytes from a region (test oracle).
     pub fn snapshot(&self, addr: u64, len: usize) -> Vec<u8> {
-        let regs = self.regions.borrow();
-        let r = regs
-            .iter()
-            .find(|r| addr >= r.addr && addr + len as u64 <= r.addr + r.len as u64)
-            .expect("snapshot inside a region");
-        let off = GUARD + (addr - r.addr) as usize;
-        r.bytes[off..off + len].to_vec()
+        self.with_region(addr, len, |b| b.to_vec())
     }
 
     /// Whether every guard byte around every region is untouched.
     pub fn guards_intact(&self) -> bool {
-        self.regions.borrow().iter().all(|r| {
-            r.bytes[..GUARD].iter().all(|&b| b == GUARD_BYTE)
-                && r.bytes[GUARD + r.len..].iter().all(|&b| b == GUARD_BYTE)
+        self.keys.regions().chain(self.retired.iter()).all(|r| {
+            let b = r.backing.0.borrow();
+            b[..GUARD].iter().all(|&x| x == GUARD_BYTE)
+                && b[GUARD + r.len..].iter().all(|&x| x == GUARD_BYTE)
         })
-    }
-
-    fn locate(
-        &self,
-        key: Key,
-        pd: u32,
-        addr: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<(usize, usize), AccessError> {
-        let regs = self.regions.borrow();
-        let (i, r) = regs
-            .iter()
-            .enumerate()
-            .find(|(_, r)| {
-                r.valid
-                    && match key {
-                        Key::Local(k) => r.lkey == k,
-                        Key::Remote(k) => r.rkey == k,
-                    }
-            })
-            .ok_or(AccessError::InvalidKey)?;
-        if r.pd != pd {
-            return Err(AccessError::WrongPd);
-        }
-        if !r.access.contains(access) {
-            return Err(AccessError::NotPermitted);
-        }
-        let end = addr.checked_add(len).ok_or(AccessError::OutOfBounds)?;
-        if addr < r.addr || end > r.addr + r.len as u64 {
-            return Err(AccessError::OutOfBounds);
-        }
-        Ok((i, GUARD + (addr - r.addr) as usize))
     }
 }
 
@@ -139,20 +98,18 @@ impl Memory for TestMemory {
         len: u64,
         access: Access,
     ) -> Result<(), AccessError> {
-        self.locate(key, who.pd, addr, len, access).map(|_| ())
+        self.keys.locate(key, who, addr, len, access).map(|_| ())
     }
 
     fn read(&self, key: Key, who: Accessor, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
-        let need = key.needs(false);
-        let (i, off) = self.locate(key, who.pd, addr, out.len() as u64, need)?;
-        out.copy_from_slice(&self.regions.borrow()[i].bytes[off..off + out.len()]);
+        let (r, off) = self.keys.locate(key, who, addr, out.len() as u64, key.needs(false))?;
+        out.copy_from_slice(&r.backing.0.borrow()[GUARD + off..GUARD + off + out.len()]);
         Ok(())
     }
 
     fn write(&self, key: Key, who: Accessor, addr: u64, data: &[u8]) -> Result<(), AccessError> {
-        let need = key.needs(true);
-        let (i, off) = self.locate(key, who.pd, addr, data.len() as u64, need)?;
-        self.regions.borrow_mut()[i].bytes[off..off + data.len()].copy_from_slice(data);
+        let (r, off) = self.keys.locate(key, who, addr, data.len() as u64, key.needs(true))?;
+        r.backing.0.borrow_mut()[GUARD + off..GUARD + off + data.len()].copy_from_slice(data);
         Ok(())
     }
 
@@ -166,9 +123,9 @@ impl Memory for TestMemory {
         if !addr.is_multiple_of(8) {
             return Err(AccessError::Misaligned);
         }
-        let (i, off) = self.locate(Key::Remote(rkey), who.pd, addr, 8, Access::REMOTE_ATOMIC)?;
-        let mut regs = self.regions.borrow_mut();
-        let cell = &mut regs[i].bytes[off..off + 8];
+        let (r, off) = self.keys.locate(Key::Remote(rkey), who, addr, 8, Access::REMOTE_ATOMIC)?;
+        let mut bytes = r.backing.0.borrow_mut();
+        let cell = &mut bytes[GUARD + off..GUARD + off + 8];
         let orig = u64::from_ne_bytes(cell.try_into().map_err(|_| AccessError::OutOfBounds)?);
         let new = match op {
             AtomicOp::CompareSwap { compare, swap } => {
@@ -182,5 +139,13 @@ impl Memory for TestMemory {
         };
         cell.copy_from_slice(&new.to_ne_bytes());
         Ok(orig)
+    }
+
+    fn bind_mw(&self, who: Accessor, bind: &MwBind) -> Result<u32, AccessError> {
+        self.keys.bind_mw(who, bind)
+    }
+
+    fn invalidate(&self, who: Accessor, rkey: u32, remote: bool) -> Result<(), AccessError> {
+        self.keys.invalidate(who, rkey, remote)
     }
 }

@@ -20,103 +20,43 @@ use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-use std::cell::RefCell;
-
+use uroce_transport::keys::{KeyTable, Region};
 use uroce_transport::{Access, AccessError, Accessor, AtomicOp, Key, Memory, MwBind, MwType};
 
-/// One registration.
-#[derive(Debug)]
-pub(crate) struct Region {
-    ptr: NonNull<u8>,
-    len: usize,
-    /// The address peers and SGEs name (the registration's IOVA).
-    pub(crate) addr: u64,
-    pub(crate) pd: u32,
-    pub(crate) access: Access,
-}
+/// Where a registration's bytes are: process memory, reached only by raw
+/// copies.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Raw(NonNull<u8>);
 
-// SAFETY: a Region is plain data describing memory whose lifetime the table
+// SAFETY: a `Raw` is plain data describing memory whose lifetime the table
 // manages (invariant 1); moving it between threads moves no ownership of
 // Rust values.
-unsafe impl Send for Region {}
+unsafe impl Send for Raw {}
 
-#[derive(Debug, Default)]
-struct Slot {
-    /// The key byte: changes every time the slot is reused, so stale keys
-    /// fail (IBTA §10.6.3.2: the "key" portion of L_Key/R_Key).
-    key_byte: u8,
-    region: Option<Region>,
-}
-
-/// A memory window's binding.
-#[derive(Debug, Clone, Copy)]
-struct Binding {
-    mr_key: u32,
-    addr: u64,
-    len: u64,
-    access: Access,
-    /// The QP a type 2 window is bound to.
-    qpn: u32,
-}
-
+/// The key table of one context over process memory: the checks are
+/// `uroce_transport::keys` (shared with the seeded tests); this module
+/// adds the copies.
 #[derive(Debug)]
-struct Window {
-    pd: u32,
-    kind: MwType,
-    bound: Option<Binding>,
-}
-
-#[derive(Debug, Default)]
-struct WinSlot {
-    key_byte: u8,
-    win: Option<Window>,
-}
-
-/// Bit 23 of a key's index marks a memory window.
-const MW_INDEX: u32 = 0x80_0000;
-
-/// The key table of one context: an MR's lkey == rkey == (index << 8) | key
-/// byte; a window's rkey has bit 31 set. Windows change state through
-/// `&self` (a bind or an invalidation runs inside the transport), hence the
-/// RefCell; the table is only ever used under the context's lock.
-#[derive(Debug, Default)]
 pub(crate) struct MemTable {
-    slots: Vec<Slot>,
-    free: Vec<usize>,
-    live: usize,
-    windows: RefCell<Vec<WinSlot>>,
-    free_windows: Vec<usize>,
-    /// xorshift64* state for key bytes (0 until first used).
-    key_rng: u64,
+    keys: KeyTable<Raw>,
+}
+
+impl Default for MemTable {
+    /// Key bytes from a random seed: keys are not predictable from one run
+    /// (or registration) to the next, as hardware and rxe keys.
+    fn default() -> Self {
+        use std::hash::{BuildHasher, Hasher};
+        let mut h = std::collections::hash_map::RandomState::new().build_hasher();
+        h.write_u64(0x7572_6f63_6500);
+        Self { keys: KeyTable::new(h.finish()) }
+    }
 }
 
 impl MemTable {
     /// Makes the key bytes a function of `seed` (a virtual simulation,
     /// repeatable bit for bit).
     pub(crate) fn seed_keys(&mut self, seed: u64) {
-        self.key_rng = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    }
-
-    /// A random key byte other than `old`: keys are not predictable from
-    /// one run (or registration) to the next, as hardware and rxe keys.
-    fn fresh_key_byte(&mut self, old: u8) -> u8 {
-        if self.key_rng == 0 {
-            use std::hash::{BuildHasher, Hasher};
-            let mut h = std::collections::hash_map::RandomState::new().build_hasher();
-            h.write_usize(self as *const Self as usize);
-            self.key_rng = h.finish() | 1;
-        }
-        loop {
-            let mut x = self.key_rng;
-            x ^= x >> 12;
-            x ^= x << 25;
-            x ^= x >> 27;
-            self.key_rng = x;
-            let b = (x.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 56) as u8;
-            if b != old {
-                return b;
-            }
-        }
+        self.keys.seed_keys(seed);
     }
 
     /// Adds a registration and returns its key.
@@ -132,185 +72,60 @@ impl MemTable {
         pd: u32,
         access: Access,
     ) -> u32 {
-        let idx = match self.free.pop() {
-            Some(i) => i,
-            None => {
-                // Index 0 is never used, so no valid key is 0.
-                if self.slots.is_empty() {
-                    self.slots.push(Slot::default());
-                }
-                self.slots.push(Slot::default());
-                self.slots.len() - 1
-            }
-        };
-        let key_byte = self.fresh_key_byte(self.slots[idx].key_byte);
-        let slot = &mut self.slots[idx];
-        slot.key_byte = key_byte;
-        slot.region = Some(Region { ptr, len, addr, pd, access });
-        self.live += 1;
-        ((idx as u32) << 8) | u32::from(slot.key_byte)
+        self.keys.register(Region { backing: Raw(ptr), len, addr, pd, access })
     }
 
     /// Removes a registration; its key fails from now on.
     pub(crate) fn deregister(&mut self, key: u32) -> bool {
-        let idx = (key >> 8) as usize;
-        match self.slots.get_mut(idx) {
-            Some(s) if s.region.is_some() && u32::from(s.key_byte) == key & 0xff => {
-                s.region = None;
-                self.free.push(idx);
-                self.live -= 1;
-                true
-            }
-            _ => false,
-        }
+        self.keys.deregister(key).is_some()
     }
 
     /// Registrations alive.
     pub(crate) fn len(&self) -> usize {
-        self.live
-    }
-
-    fn lookup(&self, key: u32) -> Option<&Region> {
-        let s = self.slots.get((key >> 8) as usize)?;
-        if u32::from(s.key_byte) != key & 0xff {
-            return None;
-        }
-        s.region.as_ref()
-    }
-
-    /// Finds the region and the byte offset of `[addr, addr+len)` in it,
-    /// after every check of §10.6.3: key valid, PD, rights, bounds.
-    fn locate(
-        &self,
-        key: Key,
-        who: Accessor,
-        addr: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<(&Region, usize), AccessError> {
-        let (k, region_access) = match key {
-            // A window checked the remote rights; the region underneath
-            // only has to be alive and in the same PD.
-            Key::Remote(k) if k & (MW_INDEX << 8) != 0 => {
-                (self.resolve_mw(k, who, addr, len, access)?, Access::NONE)
-            }
-            Key::Local(k) | Key::Remote(k) => (k, access),
-        };
-        let r = self.lookup(k).ok_or(AccessError::InvalidKey)?;
-        if r.pd != who.pd {
-            return Err(AccessError::WrongPd);
-        }
-        if !r.access.contains(region_access) {
-            return Err(AccessError::NotPermitted);
-        }
-        let end = addr.checked_add(len).ok_or(AccessError::OutOfBounds)?;
-        if addr < r.addr || end > r.addr + r.len as u64 {
-            return Err(AccessError::OutOfBounds);
-        }
-        Ok((r, (addr - r.addr) as usize))
+        self.keys.len()
     }
 
     /// Allocates an unbound memory window; returns its R_Key.
     pub(crate) fn alloc_mw(&mut self, pd: u32, kind: MwType) -> u32 {
-        let wins = self.windows.get_mut();
-        let idx = match self.free_windows.pop() {
-            Some(i) => i,
-            None => {
-                wins.push(WinSlot::default());
-                wins.len() - 1
-            }
-        };
-        let old = wins[idx].key_byte;
-        let key_byte = self.fresh_key_byte(old);
-        let wins = self.windows.get_mut();
-        let slot = &mut wins[idx];
-        slot.key_byte = key_byte;
-        slot.win = Some(Window { pd, kind, bound: None });
-        ((MW_INDEX | idx as u32) << 8) | u32::from(slot.key_byte)
+        self.keys.alloc_mw(pd, kind)
     }
 
     /// Frees a window (named by any of its keys).
     pub(crate) fn dealloc_mw(&mut self, rkey: u32) -> bool {
-        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
-        match self.windows.get_mut().get_mut(idx) {
-            Some(s) if s.win.is_some() => {
-                s.win = None;
-                self.free_windows.push(idx);
-                true
-            }
-            _ => false,
-        }
+        self.keys.dealloc_mw(rkey)
     }
 
     /// A window's current R_Key.
     pub(crate) fn mw_rkey(&self, rkey: u32) -> Option<u32> {
-        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
-        let w = self.windows.borrow();
-        let s = w.get(idx)?;
-        s.win.as_ref()?;
-        Some((rkey & !0xff) | u32::from(s.key_byte))
+        self.keys.mw_rkey(rkey)
     }
 
     /// Windows alive.
     pub(crate) fn windows_len(&self) -> usize {
-        self.windows.borrow().iter().filter(|w| w.win.is_some()).count()
-    }
-
-    /// Checks an access through window `rkey` and returns the key of the
-    /// region underneath.
-    fn resolve_mw(
-        &self,
-        rkey: u32,
-        who: Accessor,
-        addr: u64,
-        len: u64,
-        access: Access,
-    ) -> Result<u32, AccessError> {
-        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
-        let wins = self.windows.borrow();
-        let s = wins.get(idx).ok_or(AccessError::InvalidKey)?;
-        if u32::from(s.key_byte) != rkey & 0xff {
-            return Err(AccessError::InvalidKey);
-        }
-        let w = s.win.as_ref().ok_or(AccessError::InvalidKey)?;
-        let b = w.bound.ok_or(AccessError::InvalidKey)?;
-        if w.pd != who.pd {
-            return Err(AccessError::WrongPd);
-        }
-        if w.kind == MwType::Type2 && b.qpn != who.qpn {
-            return Err(AccessError::InvalidKey);
-        }
-        if !b.access.contains(access) {
-            return Err(AccessError::NotPermitted);
-        }
-        let end = addr.checked_add(len).ok_or(AccessError::OutOfBounds)?;
-        if addr < b.addr || end > b.addr + b.len {
-            return Err(AccessError::OutOfBounds);
-        }
-        Ok(b.mr_key)
+        self.keys.windows_len()
     }
 
     /// Copies into a region for the application (owned buffers), with
     /// bounds checked against the registration.
     pub(crate) fn app_write(&self, key: u32, offset: usize, data: &[u8]) -> bool {
-        let Some(r) = self.lookup(key) else { return false };
+        let Some(r) = self.keys.lookup(key) else { return false };
         if offset.checked_add(data.len()).is_none_or(|e| e > r.len) {
             return false;
         }
         // SAFETY: invariant 1 and the bounds check above; `data` is a Rust
         // slice that cannot overlap registered memory we never lend out.
-        unsafe { std::ptr::copy(data.as_ptr(), r.ptr.as_ptr().add(offset), data.len()) };
+        unsafe { std::ptr::copy(data.as_ptr(), r.backing.0.as_ptr().add(offset), data.len()) };
         true
     }
 
     /// Copies out of a region for the application.
     pub(crate) fn app_read(&self, key: u32, offset: usize, out: &mut [u8]) -> bool {
-        let Some(r) = self.lookup(key) else { return false };
+        let Some(r) = self.keys.lookup(key) else { return false };
         if offset.checked_add(out.len()).is_none_or(|e| e > r.len) {
             return false;
         }
         // SAFETY: invariant 1 and the bounds check above.
-        unsafe { std::ptr::copy(r.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        unsafe { std::ptr::copy(r.backing.0.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
         true
     }
 }
@@ -374,22 +189,22 @@ impl Memory for MemTable {
         len: u64,
         access: Access,
     ) -> Result<(), AccessError> {
-        self.locate(key, who, addr, len, access).map(|_| ())
+        self.keys.locate(key, who, addr, len, access).map(|_| ())
     }
 
     fn read(&self, key: Key, who: Accessor, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
-        let (r, off) = self.locate(key, who, addr, out.len() as u64, key.needs(false))?;
+        let (r, off) = self.keys.locate(key, who, addr, out.len() as u64, key.needs(false))?;
         // SAFETY: `locate` checked bounds (invariant 3) and the region is
         // alive (invariants 1, 2). `copy` tolerates overlap, which a caller
         // could produce by registering its own packet buffer.
-        unsafe { std::ptr::copy(r.ptr.as_ptr().add(off), out.as_mut_ptr(), out.len()) };
+        unsafe { std::ptr::copy(r.backing.0.as_ptr().add(off), out.as_mut_ptr(), out.len()) };
         Ok(())
     }
 
     fn write(&self, key: Key, who: Accessor, addr: u64, data: &[u8]) -> Result<(), AccessError> {
-        let (r, off) = self.locate(key, who, addr, data.len() as u64, key.needs(true))?;
+        let (r, off) = self.keys.locate(key, who, addr, data.len() as u64, key.needs(true))?;
         // SAFETY: as in `read`.
-        unsafe { std::ptr::copy(data.as_ptr(), r.ptr.as_ptr().add(off), data.len()) };
+        unsafe { std::ptr::copy(data.as_ptr(), r.backing.0.as_ptr().add(off), data.len()) };
         Ok(())
     }
 
@@ -403,8 +218,8 @@ impl Memory for MemTable {
         if !addr.is_multiple_of(8) {
             return Err(AccessError::Misaligned);
         }
-        let (r, off) = self.locate(Key::Remote(rkey), who, addr, 8, Access::REMOTE_ATOMIC)?;
-        let p = r.ptr.as_ptr().wrapping_add(off);
+        let (r, off) = self.keys.locate(Key::Remote(rkey), who, addr, 8, Access::REMOTE_ATOMIC)?;
+        let p = r.backing.0.as_ptr().wrapping_add(off);
         if !(p as usize).is_multiple_of(8) {
             // The IOVA is aligned but the host address is not (a
             // registration whose IOVA differs from its address).
@@ -425,73 +240,11 @@ impl Memory for MemTable {
     }
 
     fn bind_mw(&self, who: Accessor, bind: &MwBind) -> Result<u32, AccessError> {
-        if bind.new_rkey & !0xff != bind.mw_rkey & !0xff {
-            return Err(AccessError::InvalidKey);
-        }
-        // The region: alive, same PD, MW_BIND granted, the range inside it,
-        // and local write under remote write or atomic rights.
-        if bind.length > 0 {
-            let r = self.lookup(bind.mr_lkey).ok_or(AccessError::InvalidKey)?;
-            if r.pd != who.pd {
-                return Err(AccessError::WrongPd);
-            }
-            let remote_writes = Access(Access::REMOTE_WRITE.0 | Access::REMOTE_ATOMIC.0);
-            if !r.access.contains(Access::MW_BIND)
-                || (bind.access.0 & remote_writes.0 != 0 && !r.access.contains(Access::LOCAL_WRITE))
-            {
-                return Err(AccessError::NotPermitted);
-            }
-            let end = bind.addr.checked_add(bind.length).ok_or(AccessError::OutOfBounds)?;
-            if bind.addr < r.addr || end > r.addr + r.len as u64 {
-                return Err(AccessError::OutOfBounds);
-            }
-        }
-        let idx = ((bind.mw_rkey >> 8) & !MW_INDEX) as usize;
-        let mut wins = self.windows.borrow_mut();
-        let s = wins.get_mut(idx).ok_or(AccessError::InvalidKey)?;
-        if u32::from(s.key_byte) != bind.mw_rkey & 0xff {
-            return Err(AccessError::InvalidKey);
-        }
-        let w = s.win.as_mut().ok_or(AccessError::InvalidKey)?;
-        if w.pd != who.pd {
-            return Err(AccessError::WrongPd);
-        }
-        // A bound type 2 window must be invalidated before a new bind.
-        if w.kind == MwType::Type2 && w.bound.is_some() {
-            return Err(AccessError::NotPermitted);
-        }
-        w.bound = (bind.length > 0).then_some(Binding {
-            mr_key: bind.mr_lkey,
-            addr: bind.addr,
-            len: bind.length,
-            access: bind.access,
-            qpn: who.qpn,
-        });
-        s.key_byte = bind.new_rkey as u8;
-        Ok(bind.new_rkey)
+        self.keys.bind_mw(who, bind)
     }
 
     fn invalidate(&self, who: Accessor, rkey: u32, remote: bool) -> Result<(), AccessError> {
-        if rkey & (MW_INDEX << 8) == 0 {
-            // Regular MRs cannot be invalidated (no fast-registration MRs).
-            return Err(AccessError::NotPermitted);
-        }
-        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
-        let mut wins = self.windows.borrow_mut();
-        let s = wins.get_mut(idx).ok_or(AccessError::InvalidKey)?;
-        if u32::from(s.key_byte) != rkey & 0xff {
-            return Err(AccessError::InvalidKey);
-        }
-        let w = s.win.as_mut().ok_or(AccessError::InvalidKey)?;
-        let b = w.bound.ok_or(AccessError::InvalidKey)?;
-        if w.pd != who.pd {
-            return Err(AccessError::WrongPd);
-        }
-        if w.kind != MwType::Type2 || (remote && b.qpn != who.qpn) {
-            return Err(AccessError::NotPermitted);
-        }
-        w.bound = None;
-        Ok(())
+        self.keys.invalidate(who, rkey, remote)
     }
 }
 
