@@ -215,16 +215,14 @@ impl Driver {
     /// [`Driver::use_gid`] for a path or AH that sends to `dst`: the GID
     /// must hold an address of `dst`'s family.
     pub(crate) fn source_for(&mut self, index: u8, dst: IpAddr) -> crate::Result<IpAddr> {
-        let src = self.use_gid(usize::from(index)).map_err(|e| match e.kind() {
-            std::io::ErrorKind::InvalidInput => crate::Error::InvalidArgument("GID index"),
-            _ => crate::Error::Io(e),
-        })?;
+        // Every check before the bind: a request that fails binds nothing.
+        let src = self.gid(usize::from(index)).ok_or(crate::Error::InvalidArgument("GID index"))?;
         if src.is_ipv4() != dst.is_ipv4() {
             return Err(crate::Error::InvalidArgument(
                 "destination address family differs from the source GID's",
             ));
         }
-        Ok(src)
+        self.use_gid(usize::from(index)).map_err(crate::Error::Io)
     }
 
     /// The earliest QP deadline.

@@ -140,7 +140,9 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>) {
         if idle < spin {
             // Yield rather than spin: on a small machine the thread that
             // needs the core may be an application thread just woken by a
-            // completion event.
+            // completion event. Without a strong reference: an application
+            // that closes the context gets its port back at once.
+            drop(inner);
             std::thread::yield_now();
             continue;
         }

@@ -92,8 +92,16 @@ fn rc_over(a: &End, b: &End, ga: IpAddr, gb: IpAddr) -> (u8, u8) {
     (sa.sgid_index, sb.sgid_index)
 }
 
+/// The tests that bind `::1` on their ports run one at a time (a port
+/// free when chosen may be taken on `::1` by another test's GID meanwhile).
+fn one_at_a_time() -> std::sync::MutexGuard<'static, ()> {
+    static M: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 #[test]
 fn loopback_lists_both_families_and_rc_runs_over_gid_1() {
+    let _serial = one_at_a_time();
     let a = end("127.0.0.1", 0);
     let b = end("127.0.0.1", 0);
     assert_eq!(a.ctx.gid_table(), [(0, ip("127.0.0.1")), (1, ip("::1"))]);
@@ -139,6 +147,7 @@ fn a_source_gid_must_exist_and_match_the_destination_family() {
 
 #[test]
 fn ud_datagrams_leave_from_the_ahs_source_gid() {
+    let _serial = one_at_a_time();
     let ctx = uroce::testing::open_any("127.0.0.1");
     let port = ctx.device().socket_addr().port();
     let pd = ctx.alloc_pd().unwrap();
