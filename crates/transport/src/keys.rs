@@ -64,6 +64,11 @@ struct WinSlot {
 /// Bit 23 of a key's index marks a memory window.
 const MW_INDEX: u32 = 0x80_0000;
 
+/// The window slot a window key names (any of its key bytes).
+fn window_index(rkey: u32) -> usize {
+    ((rkey >> 8) & !MW_INDEX) as usize
+}
+
 /// Registrations and windows of one device. Windows change state through
 /// `&self` (a bind or an invalidation runs inside the transport, which
 /// holds the table shared), hence the `RefCell`: the table belongs to one
@@ -229,7 +234,7 @@ impl<B> KeyTable<B> {
 
     /// Frees a window (named by any of its keys).
     pub fn dealloc_mw(&mut self, rkey: u32) -> bool {
-        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
+        let idx = window_index(rkey);
         match self.windows.get_mut().get_mut(idx) {
             Some(s) if s.win.is_some() => {
                 s.win = None;
@@ -242,7 +247,7 @@ impl<B> KeyTable<B> {
 
     /// A window's current R_Key.
     pub fn mw_rkey(&self, rkey: u32) -> Option<u32> {
-        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
+        let idx = window_index(rkey);
         let w = self.windows.borrow();
         let s = w.get(idx)?;
         s.win.as_ref()?;
@@ -264,7 +269,7 @@ impl<B> KeyTable<B> {
         len: u64,
         access: Access,
     ) -> Result<u32, AccessError> {
-        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
+        let idx = window_index(rkey);
         let wins = self.windows.borrow();
         let s = wins.get(idx).ok_or(AccessError::InvalidKey)?;
         if u32::from(s.key_byte) != rkey & 0xff {
@@ -315,7 +320,7 @@ impl<B> KeyTable<B> {
                 return Err(AccessError::OutOfBounds);
             }
         }
-        let idx = ((bind.mw_rkey >> 8) & !MW_INDEX) as usize;
+        let idx = window_index(bind.mw_rkey);
         let mut wins = self.windows.borrow_mut();
         let s = wins.get_mut(idx).ok_or(AccessError::InvalidKey)?;
         if u32::from(s.key_byte) != bind.mw_rkey & 0xff {
@@ -351,7 +356,7 @@ impl<B> KeyTable<B> {
             // Regular MRs cannot be invalidated (no fast-registration MRs).
             return Err(AccessError::NotPermitted);
         }
-        let idx = ((rkey >> 8) & !MW_INDEX) as usize;
+        let idx = window_index(rkey);
         let mut wins = self.windows.borrow_mut();
         let s = wins.get_mut(idx).ok_or(AccessError::InvalidKey)?;
         if u32::from(s.key_byte) != rkey & 0xff {

@@ -353,8 +353,7 @@ impl Context {
     /// rxe's order. The table follows address changes (checked every
     /// 100 ms); indices stay stable while the context is open.
     pub fn gid_table(&self) -> Vec<(u32, std::net::IpAddr)> {
-        let e = self.inner.lock();
-        (0..e.gid_len()).filter_map(|i| e.gid(i).map(|a| (i as u32, a))).collect()
+        self.inner.lock().gid_entries()
     }
 
     /// The GID index of local address `addr`, if it is in the table.

@@ -124,16 +124,11 @@ impl Device {
     /// `(index, address)` per entry (an open context keeps its own, with
     /// stable indices: [`crate::Context::gid_table`]).
     pub fn gid_table(&self) -> Vec<(u32, IpAddr)> {
-        let t = self.gid_table_now();
-        (0..t.len()).filter_map(|i| t.get(i).map(|a| (i as u32, a))).collect()
+        self.gid_table_now().entries()
     }
 
     pub(crate) fn gid_table_now(&self) -> crate::gid::GidTable {
-        if self.is_simulated() {
-            return crate::gid::GidTable::new(self.cfg.addr, &[]);
-        }
-        let list = crate::netif::all();
-        crate::gid::GidTable::new(self.cfg.addr, &crate::netif::siblings_in(&list, self.cfg.addr))
+        crate::gid::GidTable::for_device(self.cfg.addr, !self.is_simulated())
     }
 
     /// Device attributes.

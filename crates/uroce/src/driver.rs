@@ -64,11 +64,7 @@ pub(crate) struct Driver {
 impl Driver {
     pub(crate) fn new(backend: Box<dyn Backend>, events: Arc<EventQueue<AsyncEvent>>) -> Self {
         let primary = backend.local().ip();
-        let gids = if backend.on_host() {
-            GidTable::new(primary, &crate::netif::siblings_in(&crate::netif::all(), primary))
-        } else {
-            GidTable::new(primary, &[])
-        };
+        let gids = GidTable::for_device(primary, backend.on_host());
         Self {
             ep: Endpoint::new(),
             mem: MemTable::default(),
@@ -182,6 +178,11 @@ impl Driver {
     /// The GID table's length (`gid_tbl_len`).
     pub(crate) fn gid_len(&self) -> usize {
         self.gids.len()
+    }
+
+    /// The GID table's entries.
+    pub(crate) fn gid_entries(&self) -> Vec<(u32, IpAddr)> {
+        self.gids.entries()
     }
 
     /// The GID index holding local address `addr`.
@@ -337,7 +338,8 @@ impl Driver {
             }
             return Ok(());
         }
-        if !from.is_ipv4() {
+        if !from.is_ipv4() || (index == 0 && matches!(peer, Some(PeerIds::Zero))) {
+            // No ID to recover: IPv6, or a uroce peer's unsegmented packet.
             return Err(WireError::IcrcMismatch);
         }
         // The ICRC is linear in the IP ID: one CRC and a small solve tell

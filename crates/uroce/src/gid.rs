@@ -61,6 +61,15 @@ impl GidTable {
         t
     }
 
+    /// The table of a device on `primary`: the host's interface addresses
+    /// when `on_host`, else (a simulated network) the one address.
+    pub(crate) fn for_device(primary: IpAddr, on_host: bool) -> Self {
+        if !on_host {
+            return Self::new(primary, &[]);
+        }
+        Self::new(primary, &crate::netif::siblings_in(&crate::netif::all(), primary))
+    }
+
     /// Follows the interface's current addresses. Returns the addresses
     /// that left the table.
     pub(crate) fn refresh(&mut self, siblings: &[IpAddr]) -> Vec<IpAddr> {
@@ -95,6 +104,11 @@ impl GidTable {
     /// The address at `index`, if the slot holds one.
     pub(crate) fn get(&self, index: usize) -> Option<IpAddr> {
         self.slots.get(index).copied().flatten()
+    }
+
+    /// `(index, address)` for every slot that holds one.
+    pub(crate) fn entries(&self) -> Vec<(u32, IpAddr)> {
+        self.slots.iter().enumerate().filter_map(|(i, a)| a.map(|a| (i as u32, a))).collect()
     }
 
     /// The index holding `addr`.

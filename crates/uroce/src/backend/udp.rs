@@ -64,15 +64,20 @@ fn accept_zero_checksum6(fd: i32) -> io::Result<()> {
 }
 
 fn setsockopt_int(fd: i32, level: i32, name: i32, value: i32) -> io::Result<()> {
-    // SAFETY: `value` lives across the call and its size is passed exactly;
-    // `fd` is a socket owned by the caller.
+    setsockopt_val(fd, level, name, &value)
+}
+
+/// `setsockopt` with a plain C value (`int`, `in_addr`, `ip_mreq`, …).
+fn setsockopt_val<T: Copy>(fd: i32, level: i32, name: i32, value: &T) -> io::Result<()> {
+    // SAFETY: `value` is a live `T` for the duration of the call and its
+    // size is passed exactly; `fd` is a socket owned by the caller.
     let r = unsafe {
         libc::setsockopt(
             fd,
             level,
             name,
-            (&raw const value).cast::<libc::c_void>(),
-            size_of::<i32>() as libc::socklen_t,
+            std::ptr::from_ref(value).cast::<libc::c_void>(),
+            size_of::<T>() as libc::socklen_t,
         )
     };
     if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
@@ -203,19 +208,7 @@ impl UdpBackend {
                     imr_multiaddr: libc::in_addr { s_addr: u32::from(g).to_be() },
                     imr_interface: libc::in_addr { s_addr: u32::from(local).to_be() },
                 };
-                // SAFETY: passes a live ip_mreq of the stated size.
-                let r = unsafe {
-                    libc::setsockopt(
-                        fd,
-                        libc::IPPROTO_IP,
-                        libc::IP_ADD_MEMBERSHIP,
-                        (&raw const mreq).cast(),
-                        size_of::<libc::ip_mreq>() as libc::socklen_t,
-                    )
-                };
-                if r != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                setsockopt_val(fd, libc::IPPROTO_IP, libc::IP_ADD_MEMBERSHIP, &mreq)?;
             }
             (IpAddr::V6(g), _) => {
                 let ifindex = crate::netif::index_of(self.local.ip()).unwrap_or(0);
@@ -223,19 +216,7 @@ impl UdpBackend {
                     ipv6mr_multiaddr: libc::in6_addr { s6_addr: g.octets() },
                     ipv6mr_interface: ifindex,
                 };
-                // SAFETY: passes a live ipv6_mreq of the stated size.
-                let r = unsafe {
-                    libc::setsockopt(
-                        fd,
-                        libc::IPPROTO_IPV6,
-                        libc::IPV6_ADD_MEMBERSHIP,
-                        (&raw const mreq).cast(),
-                        size_of::<libc::ipv6_mreq>() as libc::socklen_t,
-                    )
-                };
-                if r != 0 {
-                    return Err(io::Error::last_os_error());
-                }
+                setsockopt_val(fd, libc::IPPROTO_IPV6, libc::IPV6_ADD_MEMBERSHIP, &mreq)?;
                 accept_zero_checksum6(fd)?;
             }
             _ => return Err(io::Error::from(io::ErrorKind::InvalidInput)),
@@ -400,16 +381,7 @@ impl Port {
                 setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_MTU_DISCOVER, libc::IP_PMTUDISC_DO)?;
                 // Multicast sends leave from the device's address.
                 let a = libc::in_addr { s_addr: u32::from(ip).to_be() };
-                // SAFETY: passes a live in_addr of the stated size.
-                unsafe {
-                    libc::setsockopt(
-                        fd,
-                        libc::IPPROTO_IP,
-                        libc::IP_MULTICAST_IF,
-                        (&raw const a).cast(),
-                        size_of::<libc::in_addr>() as libc::socklen_t,
-                    )
-                };
+                let _ = setsockopt_val(fd, libc::IPPROTO_IP, libc::IP_MULTICAST_IF, &a);
             }
             IpAddr::V6(_) => {
                 setsockopt_int(
