@@ -7,15 +7,15 @@ use uroce::{Completion, WcFlags, WcOpcode, WcStatus};
 
 use crate::abi::*;
 use crate::ffi::{Kind, guard, minus_one, null_errno};
+use crate::objects::live_pd;
 use crate::objects::{AhBox, ctx, from_c, hold, into_c, release};
-use crate::pd::live_pd;
 
 pub(crate) unsafe extern "C" fn ibv_create_ah(
     pd: *mut ibv_pd,
     attr: *mut ibv_ah_attr,
 ) -> *mut ibv_ah {
     guard(std::ptr::null_mut(), || {
-        let Some((p, c)) = crate::pd::live_pd_ctx(pd) else { return null_errno(libc::EINVAL) };
+        let Some((p, c)) = crate::objects::live_pd_ctx(pd) else { return null_errno(libc::EINVAL) };
         let context = c.ibv();
         // SAFETY: NULL or a readable attribute struct.
         let Some(a) = (unsafe { attr.as_ref() }) else { return null_errno(libc::EINVAL) };

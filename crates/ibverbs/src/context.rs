@@ -10,7 +10,9 @@ use std::sync::{Arc, Mutex};
 use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, minus_one, null_errno};
-use crate::objects::{CqBox, CtxBox, DevShared, FUTURE_SLOTS, QpBox, SrqBox, ctx, from_c, into_c};
+use crate::objects::{
+    CqBox, CtxBox, DevShared, FUTURE_SLOTS, QpBox, SrqBox, from_c, into_c, live_ctx,
+};
 
 pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
     guard(std::ptr::null_mut(), || {
@@ -77,13 +79,6 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         // SAFETY: just allocated, live.
         unsafe { (*b).ibv() }
     })
-}
-
-/// The box of a context pointer, if it is a live context.
-pub(crate) fn live_ctx<'a>(context: *mut ibv_context) -> Option<&'a CtxBox> {
-    // SAFETY: only dereferenced after the registry confirms it is live.
-    let b = unsafe { ctx(context) }?;
-    is_live(std::ptr::from_ref(b), Kind::Context).then_some(b)
 }
 
 pub(crate) unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {

@@ -11,11 +11,11 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use crate::abi::consts::*;
 use crate::abi::*;
-use crate::context::live_ctx;
 use crate::ffi::{Kind, guard, is_live, minus_one, null_errno};
 use crate::objects::{
     ChannelBox, CqBox, CqEvents, enter, from_c, hold, in_use, into_c, leave, obj, release,
 };
+use crate::objects::{live_cq, live_ctx};
 use uroce::{Completion, WcOpcode, WcStatus};
 
 const EMPTY: Completion = Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false);
@@ -31,11 +31,6 @@ pub(crate) fn live_channel<'a>(ch: *mut ibv_comp_channel) -> Option<&'a ChannelB
     is_live(ch.cast::<ChannelBox>(), Kind::Channel)
         .then(|| unsafe { obj::<_, ChannelBox>(ch) })
         .flatten()
-}
-
-pub(crate) fn live_cq<'a>(cq: *mut ibv_cq) -> Option<&'a CqBox> {
-    // SAFETY: dereferenced only once the registry says it is a live CQ.
-    is_live(cq.cast::<CqBox>(), Kind::Cq).then(|| unsafe { obj::<_, CqBox>(cq) }).flatten()
 }
 
 pub(crate) unsafe extern "C" fn ibv_create_comp_channel(

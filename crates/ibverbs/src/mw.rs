@@ -9,8 +9,8 @@ use uroce::{Access, MwBind, MwType};
 
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, null_errno};
+use crate::objects::live_pd;
 use crate::objects::{MrBox, MwBox, QpBox, from_c, hold, into_c, obj, release};
-use crate::pd::live_pd;
 
 /// `ops.alloc_mw`.
 pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, ty: c_int) -> *mut ibv_mw {

@@ -18,6 +18,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::abi::*;
+use crate::ffi::{Kind, is_live};
 
 /// Zeroed pointer slots allocated before each `verbs_context`, so that a
 /// binary built against newer headers (with more ops at lower addresses)
@@ -163,7 +164,7 @@ pub(crate) struct QpBox {
     pub(crate) ex: bool,
     pub(crate) cap: ibv_qp_cap,
     pub(crate) sq_sig_all: bool,
-    pub(crate) builder: Mutex<crate::qp_ex::Builder>,
+    pub(crate) builder: Mutex<crate::wr_batch::Builder>,
     /// Held from `ibv_wr_start` to `ibv_wr_complete` / `ibv_wr_abort`.
     pub(crate) posting: AtomicBool,
 }
@@ -226,4 +227,40 @@ pub(crate) fn leave(busy: &AtomicBool) {
 /// Whether anything still depends on an object.
 pub(crate) fn in_use(users: &AtomicU32) -> bool {
     users.load(Ordering::Acquire) != 0
+}
+
+// Live handle lookups: a C pointer is turned into its box only once the
+// registry (`crate::ffi::is_live`) confirms it names a live object of
+// that kind. Every verb module finds its arguments here, so the modules
+// need not import each other.
+
+/// The box of a context pointer, if it is a live context.
+pub(crate) fn live_ctx<'a>(context: *mut ibv_context) -> Option<&'a CtxBox> {
+    // SAFETY: only dereferenced after the registry confirms it is live.
+    let b = unsafe { ctx(context) }?;
+    is_live(std::ptr::from_ref(b), Kind::Context).then_some(b)
+}
+
+pub(crate) fn live_cq<'a>(cq: *mut ibv_cq) -> Option<&'a CqBox> {
+    // SAFETY: dereferenced only once the registry says it is a live CQ.
+    is_live(cq.cast::<CqBox>(), Kind::Cq).then(|| unsafe { obj::<_, CqBox>(cq) }).flatten()
+}
+
+/// The box of a PD pointer, if it is a live PD.
+pub(crate) fn live_pd<'a>(pd: *mut ibv_pd) -> Option<&'a PdBox> {
+    // SAFETY: dereferenced only once the registry says it is a live PD.
+    is_live(pd.cast::<PdBox>(), Kind::Pd).then(|| unsafe { obj::<_, PdBox>(pd) }).flatten()
+}
+
+/// A live PD and the live context it was allocated on.
+pub(crate) fn live_pd_ctx<'a>(pd: *mut ibv_pd) -> Option<(&'a PdBox, &'a CtxBox)> {
+    let p = live_pd(pd)?;
+    // SAFETY: a live PD's public struct is readable.
+    let c = live_ctx(unsafe { (*p.pd.get()).context })?;
+    Some((p, c))
+}
+
+pub(crate) fn live_srq<'a>(srq: *mut ibv_srq) -> Option<&'a SrqBox> {
+    // SAFETY: dereferenced only once the registry says it is a live SRQ.
+    is_live(srq.cast::<SrqBox>(), Kind::Srq).then(|| unsafe { obj::<_, SrqBox>(srq) }).flatten()
 }

@@ -6,23 +6,9 @@ use std::sync::atomic::AtomicU32;
 
 use crate::abi::consts::*;
 use crate::abi::*;
-use crate::context::live_ctx;
-use crate::ffi::{Kind, guard, is_live, null_errno, set_errno};
-use crate::objects::{CtxBox, MrBox, PdBox, from_c, hold, in_use, into_c, obj, release};
-
-/// The box of a PD pointer, if it is a live PD.
-pub(crate) fn live_pd<'a>(pd: *mut ibv_pd) -> Option<&'a PdBox> {
-    // SAFETY: dereferenced only once the registry says it is a live PD.
-    is_live(pd.cast::<PdBox>(), Kind::Pd).then(|| unsafe { obj::<_, PdBox>(pd) }).flatten()
-}
-
-/// A live PD and the live context it was allocated on.
-pub(crate) fn live_pd_ctx<'a>(pd: *mut ibv_pd) -> Option<(&'a PdBox, &'a CtxBox)> {
-    let p = live_pd(pd)?;
-    // SAFETY: a live PD's public struct is readable.
-    let c = live_ctx(unsafe { (*p.pd.get()).context })?;
-    Some((p, c))
-}
+use crate::ffi::{Kind, guard, null_errno, set_errno};
+use crate::objects::{MrBox, PdBox, from_c, hold, in_use, into_c, release};
+use crate::objects::{live_ctx, live_pd};
 
 pub(crate) unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
     guard(std::ptr::null_mut(), || {

@@ -14,12 +14,12 @@ use uroce::{
 
 use crate::abi::consts::*;
 use crate::abi::*;
-use crate::context::live_ctx;
-use crate::cq::live_cq;
 use crate::ffi::{Kind, guard, is_live, null_errno};
+use crate::objects::live_cq;
+use crate::objects::live_ctx;
+use crate::objects::live_srq;
 use crate::objects::{AhBox, CtxBox, QpBox, SrqBox, from_c, hold, into_c, obj, release};
-use crate::pd::{live_pd, live_pd_ctx};
-use crate::srq::live_srq;
+use crate::objects::{live_pd, live_pd_ctx};
 
 /// WRs converted per call into the engine.
 const POST_BATCH: usize = 16;
@@ -115,7 +115,7 @@ fn create(
             ex,
             cap,
             sq_sig_all: a.sq_sig_all != 0,
-            builder: Mutex::new(crate::qp_ex::Builder::new(&cap)),
+            builder: Mutex::new(crate::wr_batch::Builder::new(&cap)),
             posting: AtomicBool::new(false),
         },
         Kind::Qp,

@@ -7,59 +7,12 @@
 
 use std::ffi::{c_int, c_void};
 
-use uroce::transport::UdDest;
-use uroce::{MwBind, SendFlags, SendWr, Sge, WrOpcode};
+use uroce::{SendFlags, SendWr, Sge, WrOpcode};
 
 use crate::abi::*;
 use crate::ffi::guard;
 use crate::objects::{AhBox, QpBox, enter, leave, obj};
-
-/// One WR being built.
-#[derive(Clone, Copy)]
-struct Pending {
-    wr_id: u64,
-    flags: SendFlags,
-    opcode: WrOpcode,
-    remote_addr: u64,
-    rkey: u32,
-    compare_add: u64,
-    swap: u64,
-    imm: u32,
-    ud: Option<UdDest>,
-    bind: Option<MwBind>,
-    /// Range in `Builder::sges`.
-    sge: (usize, usize),
-    /// Range in `Builder::bytes` when the data is inline.
-    inline: Option<(usize, usize)>,
-}
-
-/// The WRs between `ibv_wr_start` and `ibv_wr_complete`.
-pub(crate) struct Builder {
-    wrs: Vec<Pending>,
-    sges: Vec<Sge>,
-    bytes: Vec<u8>,
-    /// The first error of the batch, reported by `ibv_wr_complete`.
-    err: c_int,
-}
-
-impl Builder {
-    pub(crate) fn new(cap: &ibv_qp_cap) -> Self {
-        let n = (cap.max_send_wr as usize).clamp(1, 1024);
-        Self {
-            wrs: Vec::with_capacity(n),
-            sges: Vec::with_capacity(n),
-            bytes: Vec::with_capacity(cap.max_inline_data as usize),
-            err: 0,
-        }
-    }
-
-    fn clear(&mut self) {
-        self.wrs.clear();
-        self.sges.clear();
-        self.bytes.clear();
-        self.err = 0;
-    }
-}
+use crate::wr_batch::{Builder, Pending};
 
 /// Fills the function pointers of a new QP's `ibv_qp_ex`.
 pub(crate) fn fill(q: &mut ibv_qp_ex) {

@@ -6,20 +6,15 @@ use std::sync::atomic::AtomicU32;
 
 use crate::abi::consts::*;
 use crate::abi::*;
-use crate::ffi::{Kind, guard, is_live, null_errno};
-use crate::objects::{SrqBox, from_c, hold, in_use, into_c, obj, release};
-
-pub(crate) fn live_srq<'a>(srq: *mut ibv_srq) -> Option<&'a SrqBox> {
-    // SAFETY: dereferenced only once the registry says it is a live SRQ.
-    is_live(srq.cast::<SrqBox>(), Kind::Srq).then(|| unsafe { obj::<_, SrqBox>(srq) }).flatten()
-}
+use crate::ffi::{Kind, guard, null_errno};
+use crate::objects::{SrqBox, from_c, hold, in_use, into_c, live_srq, obj, release};
 
 pub(crate) unsafe extern "C" fn ibv_create_srq(
     pd: *mut ibv_pd,
     init: *mut ibv_srq_init_attr,
 ) -> *mut ibv_srq {
     guard(std::ptr::null_mut(), || {
-        let (Some((p, c)), false) = (crate::pd::live_pd_ctx(pd), init.is_null()) else {
+        let (Some((p, c)), false) = (crate::objects::live_pd_ctx(pd), init.is_null()) else {
             return null_errno(libc::EINVAL);
         };
         let context = c.ibv();

@@ -2,8 +2,8 @@
 //! several QPs of a PD consume from, with a low-water mark (`srq_limit`)
 //! that raises an event once when the pool runs low.
 
-use crate::qp::PostError;
 use crate::queue::{RecvCur, RecvQueue};
+use crate::wqe::PostError;
 use crate::wqe::RecvWr;
 
 /// A shared receive queue.

@@ -346,3 +346,56 @@ impl Completion {
     /// `wc.sl` of a UD receive over RoCEv2/IPv6 (mlx5's L3 type 1).
     pub const SL_ROCE_IPV6: u8 = 1;
 }
+
+/// Why a post was refused. `errno()` gives what rdma-core returns.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PostError {
+    /// The QP state does not allow posting (RESET, INIT and RTR for sends;
+    /// RESET for receives).
+    InvalidState,
+    /// The queue is full.
+    QueueFull,
+    /// More SGEs than the QP was created for.
+    TooManySge,
+    /// Inline data longer than `max_inline_data`, or inline on a READ or
+    /// atomic.
+    InlineTooLong,
+    /// The opcode is not supported on this QP type.
+    InvalidOpcode,
+    /// A length the operation cannot take (an atomic not of 8 bytes, a
+    /// message over 2^31).
+    InvalidLength,
+    /// Receives go to the QP's shared receive queue.
+    UsesSrq,
+    /// An inline WR's gather list names memory this QP cannot read (a bad
+    /// L_Key, another PD, or out of bounds).
+    BadInlineAddress,
+}
+
+impl PostError {
+    /// The errno: `ENOMEM` for a full queue, `EINVAL` otherwise.
+    pub const fn errno(self) -> i32 {
+        match self {
+            Self::QueueFull => 12,
+            Self::BadInlineAddress => 14,
+            _ => 22,
+        }
+    }
+}
+
+impl core::fmt::Display for PostError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Self::InvalidState => "QP state does not allow posting",
+            Self::QueueFull => "work queue full",
+            Self::TooManySge => "too many scatter/gather elements",
+            Self::InlineTooLong => "inline data too long or not allowed",
+            Self::InvalidOpcode => "opcode not supported on this QP",
+            Self::InvalidLength => "invalid message length",
+            Self::UsesSrq => "the QP receives through a shared receive queue",
+            Self::BadInlineAddress => "inline gather list names memory the QP cannot read",
+        })
+    }
+}
+
+impl core::error::Error for PostError {}

@@ -13,8 +13,9 @@ use crate::limits;
 #[derive(Debug, Clone)]
 pub struct Device {
     cfg: DeviceConfig,
-    #[cfg(feature = "sim")]
-    sim: Option<crate::backend::sim::SimNetwork>,
+    /// The network the device is on, when it is not the host's (a
+    /// simulated one).
+    net: Option<std::sync::Arc<dyn crate::backend::Network>>,
 }
 
 impl PartialEq for Device {
@@ -51,42 +52,35 @@ pub fn device(name: Option<&str>) -> Result<Device> {
 impl Device {
     /// A device from an explicit configuration (tests, tools).
     pub fn from_config(cfg: DeviceConfig) -> Self {
-        Self {
-            cfg,
-            #[cfg(feature = "sim")]
-            sim: None,
-        }
+        Self { cfg, net: None }
     }
 
+    /// A device on a network of its own (not the host's).
     #[cfg(feature = "sim")]
-    pub(crate) fn with_sim(cfg: DeviceConfig, net: crate::backend::sim::SimNetwork) -> Self {
-        Self { cfg, sim: Some(net) }
+    pub(crate) fn on_network(
+        cfg: DeviceConfig,
+        net: std::sync::Arc<dyn crate::backend::Network>,
+    ) -> Self {
+        Self { cfg, net: Some(net) }
     }
 
     /// Whether the device is on a simulated network.
     fn is_simulated(&self) -> bool {
-        #[cfg(feature = "sim")]
-        return self.sim.is_some();
-        #[cfg(not(feature = "sim"))]
-        false
+        self.net.is_some()
     }
 
     /// The seed of the device's virtual network, if it is on one.
     pub(crate) fn virtual_seed(&self) -> Option<u64> {
-        #[cfg(feature = "sim")]
-        return self.sim.as_ref().filter(|n| n.is_virtual()).map(|n| n.seed());
-        #[cfg(not(feature = "sim"))]
-        None
+        self.net.as_ref().and_then(|n| n.virtual_seed())
     }
 
     /// The device's packet I/O: a UDP socket on its address, or its port on
-    /// a simulated network.
+    /// its own network.
     pub(crate) fn backend(&self) -> std::io::Result<Box<dyn crate::backend::Backend>> {
-        #[cfg(feature = "sim")]
-        if let Some(net) = &self.sim {
-            return Ok(Box::new(net.attach(self.socket_addr())));
+        match &self.net {
+            Some(net) => Ok(net.attach(self.socket_addr())),
+            None => Ok(Box::new(crate::backend::udp::UdpBackend::bind(self.socket_addr())?)),
         }
-        Ok(Box::new(crate::backend::udp::UdpBackend::bind(self.socket_addr())?))
     }
 
     /// Name (`uroce0`, …).

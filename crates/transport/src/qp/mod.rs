@@ -24,6 +24,7 @@ use crate::memory::Memory;
 use crate::queue::{RecvCur, RecvQueue, SendQueue, SendWqe};
 use crate::srq::Srq;
 use crate::stats::{DropReason, Stats};
+pub use crate::wqe::PostError;
 use crate::wqe::{Completion, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WrOpcode};
 use crate::{Instant, RC_MAX_RD_ATOMIC};
 use attr::{AttrMask, ModifyError, QpAttr, QpState, QpType, check_transition};
@@ -112,59 +113,6 @@ pub enum AsyncEvent {
     /// more WQEs from it (`IBV_EVENT_QP_LAST_WQE_REACHED`).
     LastWqeReached,
 }
-
-/// Why a post was refused. `errno()` gives what rdma-core returns.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PostError {
-    /// The QP state does not allow posting (RESET, INIT and RTR for sends;
-    /// RESET for receives).
-    InvalidState,
-    /// The queue is full.
-    QueueFull,
-    /// More SGEs than the QP was created for.
-    TooManySge,
-    /// Inline data longer than `max_inline_data`, or inline on a READ or
-    /// atomic.
-    InlineTooLong,
-    /// The opcode is not supported on this QP type.
-    InvalidOpcode,
-    /// A length the operation cannot take (an atomic not of 8 bytes, a
-    /// message over 2^31).
-    InvalidLength,
-    /// Receives go to the QP's shared receive queue.
-    UsesSrq,
-    /// An inline WR's gather list names memory this QP cannot read (a bad
-    /// L_Key, another PD, or out of bounds).
-    BadInlineAddress,
-}
-
-impl PostError {
-    /// The errno: `ENOMEM` for a full queue, `EINVAL` otherwise.
-    pub const fn errno(self) -> i32 {
-        match self {
-            Self::QueueFull => 12,
-            Self::BadInlineAddress => 14,
-            _ => 22,
-        }
-    }
-}
-
-impl core::fmt::Display for PostError {
-    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        f.write_str(match self {
-            Self::InvalidState => "QP state does not allow posting",
-            Self::QueueFull => "work queue full",
-            Self::TooManySge => "too many scatter/gather elements",
-            Self::InlineTooLong => "inline data too long or not allowed",
-            Self::InvalidOpcode => "opcode not supported on this QP",
-            Self::InvalidLength => "invalid message length",
-            Self::UsesSrq => "the QP receives through a shared receive queue",
-            Self::BadInlineAddress => "inline gather list names memory the QP cannot read",
-        })
-    }
-}
-
-impl core::error::Error for PostError {}
 
 /// Requester state (rxe `qp->req`).
 #[derive(Debug)]

@@ -72,6 +72,17 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
     fn recv_group(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr, IpAddr)>;
 }
 
+/// A network other than the host's that devices can be put on (the
+/// simulated one), so that `Device` need not know what it is made of.
+pub(crate) trait Network: Send + Sync + std::fmt::Debug {
+    /// A backend for the device at `local`.
+    fn attach(&self, local: SocketAddr) -> Box<dyn Backend>;
+
+    /// The seed, when the network runs on a virtual clock (contexts on it
+    /// then derive their keys and PSNs from it, for reproducible runs).
+    fn virtual_seed(&self) -> Option<u64>;
+}
+
 /// Blocks until one of `fds` is readable or `timeout` passes. Takes bare
 /// numbers so that a sleeping progress thread keeps no reference to the
 /// backend: if the context is closed meanwhile, the poll returns at once

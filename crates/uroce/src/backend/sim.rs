@@ -161,7 +161,10 @@ impl SimNetwork {
     /// A device on this network at `addr:port` (any address: nothing is
     /// bound on the host).
     pub fn device(&self, name: &str, addr: std::net::IpAddr, port: u16) -> Device {
-        Device::with_sim(DeviceConfig { name: name.into(), addr, port }, self.clone())
+        Device::on_network(
+            DeviceConfig { name: name.into(), addr, port },
+            std::sync::Arc::new(self.clone()),
+        )
     }
 
     /// Starts recording every datagram put on the network.
@@ -179,10 +182,16 @@ impl SimNetwork {
     pub fn stats(&self) -> uroce_sim::net::NetStats {
         self.lock().net.stats
     }
+}
 
-    pub(crate) fn attach(&self, local: SocketAddr) -> SimPort {
+impl super::Network for SimNetwork {
+    fn attach(&self, local: SocketAddr) -> Box<dyn super::Backend> {
         self.lock().inboxes.entry(local).or_default();
-        SimPort { net: self.clone(), local }
+        Box::new(SimPort { net: self.clone(), local })
+    }
+
+    fn virtual_seed(&self) -> Option<u64> {
+        self.is_virtual().then(|| self.seed())
     }
 }
 
