@@ -40,8 +40,10 @@ pub(crate) struct Args {
     /// UDP port of the two devices.
     #[arg(long, default_value_t = 4791)]
     port: u16,
-    /// Also measure the tools users would pick instead, when installed:
-    /// ucx_perftest (tcp, shm), fi_pingpong (tcp, udp), qperf, sockperf.
+    /// Also measure a plain UDP ping-pong between the same two addresses
+    /// (the floor), and the tools users would pick instead, when
+    /// installed: ucx_perftest (tcp, shm), fi_pingpong (tcp, udp), qperf,
+    /// sockperf.
     #[arg(long)]
     peers: bool,
     /// With --peers: install the missing ones with apt-get first.
@@ -54,6 +56,9 @@ pub(crate) struct Args {
     /// Internal: run as the responder.
     #[arg(long, hide = true)]
     serve: bool,
+    /// Internal: run as the UDP echo of the `udp ping-pong` peer.
+    #[arg(long, hide = true)]
+    udp_echo: Option<u16>,
 }
 
 fn parse_size(s: &str) -> Result<usize, String> {
@@ -91,6 +96,9 @@ fn parse_line(s: &str) -> Result<Remote> {
 }
 
 pub(crate) fn run(a: &Args) -> Result<ExitCode> {
+    if let Some(port) = a.udp_echo {
+        return crate::udp_floor::echo(port);
+    }
     if a.serve { serve(a) } else { client(a) }
 }
 

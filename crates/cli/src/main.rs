@@ -12,6 +12,7 @@ mod pingpong;
 mod plot;
 mod rping;
 mod stat;
+mod udp_floor;
 
 use std::process::ExitCode;
 

@@ -1,9 +1,11 @@
-//! `uroce bench --peers`: the tools users would pick instead of uroce,
-//! measured on the same sizes over loopback when installed (`--install`
-//! installs them with apt-get): UCX's ucx_perftest over TCP and shared
-//! memory, libfabric's fi_pingpong (tcp and udp providers), qperf (TCP and
-//! UDP) and sockperf (TCP). Each yields a bandwidth in 10^6 bytes/s and a
-//! one-way latency in microseconds per size.
+//! `uroce bench --peers`: the floor (a plain UDP ping-pong between the same
+//! two addresses, `crate::udp_floor`), then the tools users would pick
+//! instead of uroce, measured on the same sizes over loopback when
+//! installed (`--install` installs them with apt-get): UCX's ucx_perftest
+//! over TCP and shared memory, libfabric's fi_pingpong (tcp and udp
+//! providers), qperf (TCP and UDP) and sockperf (TCP). Each yields a
+//! bandwidth in 10^6 bytes/s and a one-way latency in microseconds per
+//! size (the floor: latency only).
 
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -245,6 +247,11 @@ pub(crate) fn run(sizes: &[usize], scale: f64, tick: &mut dyn FnMut(&str, usize)
     let iters = |size: usize, base: usize| {
         (((base / size).clamp(20, 20_000) as f64 * scale) as u32).max(10)
     };
+    tick("udp ping-pong", 0);
+    if let Some(lat) = crate::udp_floor::measure(sizes, |s| iters(s, 64 << 20).min(20_000)) {
+        let points = lat.into_iter().map(|(s, l)| (s, None, l)).collect();
+        out.push(PeerRun { name: "udp ping-pong", points });
+    }
     if installed("ucx_perftest") {
         for (name, tls) in [("ucx tcp", "tcp"), ("ucx shm", "sm,self")] {
             let mut points = Vec::new();

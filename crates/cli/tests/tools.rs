@@ -217,6 +217,33 @@ fn bench_with_idle_qps_measures_among_them() {
 }
 
 #[test]
+fn bench_peers_include_the_udp_ping_pong_floor() {
+    let udp = uroce::testing::free_port();
+    let out = std::env::temp_dir().join(format!("uroce-bench-floor-{}", std::process::id()));
+    let o = Command::new(BIN)
+        .args(["bench", "--ops", "send", "--min-size", "8", "--max-size", "16", "--peers"])
+        .args(["--scale", "0.02", "--port", &udp.to_string(), "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    // The latency table has the floor's column, with uroce's ratio to it.
+    let lat = t.split("latency (one way)").nth(1).unwrap_or_else(|| panic!("{t}"));
+    assert!(lat.lines().nth(1).is_some_and(|h| h.contains("udp ping-pong")), "{t}");
+    let csv = std::fs::read_to_string(out.join("bench.csv")).unwrap();
+    for size in [8, 16] {
+        let row = csv
+            .lines()
+            .find(|l| l.starts_with(&format!("udp ping-pong,msg,{size},")))
+            .unwrap_or_else(|| panic!("{csv}"));
+        let us: f64 = row.split(',').nth(9).unwrap().parse().unwrap();
+        assert!(us > 0.0 && us < 10_000.0, "{row}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
+#[test]
 fn bench_sweeps_sizes_and_writes_table_csv_and_svg() {
     let udp = uroce::testing::free_port();
     let out = std::env::temp_dir().join(format!("uroce-bench-{}", std::process::id()));
