@@ -2,9 +2,11 @@
 //! with its own seeded faults, on a virtual clock.
 
 use std::cmp::Reverse;
-use std::collections::{BinaryHeap, HashMap};
+use std::collections::BinaryHeap;
+
 use std::net::IpAddr;
 use std::time::Duration;
+use uroce_transport::fastmap::FastMap;
 
 use uroce_transport::Instant;
 use uroce_wire::icrc;
@@ -75,12 +77,12 @@ struct InFlight {
 pub struct SimNet {
     rng: SplitMix64,
     default: LinkConfig,
-    links: HashMap<(IpAddr, IpAddr), LinkConfig>,
-    busy_until: HashMap<(IpAddr, IpAddr), u64>,
+    links: FastMap<(IpAddr, IpAddr), LinkConfig>,
+    busy_until: FastMap<(IpAddr, IpAddr), u64>,
     /// Last scheduled arrival per direction, to keep jitter FIFO.
-    last_arrival: HashMap<(IpAddr, IpAddr), u64>,
+    last_arrival: FastMap<(IpAddr, IpAddr), u64>,
     queue: BinaryHeap<Reverse<(u64, u64)>>,
-    flights: HashMap<u64, InFlight>,
+    flights: FastMap<u64, InFlight>,
     seq: u64,
     pcap: Option<uroce_pcap::Writer<Vec<u8>>>,
     /// Counters.
@@ -93,11 +95,11 @@ impl SimNet {
         Self {
             rng: SplitMix64::new(seed),
             default,
-            links: HashMap::new(),
-            busy_until: HashMap::new(),
-            last_arrival: HashMap::new(),
+            links: FastMap::default(),
+            busy_until: FastMap::default(),
+            last_arrival: FastMap::default(),
             queue: BinaryHeap::new(),
-            flights: HashMap::new(),
+            flights: FastMap::default(),
             seq: 0,
             pcap: None,
             stats: NetStats::default(),

@@ -11,9 +11,10 @@
 //! nothing per progress pass, however many there are.
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap, VecDeque};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::net::IpAddr;
 
+use crate::fastmap::FastMap;
 use crate::memory::Memory;
 use crate::qp::{AsyncEvent as QpEvent, Qp, Transmit};
 use crate::srq::Srq;
@@ -191,12 +192,12 @@ pub struct GsiDatagram {
 /// The protocol state of one device.
 #[derive(Debug)]
 pub struct Endpoint {
-    qps: HashMap<u32, Slot>,
-    cqs: HashMap<u32, CqRing>,
+    qps: FastMap<u32, Slot>,
+    cqs: FastMap<u32, CqRing>,
     /// Ordered, so that limit events come out in one order every run.
     srqs: BTreeMap<u32, Srq>,
     /// Multicast groups and the UD QPs attached to each.
-    mcast: HashMap<IpAddr, Vec<u32>>,
+    mcast: FastMap<IpAddr, Vec<u32>>,
     /// QPs that may have packets to send or completions to move.
     active: VecDeque<u32>,
     /// QP deadlines, earliest first; entries that no longer match their
@@ -228,10 +229,10 @@ impl Endpoint {
     /// An endpoint with no objects.
     pub fn new() -> Self {
         Self {
-            qps: HashMap::new(),
-            cqs: HashMap::new(),
+            qps: FastMap::default(),
+            cqs: FastMap::default(),
             srqs: BTreeMap::new(),
-            mcast: HashMap::new(),
+            mcast: FastMap::default(),
             active: VecDeque::new(),
             timers: BinaryHeap::new(),
             events: VecDeque::new(),

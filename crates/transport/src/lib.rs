@@ -16,6 +16,7 @@
 #![forbid(unsafe_code)]
 
 pub mod endpoint;
+pub mod fastmap;
 pub mod keys;
 pub mod memory;
 pub mod qp;

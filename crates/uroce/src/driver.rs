@@ -4,10 +4,10 @@
 //! the protocol state (QPs, CQs, SRQs, demux, events). Everything here runs
 //! under the context's lock.
 
-use std::collections::HashMap;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::Instant as StdInstant;
+use uroce_transport::fastmap::FastMap;
 
 use uroce_transport::{Endpoint, Instant, Stats};
 use uroce_wire::icrc::{self, ipv4_id::IdSolver};
@@ -41,7 +41,7 @@ pub(crate) struct Driver {
     pub(crate) ep: Endpoint,
     pub(crate) mem: MemTable,
     /// Completion channels, by CQ handle.
-    pub(crate) channels: HashMap<u32, Arc<EventQueue<u32>>>,
+    pub(crate) channels: FastMap<u32, Arc<EventQueue<u32>>>,
     /// Whether the port is active, and when it was last checked.
     pub(crate) port_up: bool,
     port_checked: Option<Instant>,
@@ -50,10 +50,10 @@ pub(crate) struct Driver {
     pub(crate) next_pd: u32,
     buf: Vec<u8>,
     txbuf: Vec<u8>,
-    solvers: HashMap<usize, IdSolver>,
+    solvers: FastMap<usize, IdSolver>,
     /// Asynchronous events not yet read.
     pub(crate) events: Arc<EventQueue<AsyncEvent>>,
-    peers: HashMap<IpAddr, PeerIds>,
+    peers: FastMap<IpAddr, PeerIds>,
     /// Port 1's GID table (the local addresses QPs may send from).
     gids: GidTable,
     /// Posts queued without a transmit pass since the last one (see
@@ -68,7 +68,7 @@ impl Driver {
         Self {
             ep: Endpoint::new(),
             mem: MemTable::default(),
-            channels: HashMap::new(),
+            channels: FastMap::default(),
             port_up: true,
             port_checked: None,
             backend,
@@ -76,9 +76,9 @@ impl Driver {
             next_pd: 1,
             buf: vec![0; 65536],
             txbuf: vec![0; 65536 + 8192],
-            solvers: HashMap::new(),
+            solvers: FastMap::default(),
             events,
-            peers: HashMap::new(),
+            peers: FastMap::default(),
             gids,
             deferred_posts: 0,
         }

@@ -13,10 +13,12 @@
 //! the whole verbs stack included: CQs, channels, events, SRQs, memory
 //! windows.
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::VecDeque;
+
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant as StdInstant;
+use uroce_transport::fastmap::FastMap;
 
 use uroce_sim::net::encapsulate;
 use uroce_sim::{LinkConfig, SimNet};
@@ -28,7 +30,7 @@ use crate::device::Device;
 
 struct World {
     net: SimNet,
-    inboxes: HashMap<SocketAddr, VecDeque<(SocketAddr, Vec<u8>)>>,
+    inboxes: FastMap<SocketAddr, VecDeque<(SocketAddr, Vec<u8>)>>,
     origin: StdInstant,
     /// The virtual clock, for a virtual network.
     virtual_now: Option<Instant>,
@@ -86,7 +88,7 @@ impl SimNetwork {
         Self {
             world: Arc::new(Mutex::new(World {
                 net: SimNet::new(seed, link),
-                inboxes: HashMap::new(),
+                inboxes: FastMap::default(),
                 origin: StdInstant::now(),
                 virtual_now,
                 seed,
