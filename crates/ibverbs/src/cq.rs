@@ -19,8 +19,6 @@ use crate::objects::{live_cq, live_ctx};
 use uroce::{Completion, WcOpcode, WcStatus};
 
 const EMPTY: Completion = Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false);
-/// Completions moved per engine poll.
-const POLL_BATCH: usize = 16;
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|e| e.into_inner())
@@ -270,24 +268,15 @@ pub(crate) unsafe extern "C" fn poll_cq(cq: *mut ibv_cq, n: c_int, wc: *mut ibv_
         if n <= 0 || wc.is_null() {
             return 0;
         }
-        let want = n as usize;
-        let mut buf = [EMPTY; POLL_BATCH];
         let mut got = 0usize;
-        while got < want {
-            let chunk = (want - got).min(POLL_BATCH);
-            let k = match b.inner.poll(&mut buf[..chunk]) {
-                Ok(k) => k,
-                Err(_) if got == 0 => return -1,
-                Err(_) => break,
-            };
-            for c in &buf[..k] {
-                // SAFETY: the caller gives `n` writable ibv_wc slots.
-                unsafe { wc.add(got).write(to_wc(c)) };
-                got += 1;
-            }
-            if k < chunk {
-                break;
-            }
+        let polled = b.inner.poll_with(n as usize, |c| {
+            // SAFETY: the caller gives `n` writable ibv_wc slots, and
+            // `poll_with` hands over at most `n` completions.
+            unsafe { wc.add(got).write(to_wc(c)) };
+            got += 1;
+        });
+        if polled.is_err() {
+            return -1;
         }
         got as c_int
     })

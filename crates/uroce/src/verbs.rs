@@ -396,11 +396,27 @@ impl Cq {
     /// [`Error::InvalidArgument`] once the CQ has overflowed (a completion
     /// was lost: the CQ is in error, as `IBV_EVENT_CQ_ERR` reports).
     pub fn poll(&self, out: &mut [Completion]) -> Result<usize> {
+        let mut n = 0;
+        self.poll_with(out.len(), |c| {
+            out[n] = *c;
+            n += 1;
+        })
+    }
+
+    /// [`Cq::poll`] handing each completion (up to `max`, oldest first)
+    /// to `sink` straight from the CQ's ring, for callers that keep
+    /// completions in a layout of their own (the C ABI's `ibv_wc`): one
+    /// copy fewer, and no array of placeholders to fill first. `sink`
+    /// runs with the context locked: it must not call into uroce.
+    ///
+    /// # Errors
+    /// As [`Cq::poll`].
+    pub fn poll_with(&self, max: usize, mut sink: impl FnMut(&Completion)) -> Result<usize> {
         let ctx = &self.inner.ctx;
         let mut e = ctx.lock();
         // A ring that can fill the caller's array needs no progress pass
         // (and its receive system call) first.
-        if e.ep.cq(self.inner.id).is_none_or(|c| c.len() < out.len()) {
+        if e.ep.cq(self.inner.id).is_none_or(|c| c.len() < max) {
             ctx.app_progress(&mut e);
         } else {
             ctx.activity.touch();
@@ -410,9 +426,9 @@ impl Cq {
             return Err(Error::InvalidArgument("CQ overrun: completions were lost"));
         }
         let mut n = 0;
-        while n < out.len() {
+        while n < max {
             let Some(c) = cq.pop() else { break };
-            out[n] = c;
+            sink(&c);
             n += 1;
         }
         Ok(n)
