@@ -59,6 +59,7 @@ mod aeth;
 mod atomic;
 mod bth;
 pub mod checksum;
+pub mod cm;
 mod datagram;
 mod deth;
 mod error;
