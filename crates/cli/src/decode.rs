@@ -167,9 +167,10 @@ fn describe(s: &mut String, d: &UdpDatagram<'_>, verbose: bool, totals: &mut Tot
     }
 }
 
-/// Names the management datagram carried to QP1 (the CM's REQ, REP, RTU …).
+/// Names a management datagram carried to QP1 that is not a CM message
+/// (those the packet's own description details: `CM REQ …`).
 fn describe_mad(s: &mut String, mad: &[u8]) {
-    if mad.len() < 24 {
+    if mad.len() < 24 || uroce_wire::cm::CmMad::parse(mad).is_ok() {
         return;
     }
     let class = mad[1];

@@ -747,6 +747,67 @@ impl CmMad {
     }
 }
 
+impl core::fmt::Display for CmMad {
+    /// `CM REQ tid 0x… comm 0x… service 0x… (tcp port 7174) qpn 0x… psn 0x…`.
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        write!(f, "CM {} tid {:#x}", self.message.name(), self.header.tid)?;
+        let service = |f: &mut core::fmt::Formatter<'_>, id: u64| -> core::fmt::Result {
+            write!(f, " service {id:#018x}")?;
+            match rdma_cm_port(id) {
+                Some((port_space::TCP, p)) => write!(f, " (tcp port {p})"),
+                Some((port_space::UDP, p)) => write!(f, " (udp port {p})"),
+                Some((port_space::IB, p)) => write!(f, " (ib port {p})"),
+                Some((port_space::IPOIB, p)) => write!(f, " (ipoib port {p})"),
+                _ => Ok(()),
+            }
+        };
+        match &self.message {
+            CmMessage::Req(m) => {
+                write!(f, " comm {:#010x}", m.local_comm_id)?;
+                service(f, m.service_id)?;
+                write!(
+                    f,
+                    " qpn {:#08x} psn {:#08x} mtu-code {} retry {} rnr-retry {}",
+                    m.local_qpn, m.starting_psn, m.path_mtu, m.retry_count, m.rnr_retry_count
+                )
+            }
+            CmMessage::Rep(m) => write!(
+                f,
+                " comm {:#010x} remote-comm {:#010x} qpn {:#08x} psn {:#08x}",
+                m.local_comm_id, m.remote_comm_id, m.local_qpn, m.starting_psn
+            ),
+            CmMessage::Rtu(m) | CmMessage::Drep(m) => {
+                write!(f, " comm {:#010x} remote-comm {:#010x}", m.local_comm_id, m.remote_comm_id)
+            }
+            CmMessage::Dreq(m) => write!(
+                f,
+                " comm {:#010x} remote-comm {:#010x} remote-qpn {:#08x}",
+                m.local_comm_id, m.remote_comm_id, m.remote_qpn
+            ),
+            CmMessage::Rej(m) => write!(
+                f,
+                " comm {:#010x} remote-comm {:#010x} reason {}",
+                m.local_comm_id, m.remote_comm_id, m.reason
+            ),
+            CmMessage::Mra(m) => write!(
+                f,
+                " comm {:#010x} remote-comm {:#010x} timeout {}",
+                m.local_comm_id, m.remote_comm_id, m.service_timeout
+            ),
+            CmMessage::SidrReq(m) => {
+                write!(f, " request {:#010x}", m.request_id)?;
+                service(f, m.service_id)
+            }
+            CmMessage::SidrRep(m) => write!(
+                f,
+                " request {:#010x} status {} qpn {:#08x} qkey {:#010x}",
+                m.request_id, m.status, m.qpn, m.qkey
+            ),
+            CmMessage::Other { .. } => Ok(()),
+        }
+    }
+}
+
 /// RDMA CM port spaces (`enum rdma_ucm_port_space`).
 pub mod port_space {
     /// IPoIB.

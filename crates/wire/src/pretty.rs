@@ -70,6 +70,13 @@ impl<T: AsRef<[u8]>> fmt::Display for RocePacket<T> {
         if info.has_payload && info.transport != Transport::Cnp {
             write!(f, " len {}", self.payload_len())?;
         }
+        // A MAD to QP1 (the GSI): the connection manager's message.
+        if bth.dest_qpn() == 1
+            && self.deth().is_some_and(|d| d.qkey() == crate::cm::CM_QKEY)
+            && let Ok(mad) = crate::cm::CmMad::parse(self.payload())
+        {
+            write!(f, " {mad}")?;
+        }
         Ok(())
     }
 }
