@@ -15,6 +15,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod cm;
 pub mod endpoint;
 pub mod fastmap;
 pub mod keys;

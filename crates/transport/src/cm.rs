@@ -1,0 +1,726 @@
+//! The communication manager's protocol (IBTA vol. 1 chapter 12), sans-IO:
+//! connection establishment (REQ, REP, RTU), refusal (REJ) and teardown
+//! (DREQ, DREP, TimeWait) for RC and UC QPs, with response timeouts, MAD
+//! retries and duplicate MADs answered as §12.9 asks. MADs come in through
+//! [`CmAgent::handle`] and leave through [`CmAgent::poll_transmit`] (the
+//! caller carries them as UD SENDs on QP1); what the application must act
+//! on comes out of [`CmAgent::poll_event`]; time is passed in.
+//!
+//! The QP itself is the caller's: the agent says when to move it (a
+//! connect request arrived, a reply arrived, the connection is established
+//! or gone) and carries the numbers both sides need (QPN, starting PSN,
+//! READ/atomic depths, retry counts, MTU, path).
+//!
+//! Not yet: MRA (a slow accept is covered by the requester's retries),
+//! LAP/APR (refused for RoCE, as Linux does), SIDR, the stale-connection
+//! check against QPs in use, and the RDMA CM's address resolution (the
+//! layer above).
+
+use std::collections::{BTreeMap, VecDeque};
+use std::net::IpAddr;
+use std::time::Duration;
+
+use uroce_wire::cm::{
+    CmMad, CmMessage, CmPath, Dreq, IdsOnly, MadHeader, Rej, Rep, Req, attr, rej_reason,
+};
+
+use crate::Instant;
+
+/// How long a REQ's sender waits for the answer: 4.096 µs × 2^`timeout`
+/// (IBTA's encoding of CM response timeouts and packet lifetimes).
+pub fn cm_timeout(timeout: u8) -> Duration {
+    Duration::from_nanos(4096 << timeout.min(31))
+}
+
+/// What a QP brings to a connection (both sides fill one).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct QpOffer {
+    /// The QP's number.
+    pub qpn: u32,
+    /// Its first send PSN.
+    pub starting_psn: u32,
+    /// READs/atomics it accepts at once (`max_dest_rd_atomic`).
+    pub responder_resources: u8,
+    /// READs/atomics it issues at once (`max_rd_atomic`).
+    pub initiator_depth: u8,
+    /// RNR retries the peer should use toward it (3 bits; 7 = forever).
+    pub rnr_retry_count: u8,
+    /// It takes receives from an SRQ.
+    pub srq: bool,
+}
+
+/// A connection request to send ([`CmAgent::connect`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ConnectArgs {
+    /// The peer's address (where the REQ goes).
+    pub peer: IpAddr,
+    /// The service asked for.
+    pub service_id: u64,
+    /// The local QP.
+    pub qp: QpOffer,
+    /// 0 RC, 1 UC.
+    pub transport_service_type: u8,
+    /// Transport retries (3 bits).
+    pub retry_count: u8,
+    /// Path MTU (`ibv_mtu` encoding).
+    pub path_mtu: u8,
+    /// The path: GIDs, flow label, hop limit, traffic class, ACK timeout.
+    pub path: CmPath,
+    /// How long the peer's CM may take to answer (IBTA encoding).
+    pub response_timeout: u8,
+    /// REQ retransmissions before giving up (4 bits).
+    pub max_cm_retries: u8,
+    /// Private data (at most 92 bytes; more is cut).
+    pub private_data: [u8; 92],
+}
+
+/// What the application must act on.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CmEvent {
+    /// A REQ for a service being listened on: answer with
+    /// [`CmAgent::accept`] or [`CmAgent::reject`].
+    ConnectRequest {
+        /// The new connection's local ID.
+        id: u32,
+        /// Who asked.
+        from: IpAddr,
+        /// The request (its QP, PSN, path, private data).
+        req: Box<Req>,
+    },
+    /// The peer accepted our REQ: move the QP to RTR and RTS with the
+    /// reply's numbers, then call [`CmAgent::establish`].
+    ConnectReply {
+        /// The connection.
+        id: u32,
+        /// The reply.
+        rep: Box<Rep>,
+    },
+    /// Both sides are ready (the passive side got the RTU, or any message
+    /// that proves the peer is established).
+    Established {
+        /// The connection.
+        id: u32,
+    },
+    /// The peer refused (or nobody listens: reason 8).
+    Rejected {
+        /// The connection.
+        id: u32,
+        /// The REJ reason.
+        reason: u16,
+        /// The REJ's private data.
+        private_data: Box<[u8; 148]>,
+    },
+    /// The peer did not answer within the retries.
+    Unreachable {
+        /// The connection.
+        id: u32,
+    },
+    /// The peer asked to disconnect (a DREP went back): move the QP to
+    /// the error state.
+    DisconnectRequest {
+        /// The connection.
+        id: u32,
+    },
+    /// The connection is gone (our DREQ answered or timed out); its ID
+    /// stays reserved through TimeWait.
+    Disconnected {
+        /// The connection.
+        id: u32,
+    },
+    /// TimeWait ended: the ID and the QP may be reused.
+    TimeWaitExit {
+        /// The connection.
+        id: u32,
+    },
+}
+
+/// Why a call was refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CmError {
+    /// No such connection.
+    UnknownId,
+    /// The connection is not in a state that allows this call.
+    InvalidState,
+    /// The service is already listened on.
+    ServiceInUse,
+}
+
+impl core::fmt::Display for CmError {
+    fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+        f.write_str(match self {
+            Self::UnknownId => "no such CM connection",
+            Self::InvalidState => "the CM connection's state does not allow this",
+            Self::ServiceInUse => "the service ID is already listened on",
+        })
+    }
+}
+
+impl std::error::Error for CmError {}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum State {
+    /// Active: REQ sent, waiting for REP.
+    ReqSent,
+    /// Passive: REQ received, the application deciding.
+    ReqRcvd,
+    /// Active: REP received, the application readying its QP.
+    RepRcvd,
+    /// Passive: REP sent, waiting for RTU.
+    RepSent,
+    Established,
+    /// DREQ sent, waiting for DREP.
+    DreqSent,
+    TimeWait,
+}
+
+#[derive(Debug)]
+struct Conn {
+    state: State,
+    peer: IpAddr,
+    remote_id: u32,
+    remote_qpn: u32,
+    local_qpn: u32,
+    tid: u64,
+    /// The MAD to resend when `deadline` passes without an answer.
+    retry: Option<CmMad>,
+    /// When to resend `retry`, give up, or (in TimeWait) forget the
+    /// connection.
+    deadline: Option<Instant>,
+    retries_left: u8,
+    wait: Duration,
+    /// The last answer sent, for duplicates of what it answered.
+    last_sent: Option<CmMad>,
+}
+
+/// How long TimeWait lasts (IBTA: at least the packet lifetime plus the
+/// remote ACK delay; Linux waits about a second on RoCE).
+const TIME_WAIT: Duration = Duration::from_secs(1);
+/// MAD retransmissions of a DREQ or REP.
+const DEFAULT_RETRIES: u8 = 15;
+/// Response timeout (IBTA encoding) the agent asks peers for, and waits
+/// for replies to its REP and DREQ: 2^20 × 4.096 µs ≈ 4.3 s, as Linux's
+/// RDMA CM asks (`CMA_CM_RESPONSE_TIMEOUT`).
+pub const RESPONSE_TIMEOUT: u8 = 20;
+
+/// One port's connection manager.
+#[derive(Debug)]
+pub struct CmAgent {
+    ca_guid: u64,
+    /// Target ACK delay put in REPs (5 bits).
+    target_ack_delay: u8,
+    /// Our side's wait for answers to REPs and DREQs.
+    reply_wait: Duration,
+    conns: BTreeMap<u32, Conn>,
+    listening: Vec<u64>,
+    next_id: u32,
+    next_tid: u64,
+    out: VecDeque<(IpAddr, CmMad)>,
+    events: VecDeque<CmEvent>,
+}
+
+impl CmAgent {
+    /// An agent for the port of CA `ca_guid`; `seed` picks the first
+    /// communication ID and transaction ID (distinct per agent, so that a
+    /// restarted peer is not mistaken for its old self).
+    pub fn new(ca_guid: u64, seed: u64) -> Self {
+        let mix = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) ^ ca_guid;
+        Self {
+            ca_guid,
+            target_ack_delay: 15,
+            reply_wait: cm_timeout(RESPONSE_TIMEOUT),
+            conns: BTreeMap::new(),
+            listening: Vec::new(),
+            next_id: (mix as u32).max(1),
+            next_tid: mix >> 32 << 32,
+            out: VecDeque::new(),
+            events: VecDeque::new(),
+        }
+    }
+
+    /// Sets how long the agent waits for answers to its REPs and DREQs
+    /// before resending (tests shorten it).
+    pub fn set_reply_wait(&mut self, wait: Duration) {
+        self.reply_wait = wait;
+    }
+
+    /// Accepts REQs for `service_id`.
+    ///
+    /// # Errors
+    /// [`CmError::ServiceInUse`].
+    pub fn listen(&mut self, service_id: u64) -> Result<(), CmError> {
+        if self.listening.contains(&service_id) {
+            return Err(CmError::ServiceInUse);
+        }
+        self.listening.push(service_id);
+        Ok(())
+    }
+
+    /// Stops accepting REQs for `service_id`.
+    pub fn unlisten(&mut self, service_id: u64) {
+        self.listening.retain(|s| *s != service_id);
+    }
+
+    fn new_id(&mut self) -> u32 {
+        loop {
+            let id = self.next_id;
+            self.next_id = self.next_id.wrapping_add(1).max(1);
+            if !self.conns.contains_key(&id) {
+                return id;
+            }
+        }
+    }
+
+    fn send(&mut self, to: IpAddr, mad: CmMad) {
+        self.out.push_back((to, mad));
+    }
+
+    /// Sends `mad` and keeps it for resending after `wait`.
+    fn send_reliably(&mut self, id: u32, now: Instant, mad: CmMad) {
+        let Some(c) = self.conns.get_mut(&id) else { return };
+        c.retry = Some(mad);
+        c.deadline = Some(now.saturating_add(c.wait));
+        let peer = c.peer;
+        self.send(peer, mad);
+    }
+
+    /// Sends a REQ; the answer arrives as [`CmEvent::ConnectReply`],
+    /// [`CmEvent::Rejected`] or [`CmEvent::Unreachable`]. Returns the
+    /// connection's local ID.
+    pub fn connect(&mut self, now: Instant, a: &ConnectArgs) -> u32 {
+        let id = self.new_id();
+        let tid = self.next_tid;
+        self.next_tid = self.next_tid.wrapping_add(1);
+        let req = Req {
+            local_comm_id: id,
+            service_id: a.service_id,
+            local_ca_guid: self.ca_guid,
+            local_qkey: 0,
+            local_qpn: a.qp.qpn,
+            responder_resources: a.qp.responder_resources,
+            local_eecn: 0,
+            initiator_depth: a.qp.initiator_depth,
+            remote_eecn: 0,
+            remote_cm_response_timeout: a.response_timeout,
+            transport_service_type: a.transport_service_type,
+            end_to_end_flow_control: false,
+            starting_psn: a.qp.starting_psn,
+            local_cm_response_timeout: RESPONSE_TIMEOUT,
+            retry_count: a.retry_count,
+            pkey: 0xffff,
+            path_mtu: a.path_mtu,
+            rdc_exists: false,
+            rnr_retry_count: a.qp.rnr_retry_count,
+            max_cm_retries: a.max_cm_retries,
+            srq: a.qp.srq,
+            extended_transport_type: 0,
+            primary: a.path,
+            alternate: CmPath::default(),
+            sap_supported: false,
+            private_data: a.private_data,
+        };
+        let wait = cm_timeout(a.response_timeout);
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::ReqSent,
+                peer: a.peer,
+                remote_id: 0,
+                remote_qpn: 0,
+                local_qpn: a.qp.qpn,
+                tid,
+                retry: None,
+                deadline: None,
+                retries_left: a.max_cm_retries,
+                wait,
+                last_sent: None,
+            },
+        );
+        let mad = CmMad { header: MadHeader::cm(attr::REQ, tid), message: CmMessage::Req(req) };
+        self.send_reliably(id, now, mad);
+        id
+    }
+
+    /// Accepts a [`CmEvent::ConnectRequest`] with the local QP (already
+    /// moved to RTR with the request's numbers): sends the REP.
+    ///
+    /// # Errors
+    /// [`CmError::UnknownId`], [`CmError::InvalidState`].
+    pub fn accept(
+        &mut self,
+        now: Instant,
+        id: u32,
+        qp: &QpOffer,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        let c = self.conns.get_mut(&id).ok_or(CmError::UnknownId)?;
+        if c.state != State::ReqRcvd {
+            return Err(CmError::InvalidState);
+        }
+        c.state = State::RepSent;
+        c.local_qpn = qp.qpn;
+        c.retries_left = DEFAULT_RETRIES;
+        c.wait = self.reply_wait;
+        let mut pd = [0u8; 196];
+        let n = private_data.len().min(pd.len());
+        pd[..n].copy_from_slice(&private_data[..n]);
+        let rep = Rep {
+            local_comm_id: id,
+            remote_comm_id: c.remote_id,
+            local_qkey: 0,
+            local_qpn: qp.qpn,
+            local_eecn: 0,
+            starting_psn: qp.starting_psn,
+            responder_resources: qp.responder_resources,
+            initiator_depth: qp.initiator_depth,
+            target_ack_delay: self.target_ack_delay,
+            failover_accepted: 0,
+            end_to_end_flow_control: false,
+            rnr_retry_count: qp.rnr_retry_count,
+            srq: qp.srq,
+            local_ca_guid: self.ca_guid,
+            private_data: pd,
+        };
+        let mad = CmMad { header: MadHeader::cm(attr::REP, c.tid), message: CmMessage::Rep(rep) };
+        c.last_sent = Some(mad);
+        self.send_reliably(id, now, mad);
+        Ok(())
+    }
+
+    /// Refuses a [`CmEvent::ConnectRequest`] (or a reply) with a consumer
+    /// REJ carrying `private_data`; the connection is forgotten.
+    ///
+    /// # Errors
+    /// [`CmError::UnknownId`], [`CmError::InvalidState`].
+    pub fn reject(&mut self, id: u32, private_data: &[u8]) -> Result<(), CmError> {
+        let c = self.conns.get(&id).ok_or(CmError::UnknownId)?;
+        let message_rejected = match c.state {
+            State::ReqRcvd => 0,
+            State::RepRcvd => 1,
+            _ => return Err(CmError::InvalidState),
+        };
+        let mut pd = [0u8; 148];
+        let n = private_data.len().min(pd.len());
+        pd[..n].copy_from_slice(&private_data[..n]);
+        let rej = Rej {
+            local_comm_id: id,
+            remote_comm_id: c.remote_id,
+            message_rejected,
+            rejected_info_length: 0,
+            reason: rej_reason::CONSUMER_DEFINED,
+            ari: [0; 72],
+            private_data: pd,
+        };
+        let (peer, tid) = (c.peer, c.tid);
+        self.conns.remove(&id);
+        self.send(
+            peer,
+            CmMad { header: MadHeader::cm(attr::REJ, tid), message: CmMessage::Rej(rej) },
+        );
+        Ok(())
+    }
+
+    /// After a [`CmEvent::ConnectReply`], with the QP in RTS: sends the RTU
+    /// and the connection is established.
+    ///
+    /// # Errors
+    /// [`CmError::UnknownId`], [`CmError::InvalidState`].
+    pub fn establish(&mut self, id: u32) -> Result<(), CmError> {
+        let c = self.conns.get_mut(&id).ok_or(CmError::UnknownId)?;
+        if c.state != State::RepRcvd {
+            return Err(CmError::InvalidState);
+        }
+        c.state = State::Established;
+        let rtu =
+            IdsOnly { local_comm_id: id, remote_comm_id: c.remote_id, private_data: [0; 224] };
+        let mad = CmMad { header: MadHeader::cm(attr::RTU, c.tid), message: CmMessage::Rtu(rtu) };
+        c.last_sent = Some(mad);
+        let peer = c.peer;
+        self.send(peer, mad);
+        self.events.push_back(CmEvent::Established { id });
+        Ok(())
+    }
+
+    /// Disconnects an established connection: sends a DREQ; the end comes
+    /// as [`CmEvent::Disconnected`] (when the DREP arrives or the retries
+    /// run out).
+    ///
+    /// # Errors
+    /// [`CmError::UnknownId`], [`CmError::InvalidState`].
+    pub fn disconnect(&mut self, now: Instant, id: u32) -> Result<(), CmError> {
+        let c = self.conns.get_mut(&id).ok_or(CmError::UnknownId)?;
+        if !matches!(c.state, State::Established | State::RepSent) {
+            return Err(CmError::InvalidState);
+        }
+        c.state = State::DreqSent;
+        c.retries_left = DEFAULT_RETRIES;
+        c.wait = self.reply_wait;
+        let dreq = Dreq {
+            local_comm_id: id,
+            remote_comm_id: c.remote_id,
+            remote_qpn: c.remote_qpn,
+            private_data: [0; 220],
+        };
+        let mad =
+            CmMad { header: MadHeader::cm(attr::DREQ, c.tid), message: CmMessage::Dreq(dreq) };
+        self.send_reliably(id, now, mad);
+        Ok(())
+    }
+
+    /// The next MAD to send, and to whom.
+    pub fn poll_transmit(&mut self) -> Option<(IpAddr, CmMad)> {
+        self.out.pop_front()
+    }
+
+    /// The next event for the application.
+    pub fn poll_event(&mut self) -> Option<CmEvent> {
+        self.events.pop_front()
+    }
+
+    /// When [`CmAgent::handle_timeout`] must next run.
+    pub fn poll_timeout(&self) -> Option<Instant> {
+        self.conns.values().filter_map(|c| c.deadline).min()
+    }
+
+    /// Resends what went unanswered, gives up after the retries, and ends
+    /// TimeWaits.
+    pub fn handle_timeout(&mut self, now: Instant) {
+        let due: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| c.deadline.is_some_and(|at| at <= now))
+            .map(|(id, _)| *id)
+            .collect();
+        for id in due {
+            let Some(c) = self.conns.get_mut(&id) else { continue };
+            if c.state == State::TimeWait {
+                self.conns.remove(&id);
+                self.events.push_back(CmEvent::TimeWaitExit { id });
+                continue;
+            }
+            let Some(mad) = c.retry else {
+                c.deadline = None;
+                continue;
+            };
+            if c.retries_left == 0 {
+                let state = c.state;
+                match state {
+                    State::DreqSent => {
+                        self.enter_time_wait(id, now);
+                        self.events.push_back(CmEvent::Disconnected { id });
+                    }
+                    _ => {
+                        // REQ or REP unanswered: tell the peer, forget it.
+                        let (peer, tid, remote) = (c.peer, c.tid, c.remote_id);
+                        self.conns.remove(&id);
+                        self.send(peer, rej_mad(tid, id, remote, rej_reason::TIMEOUT, state));
+                        self.events.push_back(CmEvent::Unreachable { id });
+                    }
+                }
+                continue;
+            }
+            c.retries_left -= 1;
+            c.deadline = Some(now.saturating_add(c.wait));
+            let peer = c.peer;
+            self.send(peer, mad);
+        }
+    }
+
+    fn enter_time_wait(&mut self, id: u32, now: Instant) {
+        if let Some(c) = self.conns.get_mut(&id) {
+            c.state = State::TimeWait;
+            c.retry = None;
+            c.deadline = Some(now.saturating_add(TIME_WAIT));
+        }
+    }
+
+    /// The connection a message names by our ID.
+    fn by_local(&self, id: u32, peer: IpAddr) -> Option<u32> {
+        self.conns.get(&id).filter(|c| c.peer == peer).map(|_| id)
+    }
+
+    /// Takes in one CM MAD from `from`.
+    pub fn handle(&mut self, now: Instant, from: IpAddr, mad: &CmMad) {
+        match &mad.message {
+            CmMessage::Req(req) => self.on_req(from, mad.header.tid, req),
+            CmMessage::Rep(rep) => self.on_rep(from, rep),
+            CmMessage::Rtu(rtu) => {
+                if let Some(id) = self.by_local(rtu.remote_comm_id, from) {
+                    self.established_by_peer(id);
+                }
+            }
+            CmMessage::Rej(rej) => self.on_rej(from, rej),
+            CmMessage::Dreq(dreq) => self.on_dreq(now, from, mad.header.tid, dreq),
+            CmMessage::Drep(drep) => {
+                if let Some(id) = self.by_local(drep.remote_comm_id, from)
+                    && self.conns[&id].state == State::DreqSent
+                {
+                    self.enter_time_wait(id, now);
+                    self.events.push_back(CmEvent::Disconnected { id });
+                }
+            }
+            // MRA, SIDR, LAP, APR: not handled yet (see the module doc).
+            _ => {}
+        }
+    }
+
+    fn on_req(&mut self, from: IpAddr, tid: u64, req: &Req) {
+        // A duplicate (the peer resent it): answer as before, or wait for
+        // the application if it has not answered yet.
+        if let Some((_, c)) = self
+            .conns
+            .iter()
+            .find(|(_, c)| c.peer == from && c.remote_id == req.local_comm_id && c.tid == tid)
+        {
+            if c.state == State::RepSent
+                && let Some(rep) = c.last_sent
+            {
+                self.send(from, rep);
+            }
+            return;
+        }
+        if !self.listening.contains(&req.service_id) {
+            self.send(
+                from,
+                rej_mad(tid, 0, req.local_comm_id, rej_reason::INVALID_SERVICE_ID, State::ReqRcvd),
+            );
+            return;
+        }
+        if req.transport_service_type > 1 {
+            self.send(
+                from,
+                rej_mad(
+                    tid,
+                    0,
+                    req.local_comm_id,
+                    rej_reason::INVALID_TRANSPORT_TYPE,
+                    State::ReqRcvd,
+                ),
+            );
+            return;
+        }
+        let id = self.new_id();
+        self.conns.insert(
+            id,
+            Conn {
+                state: State::ReqRcvd,
+                peer: from,
+                remote_id: req.local_comm_id,
+                remote_qpn: req.local_qpn,
+                local_qpn: 0,
+                tid,
+                retry: None,
+                deadline: None,
+                retries_left: 0,
+                wait: self.reply_wait,
+                last_sent: None,
+            },
+        );
+        self.events.push_back(CmEvent::ConnectRequest { id, from, req: Box::new(*req) });
+    }
+
+    fn on_rep(&mut self, from: IpAddr, rep: &Rep) {
+        let Some(id) = self.by_local(rep.remote_comm_id, from) else { return };
+        let c = self.conns.get_mut(&id).expect("looked up");
+        match c.state {
+            State::ReqSent => {
+                c.state = State::RepRcvd;
+                c.retry = None;
+                c.deadline = None;
+                c.remote_id = rep.local_comm_id;
+                c.remote_qpn = rep.local_qpn;
+                self.events.push_back(CmEvent::ConnectReply { id, rep: Box::new(*rep) });
+            }
+            // Our RTU was lost: send it again.
+            State::Established => {
+                if let Some(rtu) = c.last_sent {
+                    let peer = c.peer;
+                    self.send(peer, rtu);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn on_rej(&mut self, from: IpAddr, rej: &Rej) {
+        let Some(id) = self.by_local(rej.remote_comm_id, from) else { return };
+        if matches!(self.conns[&id].state, State::ReqSent | State::RepSent | State::RepRcvd) {
+            self.conns.remove(&id);
+            self.events.push_back(CmEvent::Rejected {
+                id,
+                reason: rej.reason,
+                private_data: Box::new(rej.private_data),
+            });
+        }
+    }
+
+    fn on_dreq(&mut self, now: Instant, from: IpAddr, tid: u64, dreq: &Dreq) {
+        let Some(id) = self.by_local(dreq.remote_comm_id, from) else {
+            // A DREQ for a connection we no longer know: answer anyway, so
+            // the peer's side can close (IBTA §12.9.8.5).
+            let drep = IdsOnly {
+                local_comm_id: dreq.remote_comm_id,
+                remote_comm_id: dreq.local_comm_id,
+                private_data: [0; 224],
+            };
+            self.send(
+                from,
+                CmMad { header: MadHeader::cm(attr::DREP, tid), message: CmMessage::Drep(drep) },
+            );
+            return;
+        };
+        let c = self.conns.get_mut(&id).expect("looked up");
+        let drep =
+            IdsOnly { local_comm_id: id, remote_comm_id: c.remote_id, private_data: [0; 224] };
+        let mad =
+            CmMad { header: MadHeader::cm(attr::DREP, c.tid), message: CmMessage::Drep(drep) };
+        let state = c.state;
+        c.last_sent = Some(mad);
+        self.send(from, mad);
+        match state {
+            State::Established | State::RepSent | State::DreqSent => {
+                if state == State::RepSent {
+                    self.events.push_back(CmEvent::Established { id });
+                }
+                self.enter_time_wait(id, now);
+                self.events.push_back(if state == State::DreqSent {
+                    CmEvent::Disconnected { id }
+                } else {
+                    CmEvent::DisconnectRequest { id }
+                });
+            }
+            // Already in TimeWait: the DREP above answers the duplicate.
+            _ => {}
+        }
+    }
+
+    /// The passive side learns the peer is established: from the RTU, or
+    /// from anything the established peer sends (a DREQ).
+    fn established_by_peer(&mut self, id: u32) {
+        if let Some(c) = self.conns.get_mut(&id)
+            && c.state == State::RepSent
+        {
+            c.state = State::Established;
+            c.retry = None;
+            c.deadline = None;
+            self.events.push_back(CmEvent::Established { id });
+        }
+    }
+}
+
+/// A REJ from connection `local` (0: none) to the peer's `remote`.
+fn rej_mad(tid: u64, local: u32, remote: u32, reason: u16, state: State) -> CmMad {
+    let rej = Rej {
+        local_comm_id: local,
+        remote_comm_id: remote,
+        message_rejected: match state {
+            State::ReqRcvd | State::ReqSent => 0,
+            State::RepSent | State::RepRcvd => 1,
+            _ => 2,
+        },
+        rejected_info_length: 0,
+        reason,
+        ari: [0; 72],
+        private_data: [0; 148],
+    };
+    CmMad { header: MadHeader::cm(attr::REJ, tid), message: CmMessage::Rej(rej) }
+}

@@ -1,0 +1,337 @@
+//! The CM agent against ground truth (kernel rxe's REQ, RTU and DREQ from
+//! `rping_cm.pcap` replayed to our passive side, our REP and DREP checked
+//! field by field against rxe's) and against itself over a link that
+//! loses MADs.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use uroce_transport::Instant;
+use uroce_transport::cm::{CmAgent, CmEvent, ConnectArgs, QpOffer, cm_timeout};
+use uroce_wire::cm::{
+    CmMad, CmMessage, CmPath, MAD_LEN, attr, port_space, rdma_cm_service_id, rej_reason,
+};
+use uroce_wire::{RocePacket, UdpDatagram};
+
+/// The CM MADs of `rping_cm.pcap`, in order.
+fn captured() -> Vec<CmMad> {
+    let path = std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("../wire/tests/vectors/rxe/rping_cm.pcap");
+    let data = std::fs::read(path).unwrap();
+    let mut out = Vec::new();
+    for rec in uroce_pcap::Reader::new(&data).unwrap() {
+        let rec = rec.unwrap();
+        let ip = &rec.data[14..];
+        let d = UdpDatagram::parse(ip).unwrap();
+        let pkt: RocePacket<&[u8]> = d.roce().unwrap();
+        if pkt.bth().dest_qpn() == 1 {
+            out.push(CmMad::parse(pkt.payload()).unwrap());
+        }
+    }
+    assert_eq!(out.len(), 5);
+    out
+}
+
+fn bytes(m: &CmMad) -> [u8; MAD_LEN] {
+    let mut b = [0u8; MAD_LEN];
+    m.emit(&mut b);
+    b
+}
+
+fn events(a: &mut CmAgent) -> Vec<CmEvent> {
+    std::iter::from_fn(|| a.poll_event()).collect()
+}
+
+const CLIENT: &str = "10.50.0.2";
+
+#[test]
+fn rxe_requests_get_the_reply_rxe_gives() {
+    let m = captured();
+    let CmMessage::Req(req) = m[0].message else { panic!() };
+    let CmMessage::Rep(their_rep) = m[1].message else { panic!() };
+    let client: IpAddr = CLIENT.parse().unwrap();
+    let t0 = Instant::ZERO;
+
+    let mut a = CmAgent::new(their_rep.local_ca_guid, 7);
+    a.listen(rdma_cm_service_id(port_space::TCP, 7174)).unwrap();
+    a.handle(t0, client, &m[0]);
+    let ev = events(&mut a);
+    let [CmEvent::ConnectRequest { id, from, req: got }] = &ev[..] else { panic!("{ev:?}") };
+    assert_eq!((*from, **got), (client, req));
+    let id = *id;
+
+    // The values each side picks (QPN, PSN) are ours; the READ depths and
+    // RNR retry are what rping asked for.
+    let qp = QpOffer {
+        qpn: 0x4242,
+        starting_psn: 0x123456,
+        responder_resources: 1,
+        initiator_depth: 1,
+        rnr_retry_count: 7,
+        srq: false,
+    };
+    a.accept(t0, id, &qp, &[]).unwrap();
+    let (to, ours) = a.poll_transmit().unwrap();
+    assert_eq!(to, client);
+    let CmMessage::Rep(our_rep) = ours.message else { panic!() };
+    assert_eq!(ours.header, m[1].header, "same transaction, class and method");
+    assert_eq!(
+        (our_rep.local_comm_id, our_rep.local_qpn, our_rep.starting_psn),
+        (id, 0x4242, 0x123456)
+    );
+    // Field by field: rxe's REP with our picks written in is ours.
+    let mut expected = their_rep;
+    expected.local_comm_id = id;
+    expected.local_qpn = 0x4242;
+    expected.starting_psn = 0x123456;
+    assert_eq!(our_rep, expected);
+    let expected_mad = CmMad { header: m[1].header, message: CmMessage::Rep(expected) };
+    assert_eq!(bytes(&ours), bytes(&expected_mad));
+
+    // rxe's RTU (addressed to our ID) establishes; its DREQ draws the DREP
+    // rxe's server sent, then TimeWait runs out.
+    let retarget = |mad: &CmMad| {
+        let mut mad = *mad;
+        match &mut mad.message {
+            CmMessage::Rtu(m) => m.remote_comm_id = id,
+            CmMessage::Dreq(m) => m.remote_comm_id = id,
+            _ => unreachable!(),
+        }
+        mad
+    };
+    a.handle(t0, client, &retarget(&m[2]));
+    assert_eq!(events(&mut a), [CmEvent::Established { id }]);
+    assert_eq!(a.poll_timeout(), None, "nothing waits for an answer");
+    a.handle(t0, client, &retarget(&m[3]));
+    assert_eq!(events(&mut a), [CmEvent::DisconnectRequest { id }]);
+    let (_, drep) = a.poll_transmit().unwrap();
+    let CmMessage::Drep(mut their_drep) = m[4].message else { panic!() };
+    their_drep.local_comm_id = id;
+    assert_eq!(drep, CmMad { header: m[4].header, message: CmMessage::Drep(their_drep) });
+    let end = a.poll_timeout().unwrap();
+    a.handle_timeout(end);
+    assert_eq!(events(&mut a), [CmEvent::TimeWaitExit { id }]);
+}
+
+/// Two agents and a link between them that drops the MADs `drop` says to.
+struct Pair {
+    a: CmAgent,
+    b: CmAgent,
+    now: Instant,
+    sent: usize,
+    drop: fn(usize, &CmMad) -> bool,
+}
+
+const A: &str = "10.0.0.1";
+const B: &str = "10.0.0.2";
+
+impl Pair {
+    fn new(drop: fn(usize, &CmMad) -> bool) -> Self {
+        let mut a = CmAgent::new(0xa, 1);
+        let mut b = CmAgent::new(0xb, 2);
+        a.set_reply_wait(Duration::from_millis(10));
+        b.set_reply_wait(Duration::from_millis(10));
+        Self { a, b, now: Instant::ZERO, sent: 0, drop }
+    }
+
+    /// Delivers everything in flight (both ways) until quiet.
+    fn flush(&mut self) {
+        loop {
+            let mut moved = false;
+            while let Some((to, mad)) = self.a.poll_transmit() {
+                assert_eq!(to, B.parse::<IpAddr>().unwrap());
+                self.sent += 1;
+                if !(self.drop)(self.sent, &mad) {
+                    self.b.handle(self.now, A.parse().unwrap(), &mad);
+                }
+                moved = true;
+            }
+            while let Some((to, mad)) = self.b.poll_transmit() {
+                assert_eq!(to, A.parse::<IpAddr>().unwrap());
+                self.sent += 1;
+                if !(self.drop)(self.sent, &mad) {
+                    self.a.handle(self.now, B.parse().unwrap(), &mad);
+                }
+                moved = true;
+            }
+            if !moved {
+                return;
+            }
+        }
+    }
+
+    /// Advances to the next timer of either agent.
+    fn tick(&mut self) {
+        let next = [self.a.poll_timeout(), self.b.poll_timeout()].into_iter().flatten().min();
+        let next = next.expect("a timer");
+        self.now = next;
+        self.a.handle_timeout(next);
+        self.b.handle_timeout(next);
+        self.flush();
+    }
+}
+
+fn offer(qpn: u32) -> QpOffer {
+    QpOffer {
+        qpn,
+        starting_psn: qpn * 3,
+        responder_resources: 4,
+        initiator_depth: 4,
+        rnr_retry_count: 7,
+        srq: false,
+    }
+}
+
+fn connect_args(service_id: u64) -> ConnectArgs {
+    ConnectArgs {
+        peer: B.parse().unwrap(),
+        service_id,
+        qp: offer(0x11),
+        transport_service_type: 0,
+        retry_count: 7,
+        path_mtu: 3,
+        path: CmPath { local_lid: 0xffff, remote_lid: 0xffff, hop_limit: 64, ..CmPath::default() },
+        response_timeout: 12, // 16.8 ms
+        max_cm_retries: 3,
+        private_data: [9; 92],
+    }
+}
+
+const SVC: u64 = rdma_cm_service_id(port_space::TCP, 5000);
+
+/// Connects A to B over `p`, retrying through whatever the link drops;
+/// returns both sides' IDs.
+fn establish(p: &mut Pair) -> (u32, u32) {
+    p.b.listen(SVC).unwrap();
+    let ida = p.a.connect(p.now, &connect_args(SVC));
+    p.flush();
+    let idb = loop {
+        if let Some(ev) = p.b.poll_event() {
+            let CmEvent::ConnectRequest { id, req, .. } = ev else { panic!("{ev:?}") };
+            assert_eq!((req.local_qpn, req.private_data), (0x11, [9; 92]));
+            break id;
+        }
+        p.tick();
+    };
+    p.b.accept(p.now, idb, &offer(0x22), b"welcome").unwrap();
+    p.flush();
+    loop {
+        if let Some(ev) = p.a.poll_event() {
+            let CmEvent::ConnectReply { id, rep } = ev else { panic!("{ev:?}") };
+            assert_eq!((id, rep.local_qpn, &rep.private_data[..7]), (ida, 0x22, &b"welcome"[..]));
+            break;
+        }
+        p.tick();
+    }
+    p.a.establish(ida).unwrap();
+    assert_eq!(p.a.poll_event(), Some(CmEvent::Established { id: ida }));
+    p.flush();
+    loop {
+        if let Some(ev) = p.b.poll_event() {
+            assert_eq!(ev, CmEvent::Established { id: idb });
+            break;
+        }
+        p.tick();
+    }
+    (ida, idb)
+}
+
+#[test]
+fn connect_and_disconnect_over_a_clean_link() {
+    let mut p = Pair::new(|_, _| false);
+    let (ida, idb) = establish(&mut p);
+    assert_eq!((p.a.poll_timeout(), p.b.poll_timeout()), (None, None));
+    assert_eq!(p.sent, 3, "REQ, REP, RTU");
+    p.a.disconnect(p.now, ida).unwrap();
+    p.flush();
+    assert_eq!(events(&mut p.b), [CmEvent::DisconnectRequest { id: idb }]);
+    assert_eq!(events(&mut p.a), [CmEvent::Disconnected { id: ida }]);
+    p.tick();
+    assert_eq!(events(&mut p.a), [CmEvent::TimeWaitExit { id: ida }]);
+    assert_eq!(events(&mut p.b), [CmEvent::TimeWaitExit { id: idb }]);
+}
+
+#[test]
+fn lost_req_rep_rtu_and_dreq_are_recovered_by_retries() {
+    // Drop the first REQ, the first REP, the first RTU and the first DREQ.
+    fn drop_firsts(_: usize, m: &CmMad) -> bool {
+        use std::sync::atomic::{AtomicU32, Ordering};
+        static SEEN: AtomicU32 = AtomicU32::new(0);
+        let bit = 1 << m.message.attr_id();
+        SEEN.fetch_or(bit, Ordering::Relaxed) & bit == 0
+    }
+    let mut p = Pair::new(drop_firsts);
+    let (ida, idb) = establish(&mut p);
+    p.a.disconnect(p.now, ida).unwrap();
+    p.flush();
+    while p.a.poll_event().is_none() {
+        p.tick();
+    }
+    assert_eq!(events(&mut p.b), [CmEvent::DisconnectRequest { id: idb }]);
+}
+
+#[test]
+fn nobody_listening_is_an_invalid_service_reject() {
+    let mut p = Pair::new(|_, _| false);
+    let id = p.a.connect(p.now, &connect_args(SVC));
+    p.flush();
+    let ev = events(&mut p.a);
+    let [CmEvent::Rejected { id: rid, reason, .. }] = &ev[..] else { panic!("{ev:?}") };
+    assert_eq!((*rid, *reason), (id, rej_reason::INVALID_SERVICE_ID));
+    assert_eq!(p.a.poll_timeout(), None, "the REQ is no longer resent");
+}
+
+#[test]
+fn a_consumer_reject_carries_its_private_data() {
+    let mut p = Pair::new(|_, _| false);
+    p.b.listen(SVC).unwrap();
+    let id = p.a.connect(p.now, &connect_args(SVC));
+    p.flush();
+    let Some(CmEvent::ConnectRequest { id: idb, .. }) = p.b.poll_event() else { panic!() };
+    p.b.reject(idb, b"go away").unwrap();
+    p.flush();
+    let ev = events(&mut p.a);
+    let [CmEvent::Rejected { id: rid, reason, private_data }] = &ev[..] else { panic!("{ev:?}") };
+    assert_eq!((*rid, *reason), (id, rej_reason::CONSUMER_DEFINED));
+    assert_eq!(&private_data[..7], b"go away");
+    assert!(p.b.accept(p.now, idb, &offer(1), &[]).is_err(), "the request is gone");
+}
+
+#[test]
+fn a_silent_peer_is_unreachable_after_the_retries() {
+    let mut p = Pair::new(|_, m| m.message.attr_id() == attr::REQ);
+    p.b.listen(SVC).unwrap();
+    let id = p.a.connect(p.now, &connect_args(SVC));
+    p.flush();
+    let mut ticks = 0;
+    while p.a.poll_event().is_none_or(|e| {
+        assert_eq!(e, CmEvent::Unreachable { id });
+        false
+    }) {
+        p.tick();
+        ticks += 1;
+        assert!(ticks <= 4, "3 retries, then give up");
+    }
+    // The REQ went out 1 + 3 times, each wait the response timeout.
+    assert_eq!(p.now, Instant::ZERO.saturating_add(cm_timeout(12) * 4));
+}
+
+#[test]
+fn duplicate_requests_are_answered_not_doubled() {
+    let mut p = Pair::new(|_, _| false);
+    p.b.listen(SVC).unwrap();
+    p.a.connect(p.now, &connect_args(SVC));
+    let (_, req) = p.a.poll_transmit().unwrap();
+    let from: IpAddr = A.parse().unwrap();
+    p.b.handle(p.now, from, &req);
+    p.b.handle(p.now, from, &req);
+    let ev = events(&mut p.b);
+    let [CmEvent::ConnectRequest { id, .. }] = &ev[..] else { panic!("one request: {ev:?}") };
+    assert!(p.b.poll_transmit().is_none(), "no answer before the application's");
+    p.b.accept(p.now, *id, &offer(0x33), &[]).unwrap();
+    let (_, rep) = p.b.poll_transmit().unwrap();
+    // The REQ again (our REP was lost, say): the same REP goes back.
+    p.b.handle(p.now, from, &req);
+    assert_eq!(p.b.poll_transmit().map(|(_, m)| m), Some(rep));
+    assert!(events(&mut p.b).is_empty());
+}
