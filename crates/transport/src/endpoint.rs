@@ -211,6 +211,11 @@ pub struct Endpoint {
     /// An SRQ was used since its limit was last looked at.
     srq_dirty: bool,
     gsi: Option<(VecDeque<GsiDatagram>, usize)>,
+    /// MADs to send from QPN 1: (destination, its UDP port, source GID
+    /// index, MAD).
+    gsi_out: VecDeque<(IpAddr, u16, u8, [u8; 256])>,
+    /// The next PSN of QPN 1's sends.
+    gsi_psn: u32,
     next_qpn: u32,
     next_cq: u32,
     next_srq: u32,
@@ -240,6 +245,8 @@ impl Endpoint {
             moved: false,
             srq_dirty: false,
             gsi: None,
+            gsi_out: VecDeque::new(),
+            gsi_psn: 0,
             next_qpn: FIRST_QPN,
             next_cq: 1,
             next_srq: 1,
@@ -412,6 +419,48 @@ impl Endpoint {
         self.gsi.as_mut()?.0.pop_front()
     }
 
+    /// Queues a MAD to send from QPN 1 to the GSI of `dst` at UDP port
+    /// `dst_port` (4791 but in tests: a UD SEND Only with Q_Key
+    /// 0x80010000, as every CM implementation expects), from local GID
+    /// `sgid_index`; it leaves with the next [`Endpoint::poll_transmit`].
+    pub fn send_gsi(&mut self, dst: IpAddr, dst_port: u16, sgid_index: u8, mad: &[u8; 256]) {
+        self.gsi_out.push_back((dst, dst_port, sgid_index, *mad));
+    }
+
+    /// Builds the next queued MAD into `buf`.
+    fn poll_gsi_transmit(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+        use crate::wire::{BthRepr, DethRepr, Opcode, RocePacketRepr};
+        let &(dst, dst_port, sgid_index, mad) = self.gsi_out.front()?;
+        let repr = RocePacketRepr {
+            bth: BthRepr {
+                opcode: Opcode::UD_SEND_ONLY,
+                ack_req: true,
+                pkey: 0xffff,
+                dest_qpn: GSI_QPN,
+                psn: crate::wire::Psn::new(self.gsi_psn),
+                ..BthRepr::default()
+            },
+            deth: Some(DethRepr { qkey: crate::wire::cm::CM_QKEY, src_qpn: GSI_QPN }),
+            ..RocePacketRepr::default()
+        };
+        let total = repr.packet_len(mad.len());
+        if buf.len() < total {
+            return None;
+        }
+        let hl = repr.emit_headers(buf).ok()?;
+        buf[hl..hl + mad.len()].copy_from_slice(&mad);
+        self.gsi_out.pop_front();
+        self.gsi_psn = (self.gsi_psn + 1) & 0xff_ffff;
+        self.stats.sent_pkts += 1;
+        Some(Transmit {
+            len: total,
+            dst,
+            dst_port,
+            src_port: crate::wire::udp::rxe_ud_sport(GSI_QPN),
+            sgid_index,
+        })
+    }
+
     // ---- driving ----
 
     /// Handles a received packet whose ICRC the driver has checked: to
@@ -481,6 +530,11 @@ impl Endpoint {
         mem: &dyn Memory,
         buf: &mut [u8],
     ) -> Option<Transmit> {
+        if !self.gsi_out.is_empty()
+            && let Some(t) = self.poll_gsi_transmit(buf)
+        {
+            return Some(t);
+        }
         while let Some(&qpn) = self.active.front() {
             if let Some(slot) = self.qps.get_mut(&qpn) {
                 if let Some(t) = slot.qp.poll_transmit(now, mem, buf) {

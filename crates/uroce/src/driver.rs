@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Instant as StdInstant;
 use uroce_transport::fastmap::FastMap;
 
+use uroce_transport::cm::{CmAgent, CmEvent};
 use uroce_transport::{Endpoint, Instant, Stats};
 use uroce_wire::icrc::{self, ipv4_id::IdSolver};
 use uroce_wire::udp::{LinuxIpHeader, UdpRepr};
@@ -59,6 +60,15 @@ pub(crate) struct Driver {
     /// Posts queued without a transmit pass since the last one (see
     /// `Inner::doorbell`).
     pub(crate) deferred_posts: u32,
+    /// The connection manager on QP1, once the application uses it.
+    pub(crate) cm: Option<CmDriver>,
+}
+
+/// The context's connection manager: the protocol agent, and the events
+/// it raised that no caller has taken yet.
+pub(crate) struct CmDriver {
+    pub(crate) agent: CmAgent,
+    pub(crate) events: std::collections::VecDeque<CmEvent>,
 }
 
 impl Driver {
@@ -81,7 +91,70 @@ impl Driver {
             peers: FastMap::default(),
             gids,
             deferred_posts: 0,
+            cm: None,
         }
+    }
+
+    /// Starts the connection manager (idempotent): QP1's datagrams go to
+    /// it from now on.
+    pub(crate) fn cm(&mut self) -> &mut CmDriver {
+        if self.cm.is_none() {
+            self.ep.enable_gsi(256);
+            let guid = self.cm_guid();
+            let seed = self.origin.elapsed().as_nanos() as u64 ^ u64::from(std::process::id());
+            self.cm = Some(CmDriver {
+                agent: CmAgent::new(guid, seed),
+                events: std::collections::VecDeque::new(),
+            });
+        }
+        self.cm.as_mut().expect("just set")
+    }
+
+    /// The node GUID the CM puts in its messages (as `Device::guid`).
+    fn cm_guid(&self) -> u64 {
+        let o = uroce_wire::grh::gid_of(self.backend.local().ip());
+        let mut g = [0u8; 8];
+        g[0] = 0x02;
+        g[1] = 0x75;
+        g[2..8].copy_from_slice(&o[10..16]);
+        u64::from_be_bytes(g)
+    }
+
+    /// Feeds QP1's datagrams to the CM, runs its timers, and queues what
+    /// it sends on QP1.
+    fn drive_cm(&mut self, now: Instant) -> bool {
+        let Some(cm) = self.cm.as_mut() else { return false };
+        let mut work = false;
+        while let Some(d) = self.ep.poll_gsi() {
+            work = true;
+            let Ok(pkt) = RocePacket::new_checked(&d.bytes[..]) else { continue };
+            if let Ok(mad) = uroce_wire::cm::CmMad::parse(pkt.payload()) {
+                cm.agent.handle(now, d.from, &mad);
+            }
+        }
+        if cm.agent.poll_timeout().is_some_and(|t| t <= now) {
+            cm.agent.handle_timeout(now);
+            work = true;
+        }
+        let mut out = Vec::new();
+        while let Some((to, mad)) = cm.agent.poll_transmit() {
+            let mut b = [0u8; uroce_wire::cm::MAD_LEN];
+            mad.emit(&mut b);
+            out.push((to, b));
+        }
+        while let Some(e) = cm.agent.poll_event() {
+            cm.events.push_back(e);
+            work = true;
+        }
+        // Peers listen on the device's own port (4791 but in tests).
+        let port = self.backend.local().port();
+        for (to, b) in out {
+            let sgid = self.gid_for(to).and_then(|i| u8::try_from(i).ok()).unwrap_or(0);
+            let sgid = if self.source_for(sgid, to).is_ok() { sgid } else { 0 };
+            self.ep.send_gsi(to, port, sgid, &b);
+            work = true;
+        }
+        work
     }
 
     pub(crate) fn backend(&self) -> &dyn Backend {
@@ -120,6 +193,7 @@ impl Driver {
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             work |= self.ep.handle_timeout(now) > 0;
         }
+        work |= self.drive_cm(now);
         work |= self.transmit(now) > 0;
         work |= self.forward_events();
         work
@@ -228,7 +302,8 @@ impl Driver {
 
     /// The earliest QP deadline.
     pub(crate) fn next_deadline(&mut self) -> Option<Instant> {
-        self.ep.poll_timeout()
+        let cm = self.cm.as_ref().and_then(|c| c.agent.poll_timeout());
+        [self.ep.poll_timeout(), cm].into_iter().flatten().min()
     }
 
     fn receive(&mut self, now: Instant, budget: usize) -> usize {

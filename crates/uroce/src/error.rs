@@ -47,6 +47,21 @@ pub enum Error {
     /// An I/O error from a descriptor (channels, async events).
     #[error(transparent)]
     Io(std::io::Error),
+    /// Nothing came within the time allowed (ETIMEDOUT).
+    #[error("timed out: {0}")]
+    TimedOut(&'static str),
+    /// The peer's connection manager refused (ECONNREFUSED): reason 8
+    /// means nobody listens on that port, 28 the application refused.
+    #[error("connection refused (CM reject reason {reason})")]
+    Rejected {
+        /// The REJ's reason (IBTA table 109).
+        reason: u16,
+        /// The REJ's private data.
+        private_data: Vec<u8>,
+    },
+    /// Already in use (EADDRINUSE): a port listened on twice.
+    #[error("in use: {0}")]
+    InUse(&'static str),
 }
 
 impl Error {
@@ -61,6 +76,9 @@ impl Error {
             Self::Modify(e) => e.errno(),
             Self::Post { error, .. } => error.errno(),
             Self::Io(e) => e.raw_os_error().unwrap_or(libc::EIO),
+            Self::TimedOut(_) => libc::ETIMEDOUT,
+            Self::Rejected { .. } => libc::ECONNREFUSED,
+            Self::InUse(_) => libc::EADDRINUSE,
         }
     }
 }

@@ -77,6 +77,7 @@ mod async_cq;
 mod backend;
 #[allow(unsafe_code)]
 mod channel;
+pub mod cm;
 pub mod config;
 mod context;
 mod device;

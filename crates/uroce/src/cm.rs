@@ -1,0 +1,340 @@
+//! Connecting RC QPs through the connection manager on QP1, the way
+//! librdmacm's users connect: one side listens on a port, the other
+//! connects to the peer's address and port, and both get back a QP in RTS
+//! joined to the other's, with up to 92 (request) or 196 (reply) bytes of
+//! private data exchanged on the way. On the wire it is the IBTA CM as
+//! Linux speaks it (REQ, REP, RTU; DREQ, DREP), with the RDMA CM's
+//! service IDs for the TCP port space and its private-data header, so the
+//! peer can be another uroce process or, once the RDMA CM layer is
+//! complete, a kernel rxe host.
+//!
+//! The protocol is `uroce_transport::cm::CmAgent`; this module moves the
+//! QP at each step and waits for the peer. The waits poll the context
+//! (connection setup is not a hot path).
+//!
+//! Not yet: an event channel with a descriptor, UD (SIDR), multicast join,
+//! address and route resolution beyond "the peer's address is its GID",
+//! and librdmacm on top (issue 14).
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant as StdInstant};
+
+use uroce_transport::cm::{CmEvent, ConnectArgs, QpOffer, RESPONSE_TIMEOUT};
+use uroce_wire::cm::{CmPath, CmaHeader, port_space, rdma_cm_service_id};
+
+use crate::context::Context;
+use crate::error::{Error, Result};
+use crate::verbs::Qp;
+use crate::{Access, QpType};
+
+/// The rights a connected QP gets (rdma_cm's: everything remote).
+const ACCESS: Access = Access(
+    Access::LOCAL_WRITE.0
+        | Access::REMOTE_WRITE.0
+        | Access::REMOTE_READ.0
+        | Access::REMOTE_ATOMIC.0,
+);
+/// READs and atomics in flight each way (what `uroce::connect` sets).
+const RD_ATOMIC: u8 = 16;
+
+/// A port listened on ([`Context::cm_listen`]).
+#[derive(Debug)]
+pub struct CmListener {
+    ctx: Context,
+    service_id: u64,
+}
+
+/// A connection the CM set up: its QP is in RTS.
+#[derive(Debug)]
+pub struct CmConnection {
+    ctx: Context,
+    id: u32,
+    peer: IpAddr,
+    remote_qpn: u32,
+    private_data: Vec<u8>,
+}
+
+impl CmConnection {
+    /// The peer's address.
+    pub fn peer(&self) -> IpAddr {
+        self.peer
+    }
+
+    /// The peer's QP number.
+    pub fn remote_qpn(&self) -> u32 {
+        self.remote_qpn
+    }
+
+    /// The private data the peer sent with its request or reply (for a
+    /// request, after the RDMA CM's 36-byte header).
+    pub fn private_data(&self) -> &[u8] {
+        &self.private_data
+    }
+
+    /// Disconnects: sends a DREQ and waits up to `timeout` for the DREP
+    /// (the QP is the caller's to move to the error state and destroy).
+    ///
+    /// # Errors
+    /// [`Error::TimedOut`] when no DREP came.
+    pub fn disconnect(self, timeout: Duration) -> Result<()> {
+        {
+            let mut d = self.ctx.inner.lock();
+            let now = d.now();
+            d.cm().agent.disconnect(now, self.id).map_err(|_| {
+                Error::InvalidArgument("the connection is not established (the peer disconnected?)")
+            })?;
+        }
+        let id = self.id;
+        match wait(&self.ctx, timeout, |e| match e {
+            CmEvent::Disconnected { id: i } | CmEvent::DisconnectRequest { id: i } => *i == id,
+            _ => false,
+        })? {
+            Some(_) => Ok(()),
+            None => Err(Error::TimedOut("waiting for the peer's DREP")),
+        }
+    }
+
+    /// Waits up to `timeout` for the peer to disconnect; true if it did.
+    ///
+    /// # Errors
+    /// As a context poll.
+    pub fn wait_disconnect(&self, timeout: Duration) -> Result<bool> {
+        let id = self.id;
+        Ok(wait(
+            &self.ctx,
+            timeout,
+            |e| matches!(e, CmEvent::DisconnectRequest { id: i } if *i == id),
+        )?
+        .is_some())
+    }
+}
+
+/// Takes the first pending CM event `pick` accepts, driving progress
+/// until one comes or `timeout` passes.
+fn wait(
+    ctx: &Context,
+    timeout: Duration,
+    mut pick: impl FnMut(&CmEvent) -> bool,
+) -> Result<Option<CmEvent>> {
+    let start = StdInstant::now();
+    loop {
+        {
+            let mut d = ctx.inner.lock();
+            d.progress();
+            let cm = d.cm();
+            if let Some(i) = cm.events.iter().position(&mut pick) {
+                return Ok(cm.events.remove(i));
+            }
+        }
+        if start.elapsed() >= timeout {
+            return Ok(None);
+        }
+        std::thread::sleep(Duration::from_micros(50));
+    }
+}
+
+/// A starting PSN that differs per QP and per run (a reused QPN must not
+/// start where its previous connection's stale packets might be).
+fn psn_for(qpn: u32) -> u32 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    (qpn.wrapping_mul(0x9e37_79b9) ^ t ^ std::process::id().rotate_left(11)) & 0xff_ffff
+}
+
+fn check_qp(qp: &Qp) -> Result<()> {
+    if qp.qp_type() != QpType::Rc {
+        return Err(Error::InvalidArgument("the CM connects RC QPs"));
+    }
+    Ok(())
+}
+
+impl Context {
+    /// Listens for connection requests to `port` (the RDMA CM's TCP port
+    /// space), as `rdma_bind_addr` + `rdma_listen`.
+    ///
+    /// # Errors
+    /// [`Error::InUse`] when the port is already listened on.
+    pub fn cm_listen(&self, port: u16) -> Result<CmListener> {
+        let service_id = rdma_cm_service_id(port_space::TCP, port);
+        self.inner
+            .lock()
+            .cm()
+            .agent
+            .listen(service_id)
+            .map_err(|_| Error::InUse("the port is already listened on"))?;
+        Ok(CmListener { ctx: self.clone(), service_id })
+    }
+
+    /// Connects `qp` (an RC QP in RESET) to whoever listens on `port` at
+    /// `peer`, sending `private_data` (at most 56 bytes: the RDMA CM's
+    /// header takes 36 of the REQ's 92), as `rdma_connect`. Returns once
+    /// the QP is in RTS and the RTU is sent.
+    ///
+    /// # Errors
+    /// [`Error::Rejected`] (nobody listens, or the peer refused),
+    /// [`Error::TimedOut`], or a QP transition's error.
+    pub fn cm_connect(
+        &self,
+        qp: &Qp,
+        peer: IpAddr,
+        port: u16,
+        private_data: &[u8],
+        timeout: Duration,
+    ) -> Result<CmConnection> {
+        check_qp(qp)?;
+        if private_data.len() > 92 - CmaHeader::LEN {
+            return Err(Error::InvalidArgument("REQ private data is at most 56 bytes"));
+        }
+        let me = self.device().socket_addr();
+        let mut pd = [0u8; 92];
+        CmaHeader { version: 0, src_port: 0, src: me.ip(), dst: peer }.emit(&mut pd);
+        pd[CmaHeader::LEN..CmaHeader::LEN + private_data.len()].copy_from_slice(private_data);
+        let my_psn = psn_for(qp.qpn());
+        let args = ConnectArgs {
+            peer,
+            service_id: rdma_cm_service_id(port_space::TCP, port),
+            qp: QpOffer {
+                qpn: qp.qpn(),
+                starting_psn: my_psn,
+                responder_resources: RD_ATOMIC,
+                initiator_depth: RD_ATOMIC,
+                rnr_retry_count: 7,
+                srq: false,
+            },
+            transport_service_type: 0,
+            retry_count: 7,
+            path_mtu: if peer.is_loopback() { 5 } else { 3 },
+            path: CmPath {
+                local_lid: 0xffff,
+                remote_lid: 0xffff,
+                local_gid: uroce_wire::grh::gid_of(me.ip()),
+                remote_gid: uroce_wire::grh::gid_of(peer),
+                hop_limit: 64,
+                local_ack_timeout: 14,
+                ..CmPath::default()
+            },
+            // 2^16 × 4.096 µs ≈ 268 ms per try, as many tries as fit.
+            response_timeout: 16,
+            max_cm_retries: 15,
+            private_data: pd,
+        };
+        let id = {
+            let mut d = self.inner.lock();
+            let now = d.now();
+            d.cm().agent.connect(now, &args)
+        };
+        let ev = wait(self, timeout, |e| match e {
+            CmEvent::ConnectReply { id: i, .. }
+            | CmEvent::Rejected { id: i, .. }
+            | CmEvent::Unreachable { id: i } => *i == id,
+            _ => false,
+        })?;
+        let rep = match ev {
+            Some(CmEvent::ConnectReply { rep, .. }) => rep,
+            Some(CmEvent::Rejected { reason, private_data, .. }) => {
+                return Err(Error::Rejected { reason, private_data: private_data.to_vec() });
+            }
+            Some(_) => return Err(Error::TimedOut("the peer's CM did not answer")),
+            None => return Err(Error::TimedOut("waiting for the peer's reply")),
+        };
+        if let Err(e) =
+            crate::connect(qp, peer, me.port(), rep.local_qpn, my_psn, rep.starting_psn, ACCESS)
+        {
+            let _ = self.inner.lock().cm().agent.reject(id, &[]);
+            return Err(e);
+        }
+        self.inner
+            .lock()
+            .cm()
+            .agent
+            .establish(id)
+            .map_err(|_| Error::InvalidArgument("CM state"))?;
+        // Our own Established event: nobody waits for it.
+        let _ =
+            wait(self, Duration::ZERO, |e| matches!(e, CmEvent::Established { id: i } if *i == id));
+        Ok(CmConnection {
+            ctx: self.clone(),
+            id,
+            peer,
+            remote_qpn: rep.local_qpn,
+            private_data: rep.private_data.to_vec(),
+        })
+    }
+}
+
+impl CmListener {
+    /// Waits up to `timeout` for a connection request, connects `qp` (an
+    /// RC QP in RESET) to the requester's QP and replies with
+    /// `private_data` (at most 196 bytes), as `rdma_get_request` +
+    /// `rdma_accept`; returns once the requester's RTU arrived.
+    ///
+    /// # Errors
+    /// [`Error::TimedOut`] (no request, or no RTU), or a QP transition's
+    /// error (the request is then refused).
+    pub fn accept(&self, qp: &Qp, private_data: &[u8], timeout: Duration) -> Result<CmConnection> {
+        check_qp(qp)?;
+        if private_data.len() > 196 {
+            return Err(Error::InvalidArgument("REP private data is at most 196 bytes"));
+        }
+        let service = self.service_id;
+        let Some(CmEvent::ConnectRequest { id, from, req }) = wait(
+            &self.ctx,
+            timeout,
+            |e| matches!(e, CmEvent::ConnectRequest { req, .. } if req.service_id == service),
+        )?
+        else {
+            return Err(Error::TimedOut("waiting for a connection request"));
+        };
+        let port = self.ctx.device().socket_addr().port();
+        let my_psn = psn_for(qp.qpn());
+        if let Err(e) =
+            crate::connect(qp, from, port, req.local_qpn, my_psn, req.starting_psn, ACCESS)
+        {
+            let _ = self.ctx.inner.lock().cm().agent.reject(id, &[]);
+            return Err(e);
+        }
+        let offer = QpOffer {
+            qpn: qp.qpn(),
+            starting_psn: my_psn,
+            responder_resources: RD_ATOMIC.min(req.initiator_depth),
+            initiator_depth: RD_ATOMIC.min(req.responder_resources),
+            rnr_retry_count: 7,
+            srq: false,
+        };
+        {
+            let mut d = self.ctx.inner.lock();
+            let now = d.now();
+            d.cm()
+                .agent
+                .accept(now, id, &offer, private_data)
+                .map_err(|_| Error::InvalidArgument("CM state"))?;
+        }
+        let ev = wait(&self.ctx, timeout, |e| match e {
+            CmEvent::Established { id: i } | CmEvent::Unreachable { id: i } => *i == id,
+            _ => false,
+        })?;
+        match ev {
+            Some(CmEvent::Established { .. }) => Ok(CmConnection {
+                ctx: self.ctx.clone(),
+                id,
+                peer: from,
+                remote_qpn: req.local_qpn,
+                private_data: req.private_data[CmaHeader::LEN..].to_vec(),
+            }),
+            _ => Err(Error::TimedOut("waiting for the requester's RTU")),
+        }
+    }
+}
+
+impl Drop for CmListener {
+    fn drop(&mut self) {
+        self.ctx.inner.lock().cm().agent.unlisten(self.service_id);
+    }
+}
+
+/// How long the CM waits for its peer's answers by default (the RDMA
+/// CM's response timeout).
+pub fn default_response_timeout() -> Duration {
+    uroce_transport::cm::cm_timeout(RESPONSE_TIMEOUT)
+}

@@ -1,0 +1,118 @@
+//! Connecting through the CM on QP1 over the UDP backend: a listener and a
+//! connecting side in two contexts (127.0.0.2 and 127.0.0.1), private data
+//! both ways, a SEND over the connected QPs, a disconnect; and the errors
+//! of a port nobody listens on and of a peer that never answers.
+
+use std::net::IpAddr;
+use std::time::Duration;
+
+use uroce::{
+    Access, Completion, Context, Cq, Device, DeviceConfig, Error, QpCaps, QpInitAttr, QpType,
+    RecvWr, SendWr, WcOpcode, WcStatus,
+};
+
+fn open(addr: &str, port: u16) -> Context {
+    Device::from_config(DeviceConfig { name: "cm".into(), addr: addr.parse().unwrap(), port })
+        .open()
+        .unwrap()
+}
+
+fn rc_qp(pd: &uroce::Pd, cq: &Cq) -> uroce::Qp {
+    pd.create_qp(&QpInitAttr {
+        send_cq: cq,
+        recv_cq: cq,
+        cap: QpCaps {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        qp_type: QpType::Rc,
+        sq_sig_all: true,
+        srq: None,
+    })
+    .unwrap()
+}
+
+fn poll_one(cq: &Cq) -> Completion {
+    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false)];
+    let start = std::time::Instant::now();
+    loop {
+        if cq.poll(&mut wc).unwrap() == 1 {
+            return wc[0];
+        }
+        assert!(start.elapsed() < Duration::from_secs(10), "no completion");
+    }
+}
+
+const T: Duration = Duration::from_secs(10);
+
+#[test]
+fn listen_connect_send_disconnect() {
+    let port = uroce::testing::free_port();
+    let server = open("127.0.0.2", port);
+    let client = open("127.0.0.1", port);
+    let listener = server.cm_listen(7471).unwrap();
+    assert!(matches!(server.cm_listen(7471), Err(Error::InUse(_))), "one listener per port");
+
+    let srv = std::thread::spawn(move || {
+        let pd = server.alloc_pd().unwrap();
+        let cq = server.create_cq(16).unwrap();
+        let qp = rc_qp(&pd, &cq);
+        let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+        let conn = listener.accept(&qp, b"welcome", T).unwrap();
+        assert_eq!(conn.peer(), "127.0.0.1".parse::<IpAddr>().unwrap());
+        assert_eq!(&conn.private_data()[..5], b"hello");
+        qp.post_recv(&[RecvWr { wr_id: 1, sgl: &[mr.sge(0, 4096).unwrap()] }]).unwrap();
+        let wc = poll_one(&cq);
+        assert_eq!((wc.status, wc.byte_len), (WcStatus::Success, 11));
+        let mut got = [0u8; 11];
+        mr.read(0, &mut got).unwrap();
+        assert_eq!(&got, b"over the CM");
+        assert!(conn.wait_disconnect(T).unwrap(), "the client disconnects");
+    });
+
+    let pd = client.alloc_pd().unwrap();
+    let cq = client.create_cq(16).unwrap();
+    let qp = rc_qp(&pd, &cq);
+    let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let conn = client.cm_connect(&qp, "127.0.0.2".parse().unwrap(), 7471, b"hello", T).unwrap();
+    assert_eq!(&conn.private_data()[..7], b"welcome");
+    mr.write(0, b"over the CM").unwrap();
+    // The server's receive may not be posted yet: RNR retries cover it.
+    qp.post_send(&[SendWr { wr_id: 9, sgl: &[mr.sge(0, 11).unwrap()], ..SendWr::default() }])
+        .unwrap();
+    let wc = poll_one(&cq);
+    assert_eq!((wc.status, wc.wr_id), (WcStatus::Success, 9));
+    conn.disconnect(T).unwrap();
+    srv.join().unwrap();
+}
+
+#[test]
+fn nobody_listening_is_refused_and_silence_times_out() {
+    let port = uroce::testing::free_port();
+    let server = open("127.0.0.2", port);
+    let client = open("127.0.0.1", port);
+    let pd = client.alloc_pd().unwrap();
+    let cq = client.create_cq(16).unwrap();
+    let qp = rc_qp(&pd, &cq);
+    // The server's context runs its CM only once used.
+    let _l = server.cm_listen(1).unwrap();
+    match client.cm_connect(&qp, "127.0.0.2".parse().unwrap(), 2, &[], T) {
+        Err(e @ Error::Rejected { reason: 8, .. }) => assert_eq!(e.errno(), libc_econnrefused()),
+        other => panic!("{other:?}"),
+    }
+    drop(server);
+    let qp2 = rc_qp(&pd, &cq);
+    match client.cm_connect(&qp2, "127.0.0.2".parse().unwrap(), 1, &[], Duration::from_millis(300))
+    {
+        Err(e @ Error::TimedOut(_)) => assert_eq!(e.errno(), 110),
+        other => panic!("{other:?}"),
+    }
+    assert!(client.cm_connect(&qp2, "127.0.0.2".parse().unwrap(), 1, &[0; 57], T).is_err());
+}
+
+fn libc_econnrefused() -> i32 {
+    111
+}
