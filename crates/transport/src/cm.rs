@@ -134,6 +134,22 @@ pub enum CmEvent {
     },
 }
 
+impl CmEvent {
+    /// The connection the event is about.
+    pub fn id(&self) -> u32 {
+        match self {
+            Self::ConnectRequest { id, .. }
+            | Self::ConnectReply { id, .. }
+            | Self::Established { id }
+            | Self::Rejected { id, .. }
+            | Self::Unreachable { id }
+            | Self::DisconnectRequest { id }
+            | Self::Disconnected { id }
+            | Self::TimeWaitExit { id } => *id,
+        }
+    }
+}
+
 /// Why a call was refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum CmError {

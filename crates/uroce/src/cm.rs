@@ -327,6 +327,20 @@ impl CmListener {
     }
 }
 
+impl Drop for CmConnection {
+    /// Dropping a connection disconnects it (a DREQ, if it is still
+    /// established, as `rdma_destroy_id` does) and forgets its pending
+    /// events, so that a long-lived context does not collect them.
+    fn drop(&mut self) {
+        let mut d = self.ctx.inner.lock();
+        let now = d.now();
+        let cm = d.cm();
+        let _ = cm.agent.disconnect(now, self.id);
+        let id = self.id;
+        cm.events.retain(|e| e.id() != id);
+    }
+}
+
 impl Drop for CmListener {
     fn drop(&mut self) {
         self.ctx.inner.lock().cm().agent.unlisten(self.service_id);

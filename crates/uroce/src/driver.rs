@@ -143,8 +143,12 @@ impl Driver {
             out.push((to, b));
         }
         while let Some(e) = cm.agent.poll_event() {
-            cm.events.push_back(e);
             work = true;
+            // The end of TimeWait concerns only the agent here (nobody
+            // reuses an ID), and would otherwise pile up.
+            if !matches!(e, CmEvent::TimeWaitExit { .. }) {
+                cm.events.push_back(e);
+            }
         }
         // Peers listen on the device's own port (4791 but in tests).
         let port = self.backend.local().port();

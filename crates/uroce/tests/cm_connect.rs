@@ -116,3 +116,30 @@ fn nobody_listening_is_refused_and_silence_times_out() {
 fn libc_econnrefused() -> i32 {
     111
 }
+
+#[test]
+fn dropping_a_connection_disconnects_it_again_and_again() {
+    let port = uroce::testing::free_port();
+    let server = open("127.0.0.2", port);
+    let client = open("127.0.0.1", port);
+    let listener = server.cm_listen(9000).unwrap();
+    const ROUNDS: usize = 20;
+    let srv = std::thread::spawn(move || {
+        let pd = server.alloc_pd().unwrap();
+        let cq = server.create_cq(16).unwrap();
+        for _ in 0..ROUNDS {
+            let qp = rc_qp(&pd, &cq);
+            let conn = listener.accept(&qp, &[], T).unwrap();
+            // The client drops its side: that is a DREQ here.
+            assert!(conn.wait_disconnect(T).unwrap());
+        }
+    });
+    let pd = client.alloc_pd().unwrap();
+    let cq = client.create_cq(16).unwrap();
+    for _ in 0..ROUNDS {
+        let qp = rc_qp(&pd, &cq);
+        let conn = client.cm_connect(&qp, "127.0.0.2".parse().unwrap(), 9000, &[], T).unwrap();
+        drop(conn);
+    }
+    srv.join().unwrap();
+}
