@@ -306,3 +306,14 @@ impl Stash {
         }
     }
 }
+
+/// A helper process (a peer's server, the UDP echo) killed and reaped when
+/// dropped.
+pub(crate) struct KillOnDrop(pub(crate) std::process::Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}

@@ -7,7 +7,9 @@
 //! bandwidth in 10^6 bytes/s and a one-way latency in microseconds per
 //! size (the floor: latency only).
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+use crate::common::KillOnDrop;
 use std::time::{Duration, Instant};
 
 /// (size, bandwidth 10^6 B/s, one-way latency µs).
@@ -57,21 +59,11 @@ pub(crate) fn install() {
     }
 }
 
-/// A server process killed when dropped.
-struct Server(Child);
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn spawn(cmd: &mut Command) -> Option<Server> {
+fn spawn(cmd: &mut Command) -> Option<KillOnDrop> {
     let c = cmd.stdin(Stdio::null()).stdout(Stdio::null()).stderr(Stdio::null()).spawn().ok()?;
     // The tools give no readiness signal; they listen within this.
     std::thread::sleep(Duration::from_millis(200));
-    Some(Server(c))
+    Some(KillOnDrop(c))
 }
 
 /// Runs a client with a deadline and returns its output.

@@ -11,6 +11,8 @@ use std::time::{Duration, Instant};
 
 use anyhow::{Context as _, Result};
 
+use crate::common::KillOnDrop;
+
 const SERVER: &str = "127.0.0.2";
 const CLIENT: &str = "127.0.0.1";
 /// The largest UDP payload (IPv4).
@@ -82,16 +84,6 @@ fn one_way_us(sock: &UdpSocket, size: usize, iters: u32) -> Option<f64> {
     Some(rtts[rtts.len() / 2].as_secs_f64() * 1e6 / 2.0)
 }
 
-/// Kills the echo process when dropped.
-struct EchoProcess(std::process::Child);
-
-impl Drop for EchoProcess {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// The floor's one-way latency (µs) for each size a datagram can carry.
 pub(crate) fn measure(
     sizes: &[usize],
@@ -99,7 +91,7 @@ pub(crate) fn measure(
 ) -> Option<Vec<(usize, Option<f64>)>> {
     let exe = std::env::current_exe().ok()?;
     let port = uroce::testing::free_port();
-    let _echo = EchoProcess(
+    let _echo = KillOnDrop(
         Command::new(exe)
             .args(["bench", "--udp-echo", &port.to_string()])
             .stdin(Stdio::null())

@@ -49,6 +49,16 @@ pub fn device(name: Option<&str>) -> Result<Device> {
     }
 }
 
+/// The node GUID of the device on `addr` (see [`Device::guid`]).
+pub(crate) fn guid_of(addr: IpAddr) -> u64 {
+    let o: [u8; 16] = uroce_wire::grh::gid_of(addr);
+    let mut g = [0u8; 8];
+    g[0] = 0x02; // locally administered
+    g[1] = 0x75; // 'u'
+    g[2..8].copy_from_slice(&o[10..16]);
+    u64::from_be_bytes(g)
+}
+
 impl Device {
     /// A device from an explicit configuration (tests, tools).
     pub fn from_config(cfg: DeviceConfig) -> Self {
@@ -96,12 +106,7 @@ impl Device {
     /// The node GUID: derived from the IP address, as rxe derives it from
     /// the MAC (EUI-64 style), so it is stable and distinct per address.
     pub fn guid(&self) -> u64 {
-        let o: [u8; 16] = uroce_wire::grh::gid_of(self.cfg.addr);
-        let mut g = [0u8; 8];
-        g[0] = 0x02; // locally administered
-        g[1] = 0x75; // 'u'
-        g[2..8].copy_from_slice(&o[10..16]);
-        u64::from_be_bytes(g)
+        guid_of(self.cfg.addr)
     }
 
     /// The network interface holding the device's address, if any.

@@ -100,7 +100,7 @@ impl Driver {
     pub(crate) fn cm(&mut self) -> &mut CmDriver {
         if self.cm.is_none() {
             self.ep.enable_gsi(256);
-            let guid = self.cm_guid();
+            let guid = crate::device::guid_of(self.backend.local().ip());
             let seed = self.origin.elapsed().as_nanos() as u64 ^ u64::from(std::process::id());
             self.cm = Some(CmDriver {
                 agent: CmAgent::new(guid, seed),
@@ -108,16 +108,6 @@ impl Driver {
             });
         }
         self.cm.as_mut().expect("just set")
-    }
-
-    /// The node GUID the CM puts in its messages (as `Device::guid`).
-    fn cm_guid(&self) -> u64 {
-        let o = uroce_wire::grh::gid_of(self.backend.local().ip());
-        let mut g = [0u8; 8];
-        g[0] = 0x02;
-        g[1] = 0x75;
-        g[2..8].copy_from_slice(&o[10..16]);
-        u64::from_be_bytes(g)
     }
 
     /// Feeds QP1's datagrams to the CM, runs its timers, and queues what
