@@ -269,12 +269,14 @@ impl Conn {
                 }
             }
             Op::Write | Op::Send => {
+                let mut last_done = false;
                 for i in 0..iters {
                     let t = Instant::now();
-                    self.ping(op, size, i, peer, &sge)?;
-                    self.await_ping(op, size, i)?;
+                    self.ping(op, size, i, i + 1 == iters, peer, &sge)?;
+                    last_done = self.await_ping(op, size, i)?;
                     samples.push(t.elapsed().as_secs_f64() * 1e6 / 2.0);
                 }
+                self.finish_pings(iters, last_done)?;
             }
         }
         Ok(samples)
@@ -287,7 +289,21 @@ impl Conn {
         let sge = [self.mr.sge(self.src, size as u32)?];
         for i in 0..iters {
             self.await_ping(op, size, i)?;
-            self.ping(op, size, i, peer, &sge)?;
+            self.ping(op, size, i, i + 1 == iters, peer, &sge)?;
+        }
+        self.finish_pings(iters, false)
+    }
+
+    /// Waits for the last ping's completion (`done`: already seen), so
+    /// that the next run starts with an empty send queue: the slots of
+    /// unsignaled WRs are free only once a later signaled one completes
+    /// (`man ibv_post_send`), and the peer may hold its last ACK for a
+    /// while (it hopes to send it with a reply that will not come).
+    fn finish_pings(&self, iters: u32, mut done: bool) -> Result<()> {
+        let mut wc = common::wc_array::<8>();
+        while !done && iters > 0 {
+            let n = self.poll(&mut wc)?;
+            done = wc[..n].iter().any(|w| !w.is_recv && w.wr_id == u64::from(iters - 1));
         }
         Ok(())
     }
@@ -298,39 +314,49 @@ impl Conn {
         (i % 255 + 1) as u8
     }
 
-    fn ping(&self, op: Op, size: usize, i: u32, peer: &Remote, sge: &[uroce::Sge]) -> Result<()> {
+    fn ping(
+        &self,
+        op: Op,
+        size: usize,
+        i: u32,
+        last: bool,
+        peer: &Remote,
+        sge: &[uroce::Sge],
+    ) -> Result<()> {
         // The last byte carries the iteration, as perftest's write_lat.
         self.mr.write(self.src + size - 1, &[Self::mark(i)])?;
         let mut w = self.wr(op, sge, peer, 0, u64::from(i));
-        // Signal every CQ_MOD-th so the send queue drains.
-        if i % CQ_MOD == CQ_MOD - 1 {
+        // Signal every CQ_MOD-th so the send queue drains, and the last.
+        if i % CQ_MOD == CQ_MOD - 1 || last {
             w.flags = SendFlags::SIGNALED;
         }
         self.qp.post_send(&[w])?;
         Ok(())
     }
 
-    fn await_ping(&self, op: Op, size: usize, i: u32) -> Result<()> {
+    /// Waits for the peer's ping `i`; whether our own ping `i` completed
+    /// meanwhile.
+    fn await_ping(&self, op: Op, size: usize, i: u32) -> Result<bool> {
         let start = Instant::now();
         let mut wc = common::wc_array::<8>();
         let mut b = [0u8];
+        let mut sent = false;
         loop {
+            // Polling the CQ drives progress (and reaps sends).
+            let n = self.cq.poll(&mut wc)?;
+            check_ok(&wc[..n])?;
+            sent |= wc[..n].iter().any(|w| !w.is_recv && w.wr_id == u64::from(i));
             match op {
                 Op::Write => {
-                    // Polling the CQ drives progress (and reaps sends).
-                    let n = self.cq.poll(&mut wc)?;
-                    check_ok(&wc[..n])?;
                     self.mr.read(size - 1, &mut b)?;
                     if b[0] == Self::mark(i) {
-                        return Ok(());
+                        return Ok(sent);
                     }
                 }
                 _ => {
-                    let n = self.cq.poll(&mut wc)?;
-                    check_ok(&wc[..n])?;
                     if wc[..n].iter().any(|w| w.is_recv) {
                         self.post_recvs(1)?;
-                        return Ok(());
+                        return Ok(sent);
                     }
                 }
             }

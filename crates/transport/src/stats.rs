@@ -105,6 +105,11 @@ counters! {
     acks_sent,
     /// Requested ACKs answered by a later, coalesced one.
     ack_deferred,
+    /// ACKs held for the application's reply and sent behind it, in one
+    /// send (see `qp::ack_hold`).
+    acks_behind_request,
+    /// ACKs held for a reply that did not come in time.
+    ack_hold_expired,
     /// Times the port went down (the interface lost its link).
     link_downed,
     /// Packets dropped for a bad ICRC.

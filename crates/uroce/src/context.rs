@@ -219,6 +219,7 @@ impl Device {
             stop: AtomicBool::new(false),
             published: crate::published::path_for(self.name()),
         });
+        live_contexts_add(&inner);
         if options.progress == ProgressMode::Thread {
             let weak = Arc::downgrade(&inner);
             let handle = std::thread::Builder::new()
@@ -372,6 +373,51 @@ impl Context {
     pub fn snapshot(&self) -> crate::published::Snapshot {
         self.inner.snapshot(true)
     }
+}
+
+/// Every open context of the process, for the exit hook.
+static LIVE: Mutex<Vec<std::sync::Weak<Inner>>> = Mutex::new(Vec::new());
+
+/// Records a new context; the first one registers the exit hook.
+fn live_contexts_add(inner: &Arc<Inner>) {
+    let mut live = LIVE.lock().unwrap_or_else(|e| e.into_inner());
+    static HOOKED: std::sync::Once = std::sync::Once::new();
+    HOOKED.call_once(|| {
+        crate::exit::register(send_held_acks_at_exit);
+    });
+    live.retain(|w| w.strong_count() > 0);
+    live.push(Arc::downgrade(inner));
+}
+
+/// At process exit, ACKs held for replies that will never come leave
+/// (see `Qp::release_held_ack`): a program that returns from `main` right
+/// after its last completion, without closing the device, must not leave
+/// its peer retrying a message it received. A lock held elsewhere (a
+/// thread stopped in the middle of a verb) is waited for briefly, never
+/// for ever.
+extern "C" fn send_held_acks_at_exit() {
+    let _ = std::panic::catch_unwind(|| {
+        let Some(live) = try_lock_briefly(&LIVE) else { return };
+        for inner in live.iter().filter_map(std::sync::Weak::upgrade) {
+            if let Some(mut driver) = try_lock_briefly(&inner.driver) {
+                driver.send_held_acks(None);
+            }
+        }
+    });
+}
+
+/// `lock`, giving up after about 10 ms of contention.
+fn try_lock_briefly<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
+    for _ in 0..100 {
+        match m.try_lock() {
+            Ok(g) => return Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => {
+                std::thread::sleep(Duration::from_micros(100));
+            }
+        }
+    }
+    None
 }
 
 impl Drop for Inner {

@@ -357,7 +357,28 @@ impl Driver {
 
     /// Destroys a QP: its multicast groups left empty are left, its
     /// counters join the device's.
+    /// Sends the ACKs that QP `qpn` (every QP, with `None`) holds for the
+    /// application's reply, before the QP changes state, is destroyed or
+    /// the process exits (see `Qp::release_held_ack`).
+    pub(crate) fn send_held_acks(&mut self, qpn: Option<u32>) {
+        let mut any = false;
+        match qpn {
+            Some(q) => any = self.ep.qp_mut(q).is_some_and(|qp| qp.release_held_ack()),
+            None => {
+                let held: Vec<u32> =
+                    self.ep.qps().filter(|q| q.holds_ack()).map(|q| q.qpn()).collect();
+                for q in held {
+                    any |= self.ep.qp_mut(q).is_some_and(|qp| qp.release_held_ack());
+                }
+            }
+        }
+        if any {
+            self.transmit_now();
+        }
+    }
+
     pub(crate) fn destroy_qp(&mut self, qpn: u32) {
+        self.send_held_acks(Some(qpn));
         if let Some((_, groups)) = self.ep.remove_qp(qpn) {
             for g in groups {
                 self.backend.leave(g);

@@ -83,6 +83,8 @@ mod context;
 mod device;
 pub(crate) mod driver;
 mod error;
+#[allow(unsafe_code)]
+mod exit;
 mod gid;
 pub mod limits;
 #[allow(unsafe_code)]

@@ -498,6 +498,9 @@ impl Qp {
         {
             e.source_for(p.sgid_index, p.dst)?;
         }
+        // An ACK held for a reply leaves before the QP changes (a move to
+        // ERR or RESET would drop it).
+        e.send_held_acks(Some(self.qpn));
         let now = e.now();
         let qp = e.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         qp.modify(now, attr, mask)?;

@@ -6,6 +6,7 @@
 //! buffer, [`Qp::poll_timeout`] / [`Qp::handle_timeout`] run the timers, and
 //! [`Qp::poll_completion`] hands out completions in order.
 
+mod ack_hold;
 pub mod attr;
 mod completer;
 mod recovery;
@@ -172,6 +173,8 @@ pub struct Qp {
     pub(crate) req: ReqState,
     pub(crate) comp: CompState,
     pub(crate) resp: RespState,
+    /// An ACK waiting for the application's reply (ping-pongs).
+    hold: ack_hold::AckHold,
     completions: VecDeque<Completion>,
     events: VecDeque<AsyncEvent>,
     pub(crate) stats: Stats,
@@ -212,6 +215,7 @@ impl Qp {
             },
             comp: CompState { psn: Psn::new(0), gap_retry_pending: false },
             resp: RespState::new(RC_MAX_RD_ATOMIC as usize),
+            hold: ack_hold::AckHold::default(),
             completions: VecDeque::with_capacity(sq_depth + rq_depth + 4),
             events: VecDeque::with_capacity(4),
             stats: Stats::default(),
@@ -443,7 +447,7 @@ impl Qp {
 
     fn post_one_send(
         &mut self,
-        _now: Instant,
+        now: Instant,
         wr: &SendWr<'_>,
         mem: Option<&dyn Memory>,
     ) -> Result<(), PostError> {
@@ -533,6 +537,8 @@ impl Qp {
         self.sq.push(wqe, if inline { &[] } else { wr.sgl }, data);
         if self.state == QpState::Error {
             self.flush_all();
+        } else if self.init.qp_type == QpType::Rc {
+            self.hold.on_post(now);
         }
         Ok(())
     }
@@ -689,9 +695,14 @@ impl Qp {
             return Some(t);
         }
         let path = self.attr.path?;
-        let len = match self.responder_poll(mem, buf) {
-            Some(n) => Some(n),
-            None => self.requester_poll(now, mem, buf),
+        let len = if self.hold.deadline().is_some() && self.resp.lone_ack() {
+            self.poll_holding_ack(now, mem, buf)
+        } else {
+            self.hold.cancel();
+            match self.responder_poll(mem, buf) {
+                Some(n) => Some(n),
+                None => self.requester_poll(now, mem, buf),
+            }
         }?;
         self.stats.sent_pkts += 1;
         Some(Transmit {
@@ -703,12 +714,52 @@ impl Qp {
         })
     }
 
+    /// [`Qp::poll_transmit`] while the one queued response is an ACK held
+    /// for the application's reply (`ack_hold`): our requests go first and
+    /// the ACK behind them (the short tail of one GSO send); with no
+    /// request, the ACK waits until its deadline.
+    fn poll_holding_ack(
+        &mut self,
+        now: Instant,
+        mem: &dyn Memory,
+        buf: &mut [u8],
+    ) -> Option<usize> {
+        let waiting = self.hold.holding(now) || self.hold.released();
+        if waiting && let Some(n) = self.requester_poll(now, mem, buf) {
+            self.hold.on_request_sent();
+            return Some(n);
+        }
+        if self.hold.holding(now) && !self.hold.released() {
+            return None;
+        }
+        if self.hold.released() {
+            self.stats.acks_behind_request += 1;
+        } else {
+            self.stats.ack_hold_expired += 1;
+        }
+        self.hold.end(now);
+        self.responder_poll(mem, buf)
+    }
+
+    /// Lets an ACK held for the application's reply go on the next
+    /// transmit. The application is about to change or destroy the QP, or
+    /// the process to exit: the peer's request completed here, so its ACK
+    /// must leave first (with an immediate ACK it would have). Returns
+    /// whether one was held.
+    pub fn release_held_ack(&mut self) -> bool {
+        let held = self.holds_ack();
+        self.hold.cancel();
+        held
+    }
+
+    /// Whether an ACK waits for the application's reply.
+    pub fn holds_ack(&self) -> bool {
+        self.hold.deadline().is_some() && self.resp.lone_ack()
+    }
+
     /// The earliest deadline at which [`Qp::handle_timeout`] must run.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        match (self.req.timer, self.req.rnr_wait_until) {
-            (Some(a), Some(b)) => Some(a.min(b)),
-            (a, b) => a.or(b),
-        }
+        [self.req.timer, self.req.rnr_wait_until, self.hold.deadline()].into_iter().flatten().min()
     }
 
     /// Runs expired timers.
@@ -778,6 +829,7 @@ impl Qp {
         self.req.rnr_wait_until = None;
         self.req.rd_atomic_inflight = 0;
         self.resp.abort();
+        self.hold.cancel();
     }
 
     pub(crate) fn check_drained(&mut self) {

@@ -110,6 +110,14 @@ impl RespState {
         self.in_msg = InMsg::None;
     }
 
+    /// Whether the only response waiting is a plain ACK (one that may be
+    /// held for the application's reply).
+    pub(crate) fn lone_ack(&self) -> bool {
+        self.final_nak.is_none()
+            && self.out.len() == 1
+            && matches!(self.out.front(), Some(RespItem::Ack { syndrome: Syndrome::Ack(_), .. }))
+    }
+
     /// Queues a response.
     fn push_out(&mut self, item: RespItem) {
         self.out_rd_atomic += usize::from(!matches!(item, RespItem::Ack { .. }));
@@ -165,7 +173,6 @@ impl Qp {
         mem: &dyn Memory,
         srq: Option<&mut Srq>,
     ) {
-        let _ = now;
         if !matches!(
             self.state,
             QpState::ReadyToReceive | QpState::ReadyToSend | QpState::SendQueueDrain
@@ -196,12 +203,19 @@ impl Qp {
                 return;
             }
             PsnCheck::Duplicate => {
+                // The requester is resending: answer at once.
+                self.hold.cancel();
                 self.duplicate(pkt, mem);
                 return;
             }
         }
         match self.check_request(pkt).and_then(|()| self.execute(pkt, mem, srq)) {
-            Ok(()) => {}
+            Ok(()) => {
+                self.hold.on_request();
+                if pkt.bth().ack_req() && self.resp.lone_ack() {
+                    self.hold.on_ack_queued(now);
+                }
+            }
             Err(Reject::Rnr) => {
                 self.stats.send_rnr_err += 1;
                 // Later packets of this burst are dropped quietly too: the
