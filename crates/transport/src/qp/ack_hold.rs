@@ -10,8 +10,9 @@
 //! woken for each (on a busy two-core machine that wake-up is the latency).
 //!
 //! IBTA allows it: a responder may coalesce ACKs, and the requester's
-//! Local ACK Timeout (≥ 8 µs × 2^timeout, milliseconds in practice) is far
-//! above [`HOLD`]. Only plain ACKs for new requests are held: NAKs, READ
+//! Local ACK Timeout (4.096 µs × 2^timeout, milliseconds in practice) is
+//! far above [`HOLD`]; a QP configured with a short one holds for at most
+//! a quarter of it. Only plain ACKs for new requests are held: NAKs, READ
 //! responses, atomic ACKs and answers to duplicates go at once. A QP whose
 //! application does not answer quickly never holds: holding starts after
 //! [`STREAK`] posts in a row each followed a request by less than [`HOLD`],
@@ -55,10 +56,13 @@ impl AckHold {
 
     /// A new request was accepted and its ACK queued, alone, at `now`:
     /// whether to hold that ACK (the QP is in a ping-pong).
-    pub(crate) fn on_ack_queued(&mut self, now: Instant) {
+    /// `ack_timeout`: the QP's Local ACK Timeout, if any; a hold stays
+    /// under a quarter of it (the peer's is not known, ours is the hint).
+    pub(crate) fn on_ack_queued(&mut self, now: Instant, ack_timeout: Option<Duration>) {
         self.last_request = Some(now);
         if self.streak >= STREAK && self.until.is_none() {
-            self.until = Some(now.saturating_add(HOLD));
+            let hold = ack_timeout.map_or(HOLD, |t| HOLD.min(t / 4));
+            self.until = Some(now.saturating_add(hold));
             self.released = false;
         }
     }
@@ -123,30 +127,42 @@ mod tests {
     #[test]
     fn holds_only_after_a_streak_of_quick_replies() {
         let mut h = AckHold::default();
-        h.on_ack_queued(us(0));
+        h.on_ack_queued(us(0), None);
         assert!(!h.holding(us(1)), "no streak yet");
         h.on_post(us(5));
-        h.on_ack_queued(us(20));
+        h.on_ack_queued(us(20), None);
         assert!(!h.holding(us(21)), "one reply is not a streak");
         h.on_post(us(25));
-        h.on_ack_queued(us(40));
+        h.on_ack_queued(us(40), None);
         assert!(h.holding(us(41)));
         assert_eq!(h.deadline(), Some(us(40).saturating_add(HOLD)));
     }
 
     #[test]
+    fn a_short_ack_timeout_shortens_the_hold() {
+        let mut h = AckHold::default();
+        for t in [0, 20] {
+            h.on_ack_queued(us(t), None);
+            h.on_post(us(t + 5));
+        }
+        // Local ACK Timeout 5: 4.096 µs × 2^5 ≈ 131 µs.
+        h.on_ack_queued(us(40), Some(Duration::from_nanos(131_072)));
+        assert_eq!(h.deadline(), Some(us(40).saturating_add(Duration::from_nanos(32_768))));
+    }
+
+    #[test]
     fn a_slow_reply_breaks_the_streak() {
         let mut h = AckHold::default();
-        h.on_ack_queued(us(0));
+        h.on_ack_queued(us(0), None);
         h.on_post(us(5));
-        h.on_ack_queued(us(100));
+        h.on_ack_queued(us(100), None);
         h.on_post(us(100).saturating_add(HOLD + Duration::from_micros(1)));
-        h.on_ack_queued(us(300));
+        h.on_ack_queued(us(300), None);
         h.on_post(us(305));
-        h.on_ack_queued(us(400));
+        h.on_ack_queued(us(400), None);
         assert!(!h.holding(us(401)), "quick, slow, quick: no streak of two");
         h.on_post(us(405));
-        h.on_ack_queued(us(500));
+        h.on_ack_queued(us(500), None);
         assert!(h.holding(us(501)));
     }
 
@@ -154,15 +170,15 @@ mod tests {
     fn a_second_request_during_a_hold_is_a_stream() {
         let mut h = AckHold::default();
         for t in [0, 20] {
-            h.on_ack_queued(us(t));
+            h.on_ack_queued(us(t), None);
             h.on_post(us(t + 5));
         }
         h.on_request();
-        h.on_ack_queued(us(40));
+        h.on_ack_queued(us(40), None);
         assert!(h.holding(us(41)));
         h.on_request();
         assert!(!h.holding(us(42)), "released at once");
-        h.on_ack_queued(us(42));
+        h.on_ack_queued(us(42), None);
         assert!(!h.holding(us(43)), "and no more holding");
     }
 
@@ -170,19 +186,19 @@ mod tests {
     fn a_hold_that_runs_out_ends_the_ping_pong_and_a_released_one_does_not() {
         let mut h = AckHold::default();
         for t in [0, 20] {
-            h.on_ack_queued(us(t));
+            h.on_ack_queued(us(t), None);
             h.on_post(us(t + 5));
         }
-        h.on_ack_queued(us(40));
+        h.on_ack_queued(us(40), None);
         h.on_post(us(42));
         h.on_request_sent();
         assert!(h.released());
         h.end(us(43));
         h.on_request();
-        h.on_ack_queued(us(60));
+        h.on_ack_queued(us(60), None);
         assert!(h.holding(us(61)), "released by a reply: still a ping-pong");
         h.end(us(60).saturating_add(HOLD));
-        h.on_ack_queued(us(200));
+        h.on_ack_queued(us(200), None);
         assert!(!h.holding(us(201)), "ran out: no more holding");
     }
 }

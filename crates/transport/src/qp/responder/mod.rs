@@ -213,7 +213,7 @@ impl Qp {
             Ok(()) => {
                 self.hold.on_request();
                 if pkt.bth().ack_req() && self.resp.lone_ack() {
-                    self.hold.on_ack_queued(now);
+                    self.hold.on_ack_queued(now, self.attr.timeout.duration());
                 }
             }
             Err(Reject::Rnr) => {
