@@ -49,6 +49,9 @@ pub(crate) enum Kind {
     Qp,
     Srq,
     Ah,
+    CmChannel,
+    CmId,
+    CmEvent,
 }
 
 static LIVE: Mutex<Option<HashMap<usize, Kind>>> = Mutex::new(None);

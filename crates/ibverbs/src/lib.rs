@@ -16,8 +16,8 @@
 //!   rdma-core returns, in its conventions (positive return, or NULL / -1
 //!   with `errno`).
 //!
-//! `librdmacm.so.1` is the same file (one copy of the stack per process);
-//! its functions fail with ENOSYS until uroce has an RDMA CM.
+//! `librdmacm.so.1` is the same file (one copy of the stack per process):
+//! the RDMA CM's C API over `uroce::cm` (module `rdmacm`).
 
 // `unsafe` is confined to the modules that cross the C boundary; the
 // others (and any new module) are checked.

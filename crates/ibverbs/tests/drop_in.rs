@@ -308,6 +308,95 @@ fn perftest_all_sizes() {
     perftest("ib_send_bw", &["-a", "-n", "50", "-c", "UD"], 12);
 }
 
+/// Runs a server and a client that connect through the RDMA CM (no TCP
+/// exchange): `{port}` in the arguments is the rdma_cm port. The client
+/// starts once the server's device is open; both must exit 0 (unless
+/// `client_fails`) within `limit`.
+fn cm_pair(
+    server: (&str, &[&str]),
+    client: (&str, &[&str]),
+    limit: Duration,
+    client_fails: bool,
+) -> Pair {
+    let udp = uroce::testing::free_port();
+    let port = tcp_port().to_string();
+    let fill =
+        |a: &[&str]| -> Vec<String> { a.iter().map(|x| x.replace("{port}", &port)).collect() };
+    let (sargs, cargs) = (fill(server.1), fill(client.1));
+    let label = format!("{} {} <-> {} {}", server.0, sargs.join(" "), client.0, cargs.join(" "));
+    let deadline = Instant::now() + limit;
+    let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
+    let cargs: Vec<&str> = cargs.iter().map(String::as_str).collect();
+    let srv = cmd(&tool(server.0), &sargs, "127.0.0.1", udp).spawn().unwrap();
+    // The server opens its device when it binds its id, just before it
+    // listens (a request a moment early waits for the listener).
+    uroce::testing::wait_udp_bound(udp, deadline.saturating_duration_since(Instant::now()));
+    let cli = cmd(&tool(client.0), &cargs, "127.0.0.2", udp).spawn().unwrap();
+    let (co, ct) = finish(cli, deadline);
+    let grace = if client_fails { Instant::now() } else { deadline + Duration::from_secs(2) };
+    let (so, st) = finish(srv, grace);
+    let p = Pair { label, server: text(&so), client: text(&co) };
+    assert!(!ct, "timed out after {limit:?}: {p}");
+    if client_fails {
+        assert!(!co.status.success(), "the client should have failed: {p}");
+    } else {
+        assert!(!st, "the server timed out: {p}");
+        assert!(so.status.success() && co.status.success(), "failed: {p}");
+    }
+    p
+}
+
+#[test]
+fn rdmacm_utils_connect_through_the_cm() {
+    let _g = serial();
+    env();
+    let limit = Duration::from_secs(60);
+    // rping: the client SENDs its buffer's address, the server READs the
+    // ping and WRITEs it back, the client checks (-V) each of 20.
+    let p = cm_pair(
+        ("rping", &["-s", "-a", "127.0.0.1", "-p", "{port}", "-C", "20", "-V", "-v"]),
+        ("rping", &["-c", "-a", "127.0.0.1", "-p", "{port}", "-C", "20", "-V", "-v"]),
+        limit,
+        false,
+    );
+    assert!(p.client_has("ping data: rdma-ping-19:"), "{p}");
+    assert!(p.server.contains("server ping data: rdma-ping-19:"), "{p}");
+    assert!(p.server.contains("DISCONNECT EVENT"), "{p}");
+    // ucmatose: two connections, 10 SENDs each way, then disconnects.
+    let p = cm_pair(
+        ("ucmatose", &["-b", "127.0.0.1", "-p", "{port}", "-c", "2", "-C", "10"]),
+        ("ucmatose", &["-s", "127.0.0.1", "-p", "{port}", "-c", "2", "-C", "10"]),
+        limit,
+        false,
+    );
+    assert!(p.client_has("data transfers complete") && p.server.contains("disconnected"), "{p}");
+    // A port nobody listens on: the CM's reject, reason 8 (invalid
+    // service ID), as the kernel's CM gives it.
+    let p = cm_pair(
+        ("rping", &["-s", "-a", "127.0.0.1", "-p", "1", "-C", "1"]),
+        ("rping", &["-c", "-a", "127.0.0.1", "-p", "{port}", "-C", "1", "-v"]),
+        limit,
+        true,
+    );
+    assert!(p.client_has("RDMA_CM_EVENT_REJECTED, error 8"), "{p}");
+}
+
+#[test]
+fn perftest_over_rdma_cm() {
+    let _g = serial();
+    env();
+    for t in PERFTEST {
+        let args = ["-R", "-p", "{port}", "-n", "500"];
+        let mut cargs = args.to_vec();
+        cargs.push("127.0.0.1");
+        let p = cm_pair((t, &args), (t, &cargs), Duration::from_secs(120), false);
+        assert!(p.client_has("rdma_cm QPs	 : ON"), "not over rdma_cm: {p}");
+        let r = perftest_rows(&p.client);
+        assert_eq!(r.len(), 1, "{p}");
+        assert!(r[0][2] > 0.0 && r[0][3] > 0.0, "a zero result: {p}");
+    }
+}
+
 #[test]
 fn mixed_pairs_with_uroce_tools() {
     let _g = serial();

@@ -232,6 +232,31 @@ pub struct CmAgent {
     next_tid: u64,
     out: VecDeque<(IpAddr, CmMad)>,
     events: VecDeque<CmEvent>,
+    /// REQs for services nobody listens on yet, refused at their deadline
+    /// (see [`ORPHAN_WAIT`]).
+    orphans: VecDeque<Orphan>,
+}
+
+/// How long a REQ for a service nobody listens on waits for a listener
+/// before it is refused (REJ, invalid service ID), at most (and at most
+/// half the requester's response timeout). A server that closes
+/// one listening id and opens the next (perftest's control connection,
+/// then its test connections) is a few microseconds without a listener on
+/// the kernel too, but there address resolution gives it a head start;
+/// here resolution completes at once, so a client's REQ can fall into the
+/// gap, and perftest's retry path then fails. Refusing after a short wait
+/// costs only a connect to a closed port its prompt answer.
+pub const ORPHAN_WAIT: Duration = Duration::from_millis(100);
+
+/// The most REQs held for a listener.
+const MAX_ORPHANS: usize = 64;
+
+#[derive(Debug)]
+struct Orphan {
+    until: Instant,
+    from: IpAddr,
+    tid: u64,
+    req: Req,
 }
 
 impl CmAgent {
@@ -250,6 +275,7 @@ impl CmAgent {
             next_tid: mix >> 32 << 32,
             out: VecDeque::new(),
             events: VecDeque::new(),
+            orphans: VecDeque::new(),
         }
     }
 
@@ -268,6 +294,13 @@ impl CmAgent {
             return Err(CmError::ServiceInUse);
         }
         self.listening.push(service_id);
+        // REQs that came a moment too early.
+        let (held, rest): (VecDeque<Orphan>, VecDeque<Orphan>) =
+            self.orphans.drain(..).partition(|o| o.req.service_id == service_id);
+        self.orphans = rest;
+        for o in held {
+            self.admit(o.from, o.tid, &o.req);
+        }
         Ok(())
     }
 
@@ -482,6 +515,21 @@ impl CmAgent {
         Ok(())
     }
 
+    /// Disconnects every established connection (a DREQ each), as the
+    /// kernel does for a process's ids when it exits. Returns how many.
+    pub fn disconnect_all(&mut self, now: Instant) -> usize {
+        let ids: Vec<u32> = self
+            .conns
+            .iter()
+            .filter(|(_, c)| matches!(c.state, State::Established | State::RepSent))
+            .map(|(id, _)| *id)
+            .collect();
+        for &id in &ids {
+            let _ = self.disconnect(now, id);
+        }
+        ids.len()
+    }
+
     /// The next MAD to send, and to whom.
     pub fn poll_transmit(&mut self) -> Option<(IpAddr, CmMad)> {
         self.out.pop_front()
@@ -494,12 +542,24 @@ impl CmAgent {
 
     /// When [`CmAgent::handle_timeout`] must next run.
     pub fn poll_timeout(&self) -> Option<Instant> {
-        self.conns.values().filter_map(|c| c.deadline).min()
+        let orphan = self.orphans.iter().map(|o| o.until).min();
+        self.conns.values().filter_map(|c| c.deadline).chain(orphan).min()
     }
 
     /// Resends what went unanswered, gives up after the retries, and ends
     /// TimeWaits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        while let Some(i) = self.orphans.iter().position(|o| o.until <= now) {
+            let Some(o) = self.orphans.remove(i) else { break };
+            let rej = rej_mad(
+                o.tid,
+                0,
+                o.req.local_comm_id,
+                rej_reason::INVALID_SERVICE_ID,
+                State::ReqRcvd,
+            );
+            self.send(o.from, rej);
+        }
         let due: Vec<u32> = self
             .conns
             .iter()
@@ -557,7 +617,7 @@ impl CmAgent {
     /// Takes in one CM MAD from `from`.
     pub fn handle(&mut self, now: Instant, from: IpAddr, mad: &CmMad) {
         match &mad.message {
-            CmMessage::Req(req) => self.on_req(from, mad.header.tid, req),
+            CmMessage::Req(req) => self.on_req(now, from, mad.header.tid, req),
             CmMessage::Rep(rep) => self.on_rep(from, rep),
             CmMessage::Rtu(rtu) => {
                 if let Some(id) = self.by_local(rtu.remote_comm_id, from) {
@@ -579,7 +639,7 @@ impl CmAgent {
         }
     }
 
-    fn on_req(&mut self, from: IpAddr, tid: u64, req: &Req) {
+    fn on_req(&mut self, now: Instant, from: IpAddr, tid: u64, req: &Req) {
         // A duplicate (the peer resent it): answer as before, or wait for
         // the application if it has not answered yet.
         if let Some((_, c)) = self
@@ -595,12 +655,34 @@ impl CmAgent {
             return;
         }
         if !self.listening.contains(&req.service_id) {
-            self.send(
-                from,
-                rej_mad(tid, 0, req.local_comm_id, rej_reason::INVALID_SERVICE_ID, State::ReqRcvd),
-            );
+            let held = self.orphans.iter().any(|o| {
+                o.from == from && o.tid == tid && o.req.local_comm_id == req.local_comm_id
+            });
+            if !held && self.orphans.len() < MAX_ORPHANS {
+                // Answered before the requester's first resend.
+                let wait = ORPHAN_WAIT.min(cm_timeout(req.remote_cm_response_timeout) / 2);
+                let until = now.saturating_add(wait);
+                self.orphans.push_back(Orphan { until, from, tid, req: *req });
+            } else if !held {
+                self.send(
+                    from,
+                    rej_mad(
+                        tid,
+                        0,
+                        req.local_comm_id,
+                        rej_reason::INVALID_SERVICE_ID,
+                        State::ReqRcvd,
+                    ),
+                );
+            }
             return;
         }
+        self.admit(from, tid, req);
+    }
+
+    /// A REQ for a service listened on: checked, and handed to the
+    /// application.
+    fn admit(&mut self, from: IpAddr, tid: u64, req: &Req) {
         if req.transport_service_type > 1 {
             self.send(
                 from,

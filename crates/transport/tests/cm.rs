@@ -7,7 +7,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use uroce_transport::Instant;
-use uroce_transport::cm::{CmAgent, CmEvent, ConnectArgs, QpOffer, cm_timeout};
+use uroce_transport::cm::{CmAgent, CmEvent, ConnectArgs, ORPHAN_WAIT, QpOffer, cm_timeout};
 use uroce_wire::cm::{
     CmMad, CmMessage, CmPath, MAD_LEN, attr, port_space, rdma_cm_service_id, rej_reason,
 };
@@ -275,10 +275,30 @@ fn nobody_listening_is_an_invalid_service_reject() {
     let mut p = Pair::new(|_, _| false);
     let id = p.a.connect(p.now, &connect_args(SVC));
     p.flush();
+    assert!(events(&mut p.a).is_empty(), "held a moment for a listener");
+    p.tick();
     let ev = events(&mut p.a);
     let [CmEvent::Rejected { id: rid, reason, .. }] = &ev[..] else { panic!("{ev:?}") };
     assert_eq!((*rid, *reason), (id, rej_reason::INVALID_SERVICE_ID));
+    // Half the requester's 16.8 ms response timeout: before its resend.
+    let wait = cm_timeout(12) / 2;
+    assert_eq!(p.now, Instant::ZERO.saturating_add(wait), "refused at the deadline");
+    assert!(wait < ORPHAN_WAIT);
     assert_eq!(p.a.poll_timeout(), None, "the REQ is no longer resent");
+}
+
+#[test]
+fn a_listener_that_comes_a_moment_late_gets_the_request() {
+    let mut p = Pair::new(|_, _| false);
+    let id = p.a.connect(p.now, &connect_args(SVC));
+    p.flush();
+    p.now = p.now.saturating_add(cm_timeout(12) / 4);
+    p.b.listen(SVC).unwrap();
+    let Some(CmEvent::ConnectRequest { id: idb, req, .. }) = p.b.poll_event() else { panic!() };
+    assert_eq!(req.service_id, SVC);
+    p.b.accept(p.now, idb, &offer(1), &[]).unwrap();
+    p.flush();
+    assert!(matches!(p.a.poll_event(), Some(CmEvent::ConnectReply { id: i, .. }) if i == id));
 }
 
 #[test]

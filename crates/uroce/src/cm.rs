@@ -12,9 +12,11 @@
 //! QP at each step and waits for the peer. The waits poll the context
 //! (connection setup is not a hot path).
 //!
-//! Not yet: an event channel with a descriptor, UD (SIDR), multicast join,
-//! address and route resolution beyond "the peer's address is its GID",
-//! and librdmacm on top (issue 14).
+//! Below the listener and connect calls sits the layer librdmacm is built
+//! on ([`CmChannel`], `Context::cm_*`): connections whose events go to an
+//! event channel with a descriptor, the QP moves left to the caller.
+//!
+//! Not yet: UD (SIDR), multicast join, MRA, ECE (issue 14).
 
 use std::net::IpAddr;
 use std::time::{Duration, Instant as StdInstant};
@@ -338,6 +340,7 @@ impl Drop for CmConnection {
         let _ = cm.agent.disconnect(now, self.id);
         let id = self.id;
         cm.events.retain(|e| e.id() != id);
+        d.send_cm_now();
     }
 }
 
@@ -351,4 +354,205 @@ impl Drop for CmListener {
 /// CM's response timeout).
 pub fn default_response_timeout() -> Duration {
     uroce_transport::cm::cm_timeout(RESPONSE_TIMEOUT)
+}
+
+// ---- the event-channel layer (what librdmacm is built on) ----
+
+pub use crate::driver::CmChannelEvent;
+pub use uroce_transport::cm::{
+    CmEvent as AgentEvent, ConnectArgs as RequestArgs, QpOffer as Offer,
+};
+
+/// A CM event channel (`rdma_event_channel`): the events of the
+/// connections and listens routed to it, plus events its owner queues
+/// itself, behind a descriptor that is readable while events wait. The
+/// contexts' progress threads fill it; nothing needs to poll.
+#[derive(Clone, Debug)]
+pub struct CmChannel {
+    queue: std::sync::Arc<crate::channel::EventQueue<CmChannelEvent>>,
+}
+
+impl CmChannel {
+    /// A new, blocking channel.
+    ///
+    /// # Errors
+    /// The eventfd could not be created.
+    pub fn new() -> Result<Self> {
+        let q = crate::channel::EventQueue::new().map_err(Error::Io)?;
+        Ok(Self { queue: std::sync::Arc::new(q) })
+    }
+
+    /// The next event: blocks while none waits, unless the channel is
+    /// non-blocking (then `WouldBlock`).
+    ///
+    /// # Errors
+    /// `WouldBlock`, or the descriptor's error.
+    pub fn get(&self) -> std::io::Result<CmChannelEvent> {
+        self.queue.pop()
+    }
+
+    /// The next event, waiting at most `timeout`.
+    ///
+    /// # Errors
+    /// The descriptor's error.
+    pub fn get_timeout(&self, timeout: Duration) -> std::io::Result<Option<CmChannelEvent>> {
+        if !self.queue.wait_readable(timeout)? {
+            return Ok(None);
+        }
+        match self.queue.pop() {
+            Ok(e) => Ok(Some(e)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
+        }
+    }
+
+    /// Sets or clears `O_NONBLOCK` on the descriptor.
+    ///
+    /// # Errors
+    /// `fcntl`'s.
+    pub fn set_nonblocking(&self, on: bool) -> std::io::Result<()> {
+        self.queue.set_nonblocking(on)
+    }
+
+    /// Queues an event of the owner's own (`CmChannelEvent::User`).
+    pub fn push_user(&self, tag: u64) {
+        self.queue.push(CmChannelEvent::User(tag));
+    }
+
+    /// Events waiting.
+    pub fn pending(&self) -> usize {
+        self.queue.len()
+    }
+}
+
+impl std::os::fd::AsFd for CmChannel {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        self.queue.as_fd()
+    }
+}
+
+/// A starting PSN for QP `qpn` that differs per run (the CM's choice).
+pub fn starting_psn(qpn: u32) -> u32 {
+    psn_for(qpn)
+}
+
+impl Context {
+    /// This context's tag on [`CmChannelEvent::Cm`] events.
+    pub fn key(&self) -> u64 {
+        self.inner.lock().key
+    }
+
+    /// Listens for requests to `service_id`, their events (and those of
+    /// the connections they start) going to `channel`.
+    ///
+    /// # Errors
+    /// [`Error::InUse`] when the service is already listened on.
+    pub fn cm_listen_on(&self, service_id: u64, channel: &CmChannel) -> Result<()> {
+        let mut d = self.inner.lock();
+        let cm = d.cm();
+        cm.agent.listen(service_id).map_err(|_| Error::InUse("the port is already listened on"))?;
+        cm.listeners.insert(service_id, channel.queue.clone());
+        Ok(())
+    }
+
+    /// Stops listening on `service_id`.
+    pub fn cm_unlisten(&self, service_id: u64) {
+        let mut d = self.inner.lock();
+        let cm = d.cm();
+        cm.agent.unlisten(service_id);
+        cm.listeners.remove(&service_id);
+    }
+
+    /// Sends a connection request; the connection's events go to
+    /// `channel`. Returns its ID.
+    pub fn cm_request(&self, args: &RequestArgs, channel: &CmChannel) -> u32 {
+        let mut d = self.inner.lock();
+        let now = d.now();
+        let cm = d.cm();
+        let id = cm.agent.connect(now, args);
+        cm.routes.insert(id, channel.queue.clone());
+        d.send_cm_now();
+        id
+    }
+
+    /// Accepts request `id` with the local QP's `offer` (the QP already in
+    /// RTR or RTS) and up to 196 bytes of private data.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown ID or one in another
+    /// state.
+    pub fn cm_accept(&self, id: u32, offer: &Offer, private_data: &[u8]) -> Result<()> {
+        let mut d = self.inner.lock();
+        let now = d.now();
+        let r = d
+            .cm()
+            .agent
+            .accept(now, id, offer, private_data)
+            .map_err(|_| Error::InvalidArgument("no connection request to accept"));
+        d.send_cm_now();
+        r
+    }
+
+    /// Refuses request `id` (a REJ, consumer reason, with private data).
+    ///
+    /// # Errors
+    /// As [`Context::cm_accept`].
+    pub fn cm_reject(&self, id: u32, private_data: &[u8]) -> Result<()> {
+        let mut d = self.inner.lock();
+        let r = d
+            .cm()
+            .agent
+            .reject(id, private_data)
+            .map_err(|_| Error::InvalidArgument("no connection request to reject"));
+        d.send_cm_now();
+        r
+    }
+
+    /// Sends the RTU for reply `id` (the local QP is in RTS).
+    ///
+    /// # Errors
+    /// As [`Context::cm_accept`].
+    pub fn cm_establish(&self, id: u32) -> Result<()> {
+        let mut d = self.inner.lock();
+        let r = d
+            .cm()
+            .agent
+            .establish(id)
+            .map_err(|_| Error::InvalidArgument("no connection reply to establish"));
+        d.send_cm_now();
+        r
+    }
+
+    /// Sends a DREQ for connection `id`.
+    ///
+    /// # Errors
+    /// As [`Context::cm_accept`] (not established, or already
+    /// disconnecting).
+    pub fn cm_disconnect(&self, id: u32) -> Result<()> {
+        let mut d = self.inner.lock();
+        let now = d.now();
+        let r = d
+            .cm()
+            .agent
+            .disconnect(now, id)
+            .map_err(|_| Error::InvalidArgument("the connection is not established"));
+        d.send_cm_now();
+        r
+    }
+
+    /// Routes connection `id`'s events to `channel`, or (with `None`)
+    /// forgets them.
+    pub fn cm_route(&self, id: u32, channel: Option<&CmChannel>) {
+        let mut d = self.inner.lock();
+        let cm = d.cm();
+        match channel {
+            Some(c) => {
+                cm.routes.insert(id, c.queue.clone());
+            }
+            None => {
+                cm.routes.remove(&id);
+                cm.events.retain(|e| e.id() != id);
+            }
+        }
+    }
 }

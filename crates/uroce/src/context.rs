@@ -390,9 +390,11 @@ fn live_contexts_add(inner: &Arc<Inner>) {
 }
 
 /// At process exit, ACKs held for replies that will never come leave
-/// (see `Qp::release_held_ack`): a program that returns from `main` right
-/// after its last completion, without closing the device, must not leave
-/// its peer retrying a message it received. A lock held elsewhere (a
+/// (see `Qp::release_held_ack`), and connections the CM set up are
+/// disconnected, as the kernel does for a process's ids: a program that
+/// returns from `main` right after its last completion, without closing
+/// the device, must not leave its peer retrying a message it received or
+/// waiting for a DREQ. A lock held elsewhere (a
 /// thread stopped in the middle of a verb) is waited for briefly, never
 /// for ever.
 extern "C" fn send_held_acks_at_exit() {
@@ -401,6 +403,7 @@ extern "C" fn send_held_acks_at_exit() {
         for inner in live.iter().filter_map(std::sync::Weak::upgrade) {
             if let Some(mut driver) = try_lock_briefly(&inner.driver) {
                 driver.send_held_acks(None);
+                driver.cm_disconnect_all();
             }
         }
     });

@@ -62,6 +62,8 @@ pub(crate) struct Driver {
     pub(crate) deferred_posts: u32,
     /// The connection manager on QP1, once the application uses it.
     pub(crate) cm: Option<CmDriver>,
+    /// A tag unique to this driver in the process (`Context::key`).
+    pub(crate) key: u64,
 }
 
 /// The context's connection manager: the protocol agent, and the events
@@ -69,6 +71,32 @@ pub(crate) struct Driver {
 pub(crate) struct CmDriver {
     pub(crate) agent: CmAgent,
     pub(crate) events: std::collections::VecDeque<CmEvent>,
+    /// Event channels by connection ID (`uroce::cm::CmChannel`): events
+    /// of a routed connection go there instead of `events`.
+    pub(crate) routes: FastMap<u32, CmRoute>,
+    /// Event channels by listened service ID: its requests go there, and
+    /// the new connection is routed to the same channel.
+    pub(crate) listeners: FastMap<u64, CmRoute>,
+    /// This context's tag on routed events (`Context::key`).
+    pub(crate) key: u64,
+}
+
+/// Where a routed connection's events go.
+pub(crate) type CmRoute = Arc<EventQueue<CmChannelEvent>>;
+
+/// An event on a CM event channel.
+#[derive(Debug)]
+pub enum CmChannelEvent {
+    /// A connection manager event of the context tagged `ctx`.
+    Cm {
+        /// `Context::key` of the context it happened on.
+        ctx: u64,
+        /// The event.
+        event: CmEvent,
+    },
+    /// An event the channel's owner queued itself (address and route
+    /// resolution, which complete at once).
+    User(u64),
 }
 
 impl Driver {
@@ -92,6 +120,10 @@ impl Driver {
             gids,
             deferred_posts: 0,
             cm: None,
+            key: {
+                static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+                NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            },
         }
     }
 
@@ -105,6 +137,9 @@ impl Driver {
             self.cm = Some(CmDriver {
                 agent: CmAgent::new(guid, seed),
                 events: std::collections::VecDeque::new(),
+                routes: FastMap::default(),
+                listeners: FastMap::default(),
+                key: self.key,
             });
         }
         self.cm.as_mut().expect("just set")
@@ -126,29 +161,70 @@ impl Driver {
             cm.agent.handle_timeout(now);
             work = true;
         }
+        while let Some(e) = cm.agent.poll_event() {
+            work = true;
+            // The end of TimeWait concerns only the agent here (nobody
+            // reuses an ID), and would otherwise pile up.
+            if matches!(e, CmEvent::TimeWaitExit { .. }) {
+                cm.routes.remove(&e.id());
+                continue;
+            }
+            let route = match &e {
+                CmEvent::ConnectRequest { id, req, .. } => {
+                    let r = cm.listeners.get(&req.service_id).cloned();
+                    if let Some(r) = &r {
+                        cm.routes.insert(*id, r.clone());
+                    }
+                    r
+                }
+                other => cm.routes.get(&other.id()).cloned(),
+            };
+            match route {
+                Some(q) => q.push(CmChannelEvent::Cm { ctx: cm.key, event: e }),
+                None => cm.events.push_back(e),
+            }
+        }
+        work |= self.queue_cm_mads();
+        work
+    }
+
+    /// Queues the CM's outgoing MADs on QP1. Whether there were any.
+    fn queue_cm_mads(&mut self) -> bool {
+        let Some(cm) = self.cm.as_mut() else { return false };
         let mut out = Vec::new();
         while let Some((to, mad)) = cm.agent.poll_transmit() {
             let mut b = [0u8; uroce_wire::cm::MAD_LEN];
             mad.emit(&mut b);
             out.push((to, b));
         }
-        while let Some(e) = cm.agent.poll_event() {
-            work = true;
-            // The end of TimeWait concerns only the agent here (nobody
-            // reuses an ID), and would otherwise pile up.
-            if !matches!(e, CmEvent::TimeWaitExit { .. }) {
-                cm.events.push_back(e);
-            }
-        }
         // Peers listen on the device's own port (4791 but in tests).
         let port = self.backend.local().port();
+        let any = !out.is_empty();
         for (to, b) in out {
             let sgid = self.gid_for(to).and_then(|i| u8::try_from(i).ok()).unwrap_or(0);
             let sgid = if self.source_for(sgid, to).is_ok() { sgid } else { 0 };
             self.ep.send_gsi(to, port, sgid, &b);
-            work = true;
         }
-        work
+        any
+    }
+
+    /// At process exit: every CM connection still up is disconnected
+    /// (the peer would otherwise wait for a DREQ no one sends).
+    pub(crate) fn cm_disconnect_all(&mut self) {
+        let now = self.now();
+        if let Some(cm) = self.cm.as_mut()
+            && cm.agent.disconnect_all(now) > 0
+        {
+            self.send_cm_now();
+        }
+    }
+
+    /// Sends what an application call gave the CM to send, now: a DREQ
+    /// from a process about to exit must not wait for the next pass.
+    pub(crate) fn send_cm_now(&mut self) {
+        if self.queue_cm_mads() {
+            self.transmit_now();
+        }
     }
 
     pub(crate) fn backend(&self) -> &dyn Backend {

@@ -250,6 +250,30 @@ pub mod testing {
         })
     }
 
+    /// Waits until a UDP socket is bound to `port` (any address), for at
+    /// most `limit`: a uroce device opened by a process that is still
+    /// starting (read from /proc, nothing sent). Returns whether one is.
+    pub fn wait_udp_bound(port: u16, limit: std::time::Duration) -> bool {
+        let needle = format!(":{port:04X}");
+        let deadline = std::time::Instant::now() + limit;
+        loop {
+            let bound = ["/proc/net/udp", "/proc/net/udp6"].iter().any(|f| {
+                std::fs::read_to_string(f).is_ok_and(|t| {
+                    t.lines()
+                        .skip(1)
+                        .any(|l| l.split_whitespace().nth(1).is_some_and(|a| a.ends_with(&needle)))
+                })
+            });
+            if bound {
+                return true;
+            }
+            if std::time::Instant::now() >= deadline {
+                return false;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(10));
+        }
+    }
+
     /// Waits until something listens on TCP `port`, for at most `limit`
     /// (a server process that is still starting, on a busy machine).
     /// Returns whether it does.

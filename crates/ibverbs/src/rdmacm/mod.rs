@@ -1,0 +1,1339 @@
+//! `librdmacm.so.1` (the same file as `libibverbs.so.1`): the RDMA
+//! connection manager's C API over `uroce::cm`'s event channels, for
+//! reliable-connected ids (`RDMA_PS_TCP`, and `RDMA_PS_IB` treated alike).
+//!
+//! As rdma-core's librdmacm does over the kernel, the library moves the
+//! QP itself: to INIT when `rdma_create_qp` makes it, to RTR and RTS when
+//! the peer's reply arrives (active side, inside `rdma_get_cm_event`,
+//! before it reports ESTABLISHED and sends the RTU) or in `rdma_accept`
+//! (passive side), to ERR in `rdma_disconnect`. Address resolution maps
+//! the destination to the uroce device that reaches it (the bound source
+//! address's device, else the kernel's source address for that
+//! destination, else the only device of that family) and completes at
+//! once, as route resolution does. The peer's RoCE UDP port is taken to
+//! be this device's (4791 in real use).
+//!
+//! Not yet: UD ids (`RDMA_PS_UDP`, SIDR), multicast, `rdma_create_ep`
+//! and the rsocket calls (ENOSYS), ECE, `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
+
+mod abi;
+
+use std::cell::UnsafeCell;
+use std::collections::{HashMap, VecDeque};
+use std::ffi::{c_char, c_int, c_void};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV6};
+use std::os::fd::{AsFd, AsRawFd};
+use std::sync::{Mutex, MutexGuard};
+
+use uroce::cm::{AgentEvent, CmChannel, CmChannelEvent, Offer, RequestArgs};
+use uroce::wire::cm::{CmPath, CmaHeader, Req, port_space, rdma_cm_service_id};
+
+use self::abi::*;
+use crate::abi::*;
+use crate::ffi::{Kind, guard, is_live, minus_one, null_errno, register, set_errno, unregister};
+
+// ---- ibv_qp_attr masks and values librdmacm sets ----
+const QP_STATE: c_int = 1;
+const QP_ACCESS_FLAGS: c_int = 1 << 3;
+const QP_PKEY_INDEX: c_int = 1 << 4;
+const QP_PORT: c_int = 1 << 5;
+const QP_AV: c_int = 1 << 7;
+const QP_PATH_MTU: c_int = 1 << 8;
+const QP_TIMEOUT: c_int = 1 << 9;
+const QP_RETRY_CNT: c_int = 1 << 10;
+const QP_RNR_RETRY: c_int = 1 << 11;
+const QP_RQ_PSN: c_int = 1 << 12;
+const QP_MAX_QP_RD_ATOMIC: c_int = 1 << 13;
+const QP_MIN_RNR_TIMER: c_int = 1 << 15;
+const QP_SQ_PSN: c_int = 1 << 16;
+const QP_MAX_DEST_RD_ATOMIC: c_int = 1 << 17;
+const QP_DEST_QPN: c_int = 1 << 20;
+const QPS_INIT: c_int = 1;
+const QPS_RTR: c_int = 2;
+const QPS_RTS: c_int = 3;
+const QPS_ERR: c_int = 6;
+/// Remote rights of a connected QP (the kernel CM's for RC).
+const RC_ACCESS: u32 = 1 | 2 | 4 | 8;
+/// READs/atomics in flight when the application asks for none.
+const RD_ATOMIC_MAX: u8 = 16;
+/// The Local ACK Timeout librdmacm's QPs get (the kernel CM's default).
+const ACK_TIMEOUT: u8 = 14;
+/// REQ response timeout (4.096 µs × 2^20 ≈ 4.3 s) and tries, as the
+/// kernel's RDMA CM (`CMA_CM_RESPONSE_TIMEOUT`, `CMA_MAX_CM_RETRIES`).
+const CM_RESPONSE_TIMEOUT: u8 = 20;
+const CM_MAX_RETRIES: u8 = 15;
+
+// ---- objects ----
+
+/// An `rdma_event_channel`: the C struct first.
+#[repr(C)]
+struct ChannelBox {
+    c: rdma_event_channel,
+    ch: CmChannel,
+}
+
+/// An `rdma_cm_id`: the C struct first, then the library's state.
+#[repr(C)]
+struct IdBox {
+    id: UnsafeCell<rdma_cm_id>,
+    /// The `ibv_sa_path_rec` `route.path_rec` points to (GIDs only).
+    path: UnsafeCell<[u8; 64]>,
+    st: Mutex<IdState>,
+}
+
+#[derive(Default)]
+struct IdState {
+    local: Option<SocketAddr>,
+    remote: Option<SocketAddr>,
+    /// The device context (`ibv_context`) the id is bound to, once known.
+    verbs: usize,
+    /// The connection manager's ID of this connection, on `ctx_key`.
+    conn: Option<(uroce::Context, u32)>,
+    /// Listening: the contexts and service ID.
+    listening: Vec<(uroce::Context, u64)>,
+    /// The request a passive id answers.
+    req: Option<Box<Req>>,
+    /// The peer's numbers, from its REQ or REP.
+    peer: Option<Peer>,
+    /// Our QP's starting PSN.
+    my_psn: u32,
+    /// What the application asked for in `rdma_connect`/`rdma_accept`.
+    param: ConnParam,
+    /// Active side: ESTABLISHED already reported (the agent's own
+    /// Established event is then skipped).
+    established: bool,
+    /// Events the library raises itself (address and route resolution).
+    local_events: VecDeque<(c_int, c_int)>,
+}
+
+/// What the peer's REQ or REP says its QP is and wants.
+#[derive(Debug, Clone, Copy)]
+struct Peer {
+    qpn: u32,
+    psn: u32,
+    responder_resources: u8,
+    initiator_depth: u8,
+    /// RNR retries toward the peer.
+    rnr_retry: u8,
+    path_mtu: u8,
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct ConnParam {
+    responder_resources: u8,
+    initiator_depth: u8,
+    retry_count: u8,
+    rnr_retry_count: u8,
+}
+
+/// An `rdma_cm_event` and the private data it points to.
+#[repr(C)]
+struct EventBox {
+    ev: rdma_cm_event,
+    data: [u8; 256],
+}
+
+/// Connections and listens by (context key, CM ID / service ID), to the
+/// `IdBox` they belong to.
+#[derive(Default)]
+struct Registry {
+    conns: HashMap<(u64, u32), usize>,
+    listens: HashMap<(u64, u64), usize>,
+}
+
+static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
+
+fn registry() -> MutexGuard<'static, Option<Registry>> {
+    REGISTRY.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
+    f(registry().get_or_insert_with(Registry::default))
+}
+
+fn lock(st: &Mutex<IdState>) -> MutexGuard<'_, IdState> {
+    st.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+fn live_id<'a>(id: *mut rdma_cm_id) -> Option<&'a IdBox> {
+    // SAFETY: dereferenced only once the registry says it is a live id.
+    is_live(id.cast::<IdBox>(), Kind::CmId).then(|| unsafe { &*id.cast::<IdBox>() })
+}
+
+fn live_channel<'a>(ch: *mut rdma_event_channel) -> Option<&'a ChannelBox> {
+    // SAFETY: as above.
+    is_live(ch.cast::<ChannelBox>(), Kind::CmChannel).then(|| unsafe { &*ch.cast::<ChannelBox>() })
+}
+
+impl IdBox {
+    /// The C struct, for writing. The application reads it only between
+    /// our calls (rdma-core's contract), so no C reader races a write.
+    #[allow(clippy::mut_from_ref)]
+    fn c(&self) -> &mut rdma_cm_id {
+        // SAFETY: see above; the pointer is live as long as `self`.
+        unsafe { &mut *self.id.get() }
+    }
+
+    fn ptr(&self) -> *mut rdma_cm_id {
+        self.id.get()
+    }
+
+    fn channel(&self) -> Option<&ChannelBox> {
+        live_channel(self.c().channel)
+    }
+}
+
+// ---- addresses ----
+
+/// Reads a `sockaddr` (IPv4 or IPv6).
+fn read_sockaddr(p: *const libc::sockaddr) -> Option<SocketAddr> {
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: the caller passes a sockaddr; its family says how long.
+    let family = c_int::from(unsafe { (*p).sa_family });
+    match family {
+        libc::AF_INET => {
+            // SAFETY: an AF_INET sockaddr is a sockaddr_in.
+            let a = unsafe { &*p.cast::<libc::sockaddr_in>() };
+            let ip = Ipv4Addr::from(u32::from_be(a.sin_addr.s_addr));
+            Some(SocketAddr::V4(SocketAddrV4::new(ip, u16::from_be(a.sin_port))))
+        }
+        libc::AF_INET6 => {
+            // SAFETY: an AF_INET6 sockaddr is a sockaddr_in6.
+            let a = unsafe { &*p.cast::<libc::sockaddr_in6>() };
+            let ip = Ipv6Addr::from(a.sin6_addr.s6_addr);
+            Some(SocketAddr::V6(SocketAddrV6::new(
+                ip,
+                u16::from_be(a.sin6_port),
+                a.sin6_flowinfo,
+                a.sin6_scope_id,
+            )))
+        }
+        _ => None,
+    }
+}
+
+/// Writes `a` into a `sockaddr_storage`.
+fn write_sockaddr(dst: &mut libc::sockaddr_storage, a: SocketAddr) {
+    // SAFETY: all-zero is a valid sockaddr_storage.
+    *dst = unsafe { std::mem::zeroed() };
+    let p = std::ptr::from_mut(dst);
+    match a {
+        SocketAddr::V4(v4) => {
+            // SAFETY: sockaddr_storage is large and aligned enough for any
+            // sockaddr.
+            let s = unsafe { &mut *p.cast::<libc::sockaddr_in>() };
+            s.sin_family = libc::AF_INET as libc::sa_family_t;
+            s.sin_port = v4.port().to_be();
+            s.sin_addr.s_addr = u32::from(*v4.ip()).to_be();
+        }
+        SocketAddr::V6(v6) => {
+            // SAFETY: as above.
+            let s = unsafe { &mut *p.cast::<libc::sockaddr_in6>() };
+            s.sin6_family = libc::AF_INET6 as libc::sa_family_t;
+            s.sin6_port = v6.port().to_be();
+            s.sin6_addr.s6_addr = v6.ip().octets();
+            s.sin6_scope_id = v6.scope_id();
+        }
+    }
+}
+
+fn gid(ip: IpAddr) -> ibv_gid {
+    ibv_gid { raw: uroce::wire::grh::gid_of(ip) }
+}
+
+/// An ephemeral port for an id bound without one.
+fn ephemeral_port() -> u16 {
+    let t = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.subsec_nanos());
+    32768 + ((t ^ std::process::id().rotate_left(7)) % 28000) as u16
+}
+
+/// The index of the configured device that reaches `dst` from `src`.
+fn device_for(src: Option<IpAddr>, dst: IpAddr) -> Option<usize> {
+    let devs = crate::device::devices().ok()?;
+    let ip_of = |i: usize| devs[i].cfg.socket_addr().ip();
+    if let Some(s) = src.filter(|s| !s.is_unspecified()) {
+        return (0..devs.len()).find(|&i| ip_of(i) == s);
+    }
+    if let Some(s) = kernel_source_for(dst)
+        && let Some(i) = (0..devs.len()).find(|&i| ip_of(i) == s)
+    {
+        return Some(i);
+    }
+    (0..devs.len()).find(|&i| ip_of(i).is_ipv4() == dst.is_ipv4())
+}
+
+/// The source address the kernel picks for `dst` (a connected UDP
+/// socket's local address; nothing is sent).
+fn kernel_source_for(dst: IpAddr) -> Option<IpAddr> {
+    let any: SocketAddr = if dst.is_ipv4() {
+        (Ipv4Addr::UNSPECIFIED, 0).into()
+    } else {
+        (Ipv6Addr::UNSPECIFIED, 0).into()
+    };
+    let s = std::net::UdpSocket::bind(any).ok()?;
+    s.connect((dst, 9)).ok()?;
+    s.local_addr().ok().map(|a| a.ip())
+}
+
+/// The `ibv_context` librdmacm uses for device `index`: opened once and
+/// kept for the process (as rdma-core's `cma_dev`s).
+fn device_context(index: usize) -> Option<*mut ibv_context> {
+    static OPENED: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
+    let mut g = OPENED.lock().unwrap_or_else(|e| e.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    if let Some(&p) = map.get(&index) {
+        return Some(p as *mut ibv_context);
+    }
+    let devs = crate::device::devices().ok()?;
+    let dev = (&raw const *devs.get(index)?.ibv).cast_mut();
+    // SAFETY: one of our own live `ibv_device`s.
+    let c = unsafe { crate::context::ibv_open_device(dev) };
+    if c.is_null() {
+        return None;
+    }
+    map.insert(index, c as usize);
+    Some(c)
+}
+
+fn uroce_of(verbs: usize) -> Option<uroce::Context> {
+    crate::objects::live_ctx(verbs as *mut ibv_context).map(|c| c.uroce().clone())
+}
+
+/// Binds `b` to local address `local` on device `index` (fills the C
+/// struct's verbs, port and source address).
+fn bind_to(b: &IdBox, st: &mut IdState, index: Option<usize>, local: SocketAddr) -> c_int {
+    if let Some(i) = index {
+        let Some(verbs) = device_context(i) else { return libc::ENODEV };
+        st.verbs = verbs as usize;
+        b.c().verbs = verbs;
+        b.c().port_num = 1;
+    }
+    st.local = Some(local);
+    write_sockaddr(&mut b.c().route.addr.src, local);
+    b.c().route.addr.ib.sgid = gid(local.ip());
+    b.c().route.addr.ib.pkey = 0xffff;
+    0
+}
+
+fn set_remote(b: &IdBox, st: &mut IdState, remote: SocketAddr) {
+    st.remote = Some(remote);
+    write_sockaddr(&mut b.c().route.addr.dst, remote);
+    b.c().route.addr.ib.dgid = gid(remote.ip());
+}
+
+// ---- event channels ----
+
+pub(crate) unsafe extern "C" fn rdma_create_event_channel() -> *mut rdma_event_channel {
+    guard(std::ptr::null_mut(), || {
+        let ch = match CmChannel::new() {
+            Ok(c) => c,
+            Err(e) => return null_errno(e.errno()),
+        };
+        let fd = ch.as_fd().as_raw_fd();
+        let b = Box::into_raw(Box::new(ChannelBox { c: rdma_event_channel { fd }, ch }));
+        register(b, Kind::CmChannel);
+        b.cast()
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
+    guard((), || {
+        if unregister(channel.cast::<ChannelBox>(), Kind::CmChannel) {
+            // SAFETY: allocated by rdma_create_event_channel, now forgotten.
+            drop(unsafe { Box::from_raw(channel.cast::<ChannelBox>()) });
+        }
+    });
+}
+
+// ---- ids ----
+
+pub(crate) unsafe extern "C" fn rdma_create_id(
+    channel: *mut rdma_event_channel,
+    id: *mut *mut rdma_cm_id,
+    context: *mut c_void,
+    ps: c_int,
+) -> c_int {
+    guard(-1, || {
+        if id.is_null() || live_channel(channel).is_none() {
+            return minus_one(libc::EINVAL);
+        }
+        if !matches!(ps, RDMA_PS_TCP | RDMA_PS_IB) {
+            // UD ids (SIDR) and IPoIB are not there yet.
+            return minus_one(libc::ENOSYS);
+        }
+        let b = new_id(channel, context, ps);
+        // SAFETY: the caller passes a writable pointer.
+        unsafe { *id = b };
+        0
+    })
+}
+
+fn new_id(channel: *mut rdma_event_channel, context: *mut c_void, ps: c_int) -> *mut rdma_cm_id {
+    // SAFETY: rdma_cm_id is C data; all-zero (NULL pointers) is valid.
+    let mut c: rdma_cm_id = unsafe { std::mem::zeroed() };
+    c.channel = channel;
+    c.context = context;
+    c.ps = ps;
+    c.qp_type = 2; // IBV_QPT_RC
+    let b = Box::into_raw(Box::new(IdBox {
+        id: UnsafeCell::new(c),
+        path: UnsafeCell::new([0; 64]),
+        st: Mutex::new(IdState::default()),
+    }));
+    register(b, Kind::CmId);
+    b.cast()
+}
+
+pub(crate) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+        {
+            let mut st = lock(&b.st);
+            forget_id(&mut st);
+        }
+        unregister(id.cast::<IdBox>(), Kind::CmId);
+        // SAFETY: allocated by new_id and no longer registered.
+        drop(unsafe { Box::from_raw(id.cast::<IdBox>()) });
+        0
+    })
+}
+
+/// Disconnects (a DREQ if still connected) and forgets the id's
+/// connection and listens.
+fn forget_id(st: &mut IdState) {
+    if let Some((ctx, cm)) = st.conn.take() {
+        let _ = ctx.cm_disconnect(cm);
+        ctx.cm_route(cm, None);
+        let key = ctx.key();
+        with_registry(|r| r.conns.remove(&(key, cm)));
+    }
+    for (ctx, sid) in st.listening.drain(..) {
+        ctx.cm_unlisten(sid);
+        let key = ctx.key();
+        with_registry(|r| r.listens.remove(&(key, sid)));
+    }
+}
+
+pub(crate) unsafe extern "C" fn rdma_migrate_id(
+    id: *mut rdma_cm_id,
+    channel: *mut rdma_event_channel,
+) -> c_int {
+    guard(-1, || {
+        let (Some(b), Some(ch)) = (live_id(id), live_channel(channel)) else {
+            return minus_one(libc::EINVAL);
+        };
+        let st = lock(&b.st);
+        if !st.listening.is_empty() {
+            return minus_one(libc::EINVAL);
+        }
+        if let Some((ctx, cm)) = &st.conn {
+            ctx.cm_route(*cm, Some(&ch.ch));
+        }
+        b.c().channel = channel;
+        0
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_bind_addr(
+    id: *mut rdma_cm_id,
+    addr: *mut libc::sockaddr,
+) -> c_int {
+    guard(-1, || {
+        let (Some(b), Some(mut a)) = (live_id(id), read_sockaddr(addr)) else {
+            return minus_one(libc::EINVAL);
+        };
+        if a.port() == 0 {
+            a.set_port(ephemeral_port());
+        }
+        let mut st = lock(&b.st);
+        let index = if a.ip().is_unspecified() {
+            None
+        } else {
+            match device_for(Some(a.ip()), a.ip()) {
+                Some(i) => Some(i),
+                None => return minus_one(libc::EADDRNOTAVAIL),
+            }
+        };
+        match bind_to(b, &mut st, index, a) {
+            0 => 0,
+            e => minus_one(e),
+        }
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_resolve_addr(
+    id: *mut rdma_cm_id,
+    src: *mut libc::sockaddr,
+    dst: *mut libc::sockaddr,
+    _timeout_ms: c_int,
+) -> c_int {
+    guard(-1, || {
+        let (Some(b), Some(dst)) = (live_id(id), read_sockaddr(dst)) else {
+            return minus_one(libc::EINVAL);
+        };
+        let mut st = lock(&b.st);
+        let src = read_sockaddr(src).or(st.local);
+        let Some(index) = device_for(src.map(|s| s.ip()), dst.ip()) else {
+            eprintln!("uroce: no uroce device reaches {}", dst.ip());
+            return minus_one(libc::ENODEV);
+        };
+        let Ok(devs) = crate::device::devices() else { return minus_one(libc::ENODEV) };
+        let port = src.map_or(0, |s| s.port());
+        let port = if port == 0 { ephemeral_port() } else { port };
+        let local = SocketAddr::new(devs[index].cfg.socket_addr().ip(), port);
+        if let e @ 1.. = bind_to(b, &mut st, Some(index), local) {
+            return minus_one(e);
+        }
+        set_remote(b, &mut st, dst);
+        st.local_events.push_back((event::ADDR_RESOLVED, 0));
+        drop(st);
+        if let Some(ch) = b.channel() {
+            ch.ch.push_user(id as u64);
+        }
+        0
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_resolve_route(
+    id: *mut rdma_cm_id,
+    _timeout_ms: c_int,
+) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+        let mut st = lock(&b.st);
+        let (Some(l), Some(r)) = (st.local, st.remote) else { return minus_one(libc::EINVAL) };
+        // One path: the GIDs (what an `ibv_sa_path_rec` starts with).
+        // SAFETY: the id's own 64-byte buffer.
+        let path = unsafe { &mut *b.path.get() };
+        path[..16].copy_from_slice(&uroce::wire::grh::gid_of(r.ip()));
+        path[16..32].copy_from_slice(&uroce::wire::grh::gid_of(l.ip()));
+        b.c().route.path_rec = path.as_mut_ptr().cast();
+        b.c().route.num_paths = 1;
+        st.local_events.push_back((event::ROUTE_RESOLVED, 0));
+        drop(st);
+        if let Some(ch) = b.channel() {
+            ch.ch.push_user(id as u64);
+        }
+        0
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+        let Some(ch) = b.channel() else { return minus_one(libc::EINVAL) };
+        let mut st = lock(&b.st);
+        let Some(local) = st.local else { return minus_one(libc::EINVAL) };
+        let sid = rdma_cm_service_id(port_space::TCP, local.port());
+        // A wildcard address listens on every device.
+        let contexts: Vec<usize> = if st.verbs != 0 {
+            vec![st.verbs]
+        } else {
+            let n = crate::device::devices().map_or(0, <[_]>::len);
+            (0..n).filter_map(device_context).map(|c| c as usize).collect()
+        };
+        for verbs in contexts {
+            let Some(ctx) = uroce_of(verbs) else { continue };
+            if let Err(e) = ctx.cm_listen_on(sid, &ch.ch) {
+                forget_id(&mut st);
+                return minus_one(e.errno());
+            }
+            let key = ctx.key();
+            with_registry(|r| r.listens.insert((key, sid), id as usize));
+            st.listening.push((ctx, sid));
+        }
+        if st.listening.is_empty() {
+            return minus_one(libc::ENODEV);
+        }
+        0
+    })
+}
+
+// ---- QPs ----
+
+/// Creates the id's CQs and PD when the application gave none (as
+/// librdmacm does), and returns the PD to use.
+fn complete_qp_attr(b: &IdBox, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> *mut ibv_pd {
+    let c = b.c();
+    let pd = if pd.is_null() {
+        if c.pd.is_null() {
+            // SAFETY: a live context of ours.
+            c.pd = unsafe { crate::pd::ibv_alloc_pd(c.verbs) };
+        }
+        c.pd
+    } else {
+        pd
+    };
+    for (cq, want) in
+        [(&mut attr.send_cq, attr.cap.max_send_wr), (&mut attr.recv_cq, attr.cap.max_recv_wr)]
+    {
+        if cq.is_null() {
+            let n = c_int::try_from(want.max(1)).unwrap_or(c_int::MAX);
+            // SAFETY: a live context of ours; no channel.
+            *cq = unsafe {
+                crate::cq::ibv_create_cq(c.verbs, n, std::ptr::null_mut(), std::ptr::null_mut(), 0)
+            };
+        }
+    }
+    c.send_cq = attr.send_cq;
+    c.recv_cq = attr.recv_cq;
+    pd
+}
+
+/// Moves a new QP to INIT with the rights librdmacm gives.
+fn qp_to_init(qp: *mut ibv_qp) -> c_int {
+    let attr = ibv_qp_attr {
+        qp_state: QPS_INIT,
+        pkey_index: 0,
+        port_num: 1,
+        qp_access_flags: RC_ACCESS,
+        ..ibv_qp_attr::default()
+    };
+    let mask = QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS;
+    // SAFETY: a live QP of ours and a live attribute struct.
+    unsafe { crate::qp::ibv_modify_qp(qp, (&raw const attr).cast_mut(), mask) }
+}
+
+pub(crate) unsafe extern "C" fn rdma_create_qp(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_qp_init_attr,
+) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+        if attr.is_null() || b.c().verbs.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: the caller passes a writable init attribute struct.
+        let a = unsafe { &mut *attr };
+        let pd = complete_qp_attr(b, pd, a);
+        // SAFETY: our own ibv_create_qp on a live PD and attributes.
+        let qp = unsafe { crate::qp::ibv_create_qp(pd, attr) };
+        finish_create_qp(b, qp, pd, a.srq, a.qp_type)
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_create_qp_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_init_attr_ex,
+) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+        if attr.is_null() || b.c().verbs.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: the caller passes a writable extended attribute struct.
+        let a = unsafe { &mut *attr };
+        if a.comp_mask & crate::abi::consts::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
+            a.pd = if b.c().pd.is_null() {
+                // SAFETY: a live context of ours.
+                unsafe { crate::pd::ibv_alloc_pd(b.c().verbs) }
+            } else {
+                b.c().pd
+            };
+            a.comp_mask |= crate::abi::consts::IBV_QP_INIT_ATTR_PD;
+        }
+        // SAFETY: the id's context and the caller's attributes.
+        let qp = unsafe { crate::qp::create_qp_ex(b.c().verbs, attr) };
+        finish_create_qp(b, qp, a.pd, a.srq, a.qp_type)
+    })
+}
+
+fn finish_create_qp(
+    b: &IdBox,
+    qp: *mut ibv_qp,
+    pd: *mut ibv_pd,
+    srq: *mut ibv_srq,
+    qp_type: c_int,
+) -> c_int {
+    if qp.is_null() {
+        return -1; // errno set by ibv_create_qp
+    }
+    if let e @ 1.. = qp_to_init(qp) {
+        // SAFETY: the QP just made.
+        unsafe { crate::qp::ibv_destroy_qp(qp) };
+        return minus_one(e);
+    }
+    let c = b.c();
+    c.qp = qp;
+    c.pd = pd;
+    c.srq = srq;
+    c.qp_type = qp_type;
+    0
+}
+
+pub(crate) unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
+    guard((), || {
+        let Some(b) = live_id(id) else { return };
+        let qp = std::mem::replace(&mut b.c().qp, std::ptr::null_mut());
+        if !qp.is_null() {
+            // SAFETY: the QP rdma_create_qp made.
+            unsafe { crate::qp::ibv_destroy_qp(qp) };
+        }
+    });
+}
+
+/// The attributes of the next transition (RTR or RTS) of `b`'s QP for the
+/// connection in `st`, from the peer's numbers.
+fn transition_attr(b: &IdBox, st: &IdState, to: c_int) -> Option<(ibv_qp_attr, c_int)> {
+    let (remote, local) = (st.remote?, st.local?);
+    let (peer_qpn, peer_psn, peer_resp, peer_init, peer_rnr, mtu) = peer_numbers(st)?;
+    let mut a = ibv_qp_attr { qp_state: to, ..ibv_qp_attr::default() };
+    if to == QPS_RTR {
+        let ctx = uroce_of(st.verbs)?;
+        a.path_mtu = c_int::from(mtu);
+        a.dest_qp_num = peer_qpn;
+        a.rq_psn = peer_psn;
+        a.max_dest_rd_atomic = st.param.responder_resources.min(peer_init).max(1);
+        a.min_rnr_timer = 12;
+        a.ah_attr.is_global = 1;
+        a.ah_attr.port_num = 1;
+        a.ah_attr.grh.dgid = gid(remote.ip());
+        a.ah_attr.grh.hop_limit = 64;
+        a.ah_attr.grh.sgid_index = ctx.gid_index_of(local.ip()).map_or(0, |i| i as u8);
+        let mask = QP_STATE
+            | QP_AV
+            | QP_PATH_MTU
+            | QP_DEST_QPN
+            | QP_RQ_PSN
+            | QP_MAX_DEST_RD_ATOMIC
+            | QP_MIN_RNR_TIMER;
+        let _ = b;
+        Some((a, mask))
+    } else {
+        a.sq_psn = st.my_psn;
+        a.timeout = ACK_TIMEOUT;
+        a.retry_cnt = st.param.retry_count.min(7);
+        a.rnr_retry = peer_rnr.min(7);
+        a.max_rd_atomic = st.param.initiator_depth.min(peer_resp).max(1);
+        let mask =
+            QP_STATE | QP_SQ_PSN | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY | QP_MAX_QP_RD_ATOMIC;
+        Some((a, mask))
+    }
+}
+
+fn peer_numbers(st: &IdState) -> Option<(u32, u32, u8, u8, u8, u8)> {
+    let p = st.peer?;
+    Some((p.qpn, p.psn, p.responder_resources, p.initiator_depth, p.rnr_retry, p.path_mtu))
+}
+
+/// Moves `b`'s QP to RTR, then RTS.
+fn connect_qp(b: &IdBox, st: &IdState) -> c_int {
+    let qp = b.c().qp;
+    for to in [QPS_RTR, QPS_RTS] {
+        let Some((attr, mask)) = transition_attr(b, st, to) else { return libc::EINVAL };
+        // SAFETY: the id's live QP and a live attribute struct.
+        let r = unsafe { crate::qp::ibv_modify_qp(qp, (&raw const attr).cast_mut(), mask) };
+        if r != 0 {
+            return r;
+        }
+    }
+    0
+}
+
+fn conn_param(p: *const rdma_conn_param) -> (ConnParam, &'static [u8], u32) {
+    if p.is_null() {
+        let d = ConnParam {
+            responder_resources: RD_ATOMIC_MAX,
+            initiator_depth: RD_ATOMIC_MAX,
+            retry_count: 7,
+            rnr_retry_count: 7,
+        };
+        return (d, &[], 0);
+    }
+    // SAFETY: the caller passes a readable rdma_conn_param.
+    let p = unsafe { &*p };
+    let data: &[u8] = if p.private_data.is_null() || p.private_data_len == 0 {
+        &[]
+    } else {
+        // SAFETY: the caller promises private_data_len readable bytes.
+        unsafe {
+            std::slice::from_raw_parts(p.private_data.cast(), usize::from(p.private_data_len))
+        }
+    };
+    let c = ConnParam {
+        responder_resources: p.responder_resources,
+        initiator_depth: p.initiator_depth,
+        retry_count: p.retry_count,
+        rnr_retry_count: p.rnr_retry_count,
+    };
+    (c, data, p.qp_num)
+}
+
+pub(crate) unsafe extern "C" fn rdma_connect(
+    id: *mut rdma_cm_id,
+    param: *mut rdma_conn_param,
+) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+        let Some(ch) = b.channel() else { return minus_one(libc::EINVAL) };
+        let (cp, data, qp_num) = conn_param(param);
+        let mut st = lock(&b.st);
+        let (Some(local), Some(remote), Some(ctx)) = (st.local, st.remote, uroce_of(st.verbs))
+        else {
+            return minus_one(libc::EINVAL);
+        };
+        if data.len() > 92 - CmaHeader::LEN {
+            return minus_one(libc::EINVAL);
+        }
+        let c = b.c();
+        let qpn = if c.qp.is_null() {
+            qp_num
+        } else {
+            // SAFETY: the id's live QP.
+            unsafe { (*c.qp).qp_num }
+        };
+        st.my_psn = uroce::cm::starting_psn(qpn);
+        st.param = cp;
+        let mut pd = [0u8; 92];
+        CmaHeader { version: 0, src_port: local.port(), src: local.ip(), dst: remote.ip() }
+            .emit(&mut pd);
+        pd[CmaHeader::LEN..CmaHeader::LEN + data.len()].copy_from_slice(data);
+        let args = RequestArgs {
+            peer: remote.ip(),
+            service_id: rdma_cm_service_id(port_space::TCP, remote.port()),
+            qp: Offer {
+                qpn,
+                starting_psn: st.my_psn,
+                responder_resources: cp.responder_resources,
+                initiator_depth: cp.initiator_depth,
+                rnr_retry_count: cp.rnr_retry_count.min(7),
+                srq: !c.srq.is_null(),
+            },
+            transport_service_type: 0,
+            retry_count: cp.retry_count.min(7),
+            path_mtu: if remote.ip().is_loopback() { 5 } else { 3 },
+            path: CmPath {
+                local_lid: 0xffff,
+                remote_lid: 0xffff,
+                local_gid: uroce::wire::grh::gid_of(local.ip()),
+                remote_gid: uroce::wire::grh::gid_of(remote.ip()),
+                hop_limit: 64,
+                local_ack_timeout: ACK_TIMEOUT,
+                ..CmPath::default()
+            },
+            response_timeout: CM_RESPONSE_TIMEOUT,
+            max_cm_retries: CM_MAX_RETRIES,
+            private_data: pd,
+        };
+        // Registered before the request leaves: another thread may be
+        // waiting on the channel for the reply.
+        let key = ctx.key();
+        let cm = with_registry(|r| {
+            let cm = ctx.cm_request(&args, &ch.ch);
+            r.conns.insert((key, cm), id as usize);
+            cm
+        });
+        st.conn = Some((ctx, cm));
+        0
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_accept(
+    id: *mut rdma_cm_id,
+    param: *mut rdma_conn_param,
+) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+        let (cp, data, qp_num) = conn_param(param);
+        let mut st = lock(&b.st);
+        let Some((ctx, cm)) = st.conn.clone() else { return minus_one(libc::EINVAL) };
+        if st.req.is_none() {
+            return minus_one(libc::EINVAL);
+        }
+        let c = b.c();
+        let qpn = if c.qp.is_null() {
+            qp_num
+        } else {
+            // SAFETY: the id's live QP.
+            unsafe { (*c.qp).qp_num }
+        };
+        st.my_psn = uroce::cm::starting_psn(qpn);
+        st.param = cp;
+        if !c.qp.is_null() {
+            let r = connect_qp(b, &st);
+            if r != 0 {
+                let _ = ctx.cm_reject(cm, &[]);
+                return minus_one(r);
+            }
+        }
+        let req = st.req.as_ref().map(|r| (r.initiator_depth, r.responder_resources));
+        let (peer_init, peer_resp) = req.unwrap_or((0, 0));
+        let offer = Offer {
+            qpn,
+            starting_psn: st.my_psn,
+            responder_resources: cp.responder_resources.min(peer_init),
+            initiator_depth: cp.initiator_depth.min(peer_resp),
+            rnr_retry_count: cp.rnr_retry_count.min(7),
+            srq: !c.srq.is_null(),
+        };
+        match ctx.cm_accept(cm, &offer, data) {
+            Ok(()) => 0,
+            Err(e) => minus_one(e.errno()),
+        }
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_reject(
+    id: *mut rdma_cm_id,
+    data: *const c_void,
+    len: u8,
+) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+        let st = lock(&b.st);
+        let Some((ctx, cm)) = &st.conn else { return minus_one(libc::EINVAL) };
+        let data: &[u8] = if data.is_null() || len == 0 {
+            &[]
+        } else {
+            // SAFETY: the caller promises `len` readable bytes.
+            unsafe { std::slice::from_raw_parts(data.cast(), usize::from(len)) }
+        };
+        match ctx.cm_reject(*cm, data) {
+            Ok(()) => 0,
+            Err(e) => minus_one(e.errno()),
+        }
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+        let mut st = lock(&b.st);
+        let Some((ctx, cm)) = st.conn.clone() else { return minus_one(libc::EINVAL) };
+        st.established = true;
+        match ctx.cm_establish(cm) {
+            Ok(()) => 0,
+            Err(e) => minus_one(e.errno()),
+        }
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+        let st = lock(&b.st);
+        let Some((ctx, cm)) = &st.conn else { return minus_one(libc::EINVAL) };
+        let qp = b.c().qp;
+        if !qp.is_null() {
+            let attr = ibv_qp_attr { qp_state: QPS_ERR, ..ibv_qp_attr::default() };
+            // SAFETY: the id's live QP and a live attribute struct.
+            unsafe { crate::qp::ibv_modify_qp(qp, (&raw const attr).cast_mut(), QP_STATE) };
+        }
+        // The peer may have disconnected first (its DREQ answered): then
+        // there is nothing more to send.
+        let _ = ctx.cm_disconnect(*cm);
+        0
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_init_qp_attr(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_qp_attr,
+    mask: *mut c_int,
+) -> c_int {
+    guard(-1, || {
+        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+        if attr.is_null() || mask.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: the caller passes writable structs.
+        let (attr, mask) = unsafe { (&mut *attr, &mut *mask) };
+        let st = lock(&b.st);
+        let to = if attr.qp_state == 0 { QPS_INIT } else { attr.qp_state };
+        if to == QPS_INIT {
+            *attr = ibv_qp_attr {
+                qp_state: QPS_INIT,
+                port_num: 1,
+                qp_access_flags: RC_ACCESS,
+                ..ibv_qp_attr::default()
+            };
+            *mask = QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_ACCESS_FLAGS;
+            return 0;
+        }
+        match transition_attr(b, &st, to) {
+            Some((a, m)) => {
+                *attr = a;
+                *mask = m;
+                0
+            }
+            None => minus_one(libc::EINVAL),
+        }
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_set_option(
+    id: *mut rdma_cm_id,
+    _level: c_int,
+    _name: c_int,
+    _val: *mut c_void,
+    _len: usize,
+) -> c_int {
+    // TOS, REUSEADDR, AFONLY, ACK_TIMEOUT and IB path options are taken
+    // and have no effect yet.
+    guard(-1, || if live_id(id).is_some() { 0 } else { minus_one(libc::EINVAL) })
+}
+
+fn port_of(s: &libc::sockaddr_storage) -> u16 {
+    read_sockaddr(std::ptr::from_ref(s).cast()).map_or(0, |a| a.port().to_be())
+}
+
+pub(crate) unsafe extern "C" fn rdma_get_src_port(id: *mut rdma_cm_id) -> u16 {
+    guard(0, || live_id(id).map_or(0, |b| port_of(&b.c().route.addr.src)))
+}
+
+pub(crate) unsafe extern "C" fn rdma_get_dst_port(id: *mut rdma_cm_id) -> u16 {
+    guard(0, || live_id(id).map_or(0, |b| port_of(&b.c().route.addr.dst)))
+}
+
+// ---- events ----
+
+pub(crate) unsafe extern "C" fn rdma_get_cm_event(
+    channel: *mut rdma_event_channel,
+    event: *mut *mut rdma_cm_event,
+) -> c_int {
+    guard(-1, || {
+        let Some(ch) = live_channel(channel) else { return minus_one(libc::EINVAL) };
+        if event.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        loop {
+            let raw = match ch.ch.get() {
+                Ok(e) => e,
+                Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
+            };
+            if let Some(ev) = translate(channel, raw) {
+                let p = Box::into_raw(ev);
+                register(p, Kind::CmEvent);
+                // SAFETY: the caller passes a writable pointer.
+                unsafe { *event = p.cast() };
+                return 0;
+            }
+        }
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {
+    guard(-1, || {
+        if !unregister(event.cast::<EventBox>(), Kind::CmEvent) {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: allocated by rdma_get_cm_event, now forgotten.
+        drop(unsafe { Box::from_raw(event.cast::<EventBox>()) });
+        0
+    })
+}
+
+fn new_event(id: *mut rdma_cm_id, kind: c_int, status: c_int) -> Box<EventBox> {
+    // SAFETY: all-zero is a valid rdma_cm_event (NULL pointers, zeros).
+    let ev = unsafe { std::mem::zeroed() };
+    let mut b: Box<EventBox> = Box::new(EventBox { ev, data: [0; 256] });
+    b.ev.id = id;
+    b.ev.event = kind;
+    b.ev.status = status;
+    b
+}
+
+/// Fills the event's connection parameters (`c`, its private data
+/// pointer and length aside), the private data copied into the event
+/// (valid until it is acknowledged).
+fn set_conn(b: &mut EventBox, data: &[u8], c: rdma_conn_param) {
+    let n = data.len().min(b.data.len());
+    b.data[..n].copy_from_slice(&data[..n]);
+    b.ev.param.conn = rdma_conn_param {
+        private_data: b.data.as_ptr().cast(),
+        private_data_len: n as u8,
+        flow_control: 1,
+        ..c
+    };
+}
+
+/// Connection parameters without private data.
+fn conn(resp: u8, init: u8, rnr: u8, retry: u8, srq: bool, qp_num: u32) -> rdma_conn_param {
+    rdma_conn_param {
+        private_data: std::ptr::null(),
+        private_data_len: 0,
+        responder_resources: resp,
+        initiator_depth: init,
+        flow_control: 1,
+        retry_count: retry,
+        rnr_retry_count: rnr,
+        srq: u8::from(srq),
+        qp_num,
+    }
+}
+
+/// The application's event for a channel event, or `None` for one it
+/// does not see (an id destroyed meanwhile, the active side's second
+/// Established).
+fn translate(channel: *mut rdma_event_channel, raw: CmChannelEvent) -> Option<Box<EventBox>> {
+    match raw {
+        CmChannelEvent::User(tag) => {
+            let id = tag as *mut rdma_cm_id;
+            let b = live_id(id)?;
+            let (kind, status) = lock(&b.st).local_events.pop_front()?;
+            Some(new_event(id, kind, status))
+        }
+        CmChannelEvent::Cm { ctx, event: AgentEvent::ConnectRequest { id: cm, from, req } } => {
+            let sid = req.service_id;
+            let listener = with_registry(|r| r.listens.get(&(ctx, sid)).copied())?;
+            let lb = live_id(listener as *mut rdma_cm_id)?;
+            connect_request(channel, lb, ctx, cm, from, req)
+        }
+        CmChannelEvent::Cm { ctx, event } => {
+            let cm = event.id();
+            let id = with_registry(|r| r.conns.get(&(ctx, cm)).copied())? as *mut rdma_cm_id;
+            let b = live_id(id)?;
+            conn_event(id, b, event)
+        }
+    }
+}
+
+/// A request to a listening id: a new id for the connection, on the
+/// listener's channel and device.
+fn connect_request(
+    channel: *mut rdma_event_channel,
+    lb: &IdBox,
+    key: u64,
+    cm: u32,
+    from: IpAddr,
+    req: Box<Req>,
+) -> Option<Box<EventBox>> {
+    let lst = lock(&lb.st);
+    let (ctx, _) = lst.listening.iter().find(|(c, _)| c.key() == key)?.clone();
+    let local_port = lst.local.map_or(0, |l| l.port());
+    drop(lst);
+    let lc = lb.c();
+    let id = new_id(channel, lc.context, lc.ps);
+    let b = live_id(id)?;
+    let hdr = CmaHeader::parse(&req.private_data);
+    let mut st = lock(&b.st);
+    let verbs = (0..crate::device::devices().map_or(0, <[_]>::len))
+        .filter_map(device_context)
+        .find(|&c| uroce_of(c as usize).is_some_and(|u| u.key() == key));
+    let local_ip = hdr.map_or_else(|| ctx.device().socket_addr().ip(), |h| h.dst);
+    let local_ip = if ctx.gid_index_of(local_ip).is_some() {
+        local_ip
+    } else {
+        ctx.device().socket_addr().ip()
+    };
+    let _ = bind_to(b, &mut st, None, SocketAddr::new(local_ip, local_port));
+    if let Some(v) = verbs {
+        st.verbs = v as usize;
+        b.c().verbs = v;
+        b.c().port_num = 1;
+    }
+    set_remote(b, &mut st, SocketAddr::new(from, hdr.map_or(0, |h| h.src_port)));
+    let mut ev = new_event(id, event::CONNECT_REQUEST, 0);
+    ev.ev.listen_id = lb.ptr();
+    let data = req.private_data.get(CmaHeader::LEN..).unwrap_or(&[]);
+    let c = conn(
+        req.initiator_depth,
+        req.responder_resources,
+        req.rnr_retry_count,
+        req.retry_count,
+        req.srq,
+        req.local_qpn,
+    );
+    set_conn(&mut ev, data, c);
+    st.peer = Some(Peer {
+        qpn: req.local_qpn,
+        psn: req.starting_psn,
+        responder_resources: req.responder_resources,
+        initiator_depth: req.initiator_depth,
+        rnr_retry: req.rnr_retry_count,
+        path_mtu: req.path_mtu,
+    });
+    st.req = Some(req);
+    st.conn = Some((ctx, cm));
+    with_registry(|r| r.conns.insert((key, cm), id as usize));
+    Some(ev)
+}
+
+/// An event of an id's connection.
+fn conn_event(id: *mut rdma_cm_id, b: &IdBox, event: AgentEvent) -> Option<Box<EventBox>> {
+    let mut st = lock(&b.st);
+    match event {
+        AgentEvent::ConnectReply { id: cm, rep } => {
+            st.peer = Some(Peer {
+                qpn: rep.local_qpn,
+                psn: rep.starting_psn,
+                responder_resources: rep.responder_resources,
+                initiator_depth: rep.initiator_depth,
+                rnr_retry: rep.rnr_retry_count,
+                path_mtu: st.remote.map_or(3, |r| if r.ip().is_loopback() { 5 } else { 3 }),
+            });
+            let ctx = st.conn.as_ref().map(|(c, _)| c.clone())?;
+            let mut kind = event::CONNECT_RESPONSE;
+            let mut status = 0;
+            if !b.c().qp.is_null() {
+                let r = connect_qp(b, &st);
+                if r != 0 {
+                    let _ = ctx.cm_reject(cm, &[]);
+                    kind = event::CONNECT_ERROR;
+                    status = -r;
+                } else {
+                    st.established = true;
+                    if ctx.cm_establish(cm).is_err() {
+                        kind = event::CONNECT_ERROR;
+                        status = -libc::EINVAL;
+                    } else {
+                        kind = event::ESTABLISHED;
+                    }
+                }
+            }
+            let mut ev = new_event(id, kind, status);
+            let c = conn(
+                rep.initiator_depth,
+                rep.responder_resources,
+                rep.rnr_retry_count,
+                0,
+                rep.srq,
+                rep.local_qpn,
+            );
+            set_conn(&mut ev, &rep.private_data, c);
+            Some(ev)
+        }
+        AgentEvent::Established { .. } if st.established => None,
+        AgentEvent::Established { .. } => {
+            st.established = true;
+            Some(new_event(id, event::ESTABLISHED, 0))
+        }
+        AgentEvent::Rejected { reason, private_data, .. } => {
+            let mut ev = new_event(id, event::REJECTED, c_int::from(reason));
+            set_conn(&mut ev, &private_data[..], conn(0, 0, 0, 0, false, 0));
+            Some(ev)
+        }
+        AgentEvent::Unreachable { .. } => Some(new_event(id, event::UNREACHABLE, -libc::ETIMEDOUT)),
+        AgentEvent::DisconnectRequest { .. } | AgentEvent::Disconnected { .. } => {
+            Some(new_event(id, event::DISCONNECTED, 0))
+        }
+        AgentEvent::ConnectRequest { .. } | AgentEvent::TimeWaitExit { .. } => None,
+    }
+}
+
+// ---- address information ----
+
+pub(crate) unsafe extern "C" fn rdma_getaddrinfo(
+    node: *const c_char,
+    service: *const c_char,
+    hints: *const rdma_addrinfo,
+    res: *mut *mut rdma_addrinfo,
+) -> c_int {
+    guard(-1, || {
+        if res.is_null() || (node.is_null() && service.is_null()) {
+            return minus_one(libc::EINVAL);
+        }
+        // SAFETY: NULL or the caller's readable hints.
+        let hints = unsafe { hints.as_ref() };
+        let flags = hints.map_or(0, |h| h.ai_flags);
+        let passive = flags & RAI_PASSIVE != 0;
+        // SAFETY: all-zero is a valid addrinfo.
+        let mut h: libc::addrinfo = unsafe { std::mem::zeroed() };
+        h.ai_family = hints.map_or(0, |h| h.ai_family);
+        h.ai_socktype = libc::SOCK_STREAM;
+        h.ai_flags = if passive { libc::AI_PASSIVE } else { 0 };
+        let mut out: *mut libc::addrinfo = std::ptr::null_mut();
+        // SAFETY: C strings from the caller (or NULL), live hints, out.
+        let r = unsafe { libc::getaddrinfo(node, service, &raw const h, &raw mut out) };
+        if r != 0 || out.is_null() {
+            // rdma_getaddrinfo reports getaddrinfo's EAI_* codes directly.
+            set_errno(libc::EADDRNOTAVAIL);
+            return if r != 0 { r } else { -1 };
+        }
+        // SAFETY: getaddrinfo succeeded: `out` is a list of at least one.
+        let first = unsafe { &*out };
+        let addr = read_sockaddr(first.ai_addr);
+        // SAFETY: the list getaddrinfo made.
+        unsafe { libc::freeaddrinfo(out) };
+        let Some(addr) = addr else { return minus_one(libc::EAFNOSUPPORT) };
+        // SAFETY: calloc'd, freed by rdma_freeaddrinfo.
+        let ai = unsafe { libc::calloc(1, size_of::<rdma_addrinfo>()) }.cast::<rdma_addrinfo>();
+        // SAFETY: as above.
+        let sa = unsafe { libc::calloc(1, size_of::<libc::sockaddr_storage>()) }
+            .cast::<libc::sockaddr_storage>();
+        if ai.is_null() || sa.is_null() {
+            // SAFETY: NULL or just allocated.
+            unsafe {
+                libc::free(ai.cast());
+                libc::free(sa.cast());
+            }
+            return minus_one(libc::ENOMEM);
+        }
+        // SAFETY: both just allocated, zeroed and of the right size.
+        unsafe {
+            write_sockaddr(&mut *sa, addr);
+            let a = &mut *ai;
+            a.ai_flags = flags;
+            a.ai_family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+            a.ai_qp_type = hints.map_or(2, |h| if h.ai_qp_type == 0 { 2 } else { h.ai_qp_type });
+            a.ai_port_space = hints.map_or(RDMA_PS_TCP, |h| {
+                if h.ai_port_space == 0 { RDMA_PS_TCP } else { h.ai_port_space }
+            });
+            let len = if addr.is_ipv4() {
+                size_of::<libc::sockaddr_in>()
+            } else {
+                size_of::<libc::sockaddr_in6>()
+            } as libc::socklen_t;
+            if passive {
+                a.ai_src_addr = sa.cast();
+                a.ai_src_len = len;
+            } else {
+                a.ai_dst_addr = sa.cast();
+                a.ai_dst_len = len;
+            }
+            *res = ai;
+        }
+        0
+    })
+}
+
+pub(crate) unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
+    let mut p = res;
+    while !p.is_null() {
+        // SAFETY: a list rdma_getaddrinfo calloc'd.
+        unsafe {
+            let next = (*p).ai_next;
+            libc::free((*p).ai_src_addr.cast());
+            libc::free((*p).ai_dst_addr.cast());
+            libc::free((*p).ai_src_canonname.cast());
+            libc::free((*p).ai_dst_canonname.cast());
+            libc::free((*p).ai_route);
+            libc::free((*p).ai_connect);
+            libc::free(p.cast());
+            p = next;
+        }
+    }
+}
+
+/// `rpoll` (rsockets) is not there.
+pub(crate) unsafe extern "C" fn rpoll(_fds: *mut c_void, _nfds: u64, _timeout: c_int) -> c_int {
+    minus_one(libc::ENOSYS)
+}
+
+pub(crate) unsafe extern "C" fn rdma_event_str(event: c_int) -> *const c_char {
+    let s: &'static str = match event {
+        0 => "RDMA_CM_EVENT_ADDR_RESOLVED\0",
+        1 => "RDMA_CM_EVENT_ADDR_ERROR\0",
+        2 => "RDMA_CM_EVENT_ROUTE_RESOLVED\0",
+        3 => "RDMA_CM_EVENT_ROUTE_ERROR\0",
+        4 => "RDMA_CM_EVENT_CONNECT_REQUEST\0",
+        5 => "RDMA_CM_EVENT_CONNECT_RESPONSE\0",
+        6 => "RDMA_CM_EVENT_CONNECT_ERROR\0",
+        7 => "RDMA_CM_EVENT_UNREACHABLE\0",
+        8 => "RDMA_CM_EVENT_REJECTED\0",
+        9 => "RDMA_CM_EVENT_ESTABLISHED\0",
+        10 => "RDMA_CM_EVENT_DISCONNECTED\0",
+        11 => "RDMA_CM_EVENT_DEVICE_REMOVAL\0",
+        12 => "RDMA_CM_EVENT_MULTICAST_JOIN\0",
+        13 => "RDMA_CM_EVENT_MULTICAST_ERROR\0",
+        14 => "RDMA_CM_EVENT_ADDR_CHANGE\0",
+        15 => "RDMA_CM_EVENT_TIMEWAIT_EXIT\0",
+        _ => "UNKNOWN EVENT\0",
+    };
+    s.as_ptr().cast()
+}
