@@ -308,16 +308,22 @@ fn perftest_all_sizes() {
     perftest("ib_send_bw", &["-a", "-n", "50", "-c", "UD"], 12);
 }
 
+/// How a `cm_pair` run ends.
+#[derive(PartialEq)]
+enum End {
+    /// Both exit 0.
+    Both,
+    /// The client fails (the server is stopped).
+    ClientFails,
+    /// The client exits 0; the server serves on and is stopped.
+    ServerStays,
+}
+
 /// Runs a server and a client that connect through the RDMA CM (no TCP
 /// exchange): `{port}` in the arguments is the rdma_cm port. The client
-/// starts once the server's device is open; both must exit 0 (unless
-/// `client_fails`) within `limit`.
-fn cm_pair(
-    server: (&str, &[&str]),
-    client: (&str, &[&str]),
-    limit: Duration,
-    client_fails: bool,
-) -> Pair {
+/// starts once the server's device is open; the run must end as `end`
+/// says within `limit`.
+fn cm_pair(server: (&str, &[&str]), client: (&str, &[&str]), limit: Duration, end: End) -> Pair {
     let udp = uroce::testing::free_port();
     let port = tcp_port().to_string();
     let fill =
@@ -328,20 +334,29 @@ fn cm_pair(
     let sargs: Vec<&str> = sargs.iter().map(String::as_str).collect();
     let cargs: Vec<&str> = cargs.iter().map(String::as_str).collect();
     let srv = cmd(&tool(server.0), &sargs, "127.0.0.1", udp).spawn().unwrap();
-    // The server opens its device when it binds its id, just before it
-    // listens (a request a moment early waits for the listener).
-    uroce::testing::wait_udp_bound(udp, deadline.saturating_duration_since(Instant::now()));
+    // Ready when the server opened its device (it does when it binds its
+    // id, just before it listens; a request a moment early waits for the
+    // listener) or listens on TCP (qperf, whose tests start there).
+    let tcp: u16 = port.parse().unwrap();
+    while !(uroce::testing::wait_udp_bound(udp, Duration::ZERO)
+        || uroce::testing::tcp_listening(tcp))
+        && Instant::now() < deadline
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     let cli = cmd(&tool(client.0), &cargs, "127.0.0.2", udp).spawn().unwrap();
     let (co, ct) = finish(cli, deadline);
-    let grace = if client_fails { Instant::now() } else { deadline + Duration::from_secs(2) };
+    let grace = if end == End::Both { deadline + Duration::from_secs(2) } else { Instant::now() };
     let (so, st) = finish(srv, grace);
     let p = Pair { label, server: text(&so), client: text(&co) };
     assert!(!ct, "timed out after {limit:?}: {p}");
-    if client_fails {
-        assert!(!co.status.success(), "the client should have failed: {p}");
-    } else {
-        assert!(!st, "the server timed out: {p}");
-        assert!(so.status.success() && co.status.success(), "failed: {p}");
+    match end {
+        End::ClientFails => assert!(!co.status.success(), "the client should have failed: {p}"),
+        End::ServerStays => assert!(co.status.success(), "failed: {p}"),
+        End::Both => {
+            assert!(!st, "the server timed out: {p}");
+            assert!(so.status.success() && co.status.success(), "failed: {p}");
+        }
     }
     p
 }
@@ -357,7 +372,7 @@ fn rdmacm_utils_connect_through_the_cm() {
         ("rping", &["-s", "-a", "127.0.0.1", "-p", "{port}", "-C", "20", "-V", "-v"]),
         ("rping", &["-c", "-a", "127.0.0.1", "-p", "{port}", "-C", "20", "-V", "-v"]),
         limit,
-        false,
+        End::Both,
     );
     assert!(p.client_has("ping data: rdma-ping-19:"), "{p}");
     assert!(p.server.contains("server ping data: rdma-ping-19:"), "{p}");
@@ -367,7 +382,7 @@ fn rdmacm_utils_connect_through_the_cm() {
         ("ucmatose", &["-b", "127.0.0.1", "-p", "{port}", "-c", "2", "-C", "10"]),
         ("ucmatose", &["-s", "127.0.0.1", "-p", "{port}", "-c", "2", "-C", "10"]),
         limit,
-        false,
+        End::Both,
     );
     assert!(p.client_has("data transfers complete") && p.server.contains("disconnected"), "{p}");
     // A port nobody listens on: the CM's reject, reason 8 (invalid
@@ -376,9 +391,40 @@ fn rdmacm_utils_connect_through_the_cm() {
         ("rping", &["-s", "-a", "127.0.0.1", "-p", "1", "-C", "1"]),
         ("rping", &["-c", "-a", "127.0.0.1", "-p", "{port}", "-C", "1", "-v"]),
         limit,
-        true,
+        End::ClientFails,
     );
     assert!(p.client_has("RDMA_CM_EVENT_REJECTED, error 8"), "{p}");
+}
+
+#[test]
+fn qperf_connects_through_the_cm() {
+    let _g = serial();
+    env();
+    // qperf's server serves one test per connection; -cm1 makes each
+    // test's RC connection through rdma_cm.
+    let p = cm_pair(
+        ("qperf", &["-lp", "{port}"]),
+        (
+            "qperf",
+            &[
+                "-lp",
+                "{port}",
+                "127.0.0.1",
+                "-cm1",
+                "-t",
+                "1",
+                "rc_lat",
+                "rc_bw",
+                "rc_rdma_read_bw",
+            ],
+        ),
+        Duration::from_secs(60),
+        End::ServerStays,
+    );
+    for t in ["rc_lat:", "rc_bw:", "rc_rdma_read_bw:"] {
+        assert!(p.client_has(t), "{t} missing: {p}");
+    }
+    assert!(p.client_has("latency  =") && p.client.matches("bw  =").count() == 2, "{p}");
 }
 
 #[test]
@@ -389,7 +435,7 @@ fn perftest_over_rdma_cm() {
         let args = ["-R", "-p", "{port}", "-n", "500"];
         let mut cargs = args.to_vec();
         cargs.push("127.0.0.1");
-        let p = cm_pair((t, &args), (t, &cargs), Duration::from_secs(120), false);
+        let p = cm_pair((t, &args), (t, &cargs), Duration::from_secs(120), End::Both);
         assert!(p.client_has("rdma_cm QPs	 : ON"), "not over rdma_cm: {p}");
         let r = perftest_rows(&p.client);
         assert_eq!(r.len(), 1, "{p}");
