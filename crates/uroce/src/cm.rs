@@ -552,6 +552,7 @@ impl Context {
             None => {
                 cm.routes.remove(&id);
                 cm.events.retain(|e| e.id() != id);
+                cm.detached.insert(id, ());
             }
         }
     }

@@ -79,6 +79,9 @@ pub(crate) struct CmDriver {
     pub(crate) listeners: FastMap<u64, CmRoute>,
     /// This context's tag on routed events (`Context::key`).
     pub(crate) key: u64,
+    /// Connections whose owner is gone (`Context::cm_route(id, None)`):
+    /// their remaining events are dropped, a late reply refused.
+    pub(crate) detached: FastMap<u32, ()>,
 }
 
 /// Where a routed connection's events go.
@@ -140,6 +143,7 @@ impl Driver {
                 routes: FastMap::default(),
                 listeners: FastMap::default(),
                 key: self.key,
+                detached: FastMap::default(),
             });
         }
         self.cm.as_mut().expect("just set")
@@ -167,6 +171,21 @@ impl Driver {
             // reuses an ID), and would otherwise pile up.
             if matches!(e, CmEvent::TimeWaitExit { .. }) {
                 cm.routes.remove(&e.id());
+                cm.detached.remove(&e.id());
+                continue;
+            }
+            if cm.detached.contains_key(&e.id()) {
+                // The ends of a connection the agent forgets at once.
+                match e {
+                    CmEvent::ConnectReply { id, .. } => {
+                        let _ = cm.agent.reject(id, &[]);
+                        cm.detached.remove(&id);
+                    }
+                    CmEvent::Rejected { id, .. } | CmEvent::Unreachable { id } => {
+                        cm.detached.remove(&id);
+                    }
+                    _ => {}
+                }
                 continue;
             }
             let route = match &e {

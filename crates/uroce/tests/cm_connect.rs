@@ -139,3 +139,69 @@ fn dropping_a_connection_disconnects_it_again_and_again() {
     }
     srv.join().unwrap();
 }
+
+/// The event-channel layer librdmacm stands on: requests and replies
+/// routed to each side's channel (its descriptor readable while events
+/// wait), the QP moves left to the caller; a requester that goes away
+/// before the reply refuses it, so the acceptor is not left waiting.
+#[test]
+fn channels_carry_each_connections_events() {
+    use uroce::cm::{AgentEvent, CmChannel, CmChannelEvent, Offer, RequestArgs};
+    use uroce::wire::cm::{CmPath, port_space, rdma_cm_service_id};
+
+    let port = uroce::testing::free_port();
+    let server = open("127.0.0.2", port);
+    let client = open("127.0.0.1", port);
+    let (sch, cch) = (CmChannel::new().unwrap(), CmChannel::new().unwrap());
+    let sid = rdma_cm_service_id(port_space::TCP, 7480);
+    server.cm_listen_on(sid, &sch).unwrap();
+    let peer: IpAddr = "127.0.0.2".parse().unwrap();
+    let args = |qpn| RequestArgs {
+        peer,
+        service_id: sid,
+        qp: Offer {
+            qpn,
+            starting_psn: 1,
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: 7,
+            srq: false,
+        },
+        transport_service_type: 0,
+        retry_count: 7,
+        path_mtu: 5,
+        path: CmPath::default(),
+        response_timeout: 16,
+        max_cm_retries: 3,
+        private_data: [7; 92],
+    };
+    let get = |ch: &CmChannel| match ch.get_timeout(T).unwrap() {
+        Some(CmChannelEvent::Cm { event, .. }) => event,
+        other => panic!("{other:?}"),
+    };
+
+    // A full exchange: REQ, REP (accept), RTU (establish).
+    let cid = client.cm_request(&args(0x51), &cch);
+    let AgentEvent::ConnectRequest { id: sid1, req, .. } = get(&sch) else { panic!() };
+    assert_eq!((req.local_qpn, req.private_data[0]), (0x51, 7));
+    let offer = Offer { qpn: 0x61, ..args(0).qp };
+    server.cm_accept(sid1, &offer, b"hi").unwrap();
+    let AgentEvent::ConnectReply { id, rep } = get(&cch) else { panic!() };
+    assert_eq!((id, rep.local_qpn, &rep.private_data[..2]), (cid, 0x61, &b"hi"[..]));
+    client.cm_establish(cid).unwrap();
+    assert!(matches!(get(&sch), AgentEvent::Established { id } if id == sid1));
+    assert!(matches!(get(&cch), AgentEvent::Established { id } if id == cid));
+    // Disconnect: DREQ one way, DREP back, an event on each side.
+    client.cm_disconnect(cid).unwrap();
+    assert!(matches!(get(&sch), AgentEvent::DisconnectRequest { id } if id == sid1));
+    assert!(matches!(get(&cch), AgentEvent::Disconnected { id } if id == cid));
+
+    // A requester gone before the reply: its CM refuses the REP.
+    let cid2 = client.cm_request(&args(0x52), &cch);
+    let AgentEvent::ConnectRequest { id: sid2, .. } = get(&sch) else { panic!() };
+    client.cm_route(cid2, None);
+    server.cm_accept(sid2, &offer, &[]).unwrap();
+    assert!(matches!(get(&sch), AgentEvent::Rejected { id, .. } if id == sid2));
+    assert_eq!(cch.pending(), 0, "nothing for a forgotten connection");
+    server.cm_unlisten(sid);
+}

@@ -406,7 +406,11 @@ pub(crate) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
 /// connection and listens.
 fn forget_id(st: &mut IdState) {
     if let Some((ctx, cm)) = st.conn.take() {
-        let _ = ctx.cm_disconnect(cm);
+        // Connected: a DREQ; a request not yet answered: a REJ (as
+        // rdma-core's destroy does), so the peer is not left waiting.
+        if ctx.cm_disconnect(cm).is_err() {
+            let _ = ctx.cm_reject(cm, &[]);
+        }
         ctx.cm_route(cm, None);
         let key = ctx.key();
         with_registry(|r| r.conns.remove(&(key, cm)));
