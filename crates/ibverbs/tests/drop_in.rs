@@ -394,6 +394,15 @@ fn rdmacm_utils_connect_through_the_cm() {
         End::ClientFails,
     );
     assert!(p.client_has("RDMA_CM_EVENT_REJECTED, error 8"), "{p}");
+    // udaddy: UD ids, the server's QP found by SIDR, 10 datagrams each
+    // way (its rdma_cm port is fixed, 7174: a service of this device).
+    let p = cm_pair(
+        ("udaddy", &["-b", "127.0.0.1", "-C", "10"]),
+        ("udaddy", &["-s", "127.0.0.1", "-C", "10"]),
+        limit,
+        End::Both,
+    );
+    assert!(p.client_has("data transfers complete") && p.server.contains("sending replies"), "{p}");
 }
 
 #[test]
@@ -440,6 +449,22 @@ fn perftest_over_rdma_cm() {
         let r = perftest_rows(&p.client);
         assert_eq!(r.len(), 1, "{p}");
         assert!(r[0][2] > 0.0 && r[0][3] > 0.0, "a zero result: {p}");
+    }
+    // UD through the CM (SIDR), and rdma_cm as the exchange for regular
+    // QPs (-z). UD drops a datagram that finds no receive: iterations
+    // within the receive depth.
+    for (t, extra) in [
+        ("ib_send_bw", &["-R", "-c", "UD", "-n", "200"][..]),
+        ("ib_send_lat", &["-R", "-c", "UD", "-n", "200"][..]),
+        ("ib_send_bw", &["-z", "-n", "200"][..]),
+        ("ib_write_lat", &["-z", "-n", "200"][..]),
+    ] {
+        let mut args = vec!["-p", "{port}"];
+        args.extend(extra);
+        let mut cargs = args.clone();
+        cargs.push("127.0.0.1");
+        let p = cm_pair((t, &args), (t, &cargs), Duration::from_secs(120), End::Both);
+        assert_eq!(perftest_rows(&p.client).len(), 1, "{p}");
     }
 }
 

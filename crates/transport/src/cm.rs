@@ -21,7 +21,8 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use uroce_wire::cm::{
-    CmMad, CmMessage, CmPath, Dreq, IdsOnly, MadHeader, Rej, Rep, Req, attr, rej_reason,
+    CmMad, CmMessage, CmPath, Dreq, IdsOnly, MadHeader, Rej, Rep, Req, SidrRep, SidrReq, attr,
+    rej_reason,
 };
 
 use crate::Instant;
@@ -95,8 +96,9 @@ pub enum CmEvent {
         /// The reply.
         rep: Box<Rep>,
     },
-    /// Both sides are ready (the passive side got the RTU, or any message
-    /// that proves the peer is established).
+    /// The passive side is ready (it got the RTU, or any message that
+    /// proves the peer is established). The active side, which sends the
+    /// RTU in [`CmAgent::establish`], gets none.
     Established {
         /// The connection.
         id: u32,
@@ -132,6 +134,23 @@ pub enum CmEvent {
         /// The connection.
         id: u32,
     },
+    /// A SIDR_REQ for a service being listened on: answer with
+    /// [`CmAgent::sidr_reply`].
+    SidrRequest {
+        /// The request's local ID.
+        id: u32,
+        /// Who asked.
+        from: IpAddr,
+        /// The request.
+        req: Box<SidrReq>,
+    },
+    /// The answer to our SIDR_REQ (its status says whether it names a QP).
+    SidrReply {
+        /// The request.
+        id: u32,
+        /// The reply.
+        rep: Box<SidrRep>,
+    },
 }
 
 impl CmEvent {
@@ -145,7 +164,9 @@ impl CmEvent {
             | Self::Unreachable { id }
             | Self::DisconnectRequest { id }
             | Self::Disconnected { id }
-            | Self::TimeWaitExit { id } => *id,
+            | Self::TimeWaitExit { id }
+            | Self::SidrRequest { id, .. }
+            | Self::SidrReply { id, .. } => *id,
         }
     }
 }
@@ -187,6 +208,10 @@ enum State {
     /// DREQ sent, waiting for DREP.
     DreqSent,
     TimeWait,
+    /// Active: SIDR_REQ sent, waiting for SIDR_REP.
+    SidrReqSent,
+    /// Passive: SIDR_REQ received, the application deciding.
+    SidrReqRcvd,
 }
 
 #[derive(Debug)]
@@ -206,6 +231,27 @@ struct Conn {
     wait: Duration,
     /// The last answer sent, for duplicates of what it answered.
     last_sent: Option<CmMad>,
+    /// The service a SIDR request asked for (echoed in the reply).
+    service_id: u64,
+}
+
+impl Conn {
+    fn new(state: State, peer: IpAddr, remote_id: u32, tid: u64, wait: Duration) -> Self {
+        Self {
+            state,
+            peer,
+            remote_id,
+            remote_qpn: 0,
+            local_qpn: 0,
+            tid,
+            retry: None,
+            deadline: None,
+            retries_left: 0,
+            wait,
+            last_sent: None,
+            service_id: 0,
+        }
+    }
 }
 
 /// How long TimeWait lasts (IBTA: at least the packet lifetime plus the
@@ -256,7 +302,31 @@ struct Orphan {
     until: Instant,
     from: IpAddr,
     tid: u64,
-    req: Req,
+    req: OrphanReq,
+}
+
+/// A request waiting for a listener: a connection's or a SIDR one.
+#[derive(Debug)]
+enum OrphanReq {
+    Req(Req),
+    Sidr(SidrReq),
+}
+
+impl OrphanReq {
+    fn service_id(&self) -> u64 {
+        match self {
+            Self::Req(r) => r.service_id,
+            Self::Sidr(r) => r.service_id,
+        }
+    }
+
+    /// The requester's ID for it (to tell a resend from a new request).
+    fn request_id(&self) -> u32 {
+        match self {
+            Self::Req(r) => r.local_comm_id,
+            Self::Sidr(r) => r.request_id,
+        }
+    }
 }
 
 impl CmAgent {
@@ -296,10 +366,13 @@ impl CmAgent {
         self.listening.push(service_id);
         // REQs that came a moment too early.
         let (held, rest): (VecDeque<Orphan>, VecDeque<Orphan>) =
-            self.orphans.drain(..).partition(|o| o.req.service_id == service_id);
+            self.orphans.drain(..).partition(|o| o.req.service_id() == service_id);
         self.orphans = rest;
         for o in held {
-            self.admit(o.from, o.tid, &o.req);
+            match &o.req {
+                OrphanReq::Req(r) => self.admit(o.from, o.tid, r),
+                OrphanReq::Sidr(r) => self.on_sidr_req(Instant::ZERO, o.from, o.tid, r),
+            }
         }
         Ok(())
     }
@@ -317,6 +390,12 @@ impl CmAgent {
                 return id;
             }
         }
+    }
+
+    fn new_tid(&mut self) -> u64 {
+        let tid = self.next_tid;
+        self.next_tid = self.next_tid.wrapping_add(1);
+        tid
     }
 
     fn send(&mut self, to: IpAddr, mad: CmMad) {
@@ -382,6 +461,7 @@ impl CmAgent {
                 retries_left: a.max_cm_retries,
                 wait,
                 last_sent: None,
+                service_id: 0,
             },
         );
         let mad = CmMad { header: MadHeader::cm(attr::REQ, tid), message: CmMessage::Req(req) };
@@ -485,7 +565,7 @@ impl CmAgent {
         c.last_sent = Some(mad);
         let peer = c.peer;
         self.send(peer, mad);
-        self.events.push_back(CmEvent::Established { id });
+        // No Established event: the caller is the one who established.
         Ok(())
     }
 
@@ -530,6 +610,126 @@ impl CmAgent {
         ids.len()
     }
 
+    /// Asks `peer` which UD QP serves `service_id` (SIDR_REQ), resending
+    /// every `cm_timeout(response_timeout)` up to `retries` times. The
+    /// answer comes as [`CmEvent::SidrReply`], or [`CmEvent::Unreachable`].
+    pub fn sidr_request(
+        &mut self,
+        now: Instant,
+        peer: IpAddr,
+        service_id: u64,
+        private_data: &[u8],
+        response_timeout: u8,
+        retries: u8,
+    ) -> u32 {
+        let id = self.new_id();
+        let tid = self.new_tid();
+        let mut pd = [0u8; 216];
+        let n = private_data.len().min(pd.len());
+        pd[..n].copy_from_slice(&private_data[..n]);
+        let req = SidrReq { request_id: id, pkey: 0xffff, service_id, private_data: pd };
+        let mut c = Conn::new(State::SidrReqSent, peer, 0, tid, cm_timeout(response_timeout));
+        c.retries_left = retries;
+        self.conns.insert(id, c);
+        let mad =
+            CmMad { header: MadHeader::cm(attr::SIDR_REQ, tid), message: CmMessage::SidrReq(req) };
+        self.send_reliably(id, now, mad);
+        id
+    }
+
+    /// Answers SIDR request `id`: `status` 0 with the serving QP and its
+    /// Q_Key, or a refusal (IBTA: 1 service not supported, 2 rejected, 3
+    /// no QP).
+    ///
+    /// # Errors
+    /// [`CmError::UnknownId`], [`CmError::InvalidState`].
+    pub fn sidr_reply(
+        &mut self,
+        id: u32,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<(), CmError> {
+        let c = self.conns.get(&id).ok_or(CmError::UnknownId)?;
+        if c.state != State::SidrReqRcvd {
+            return Err(CmError::InvalidState);
+        }
+        let (peer, tid, request_id, service_id) = (c.peer, c.tid, c.remote_id, c.service_id);
+        self.conns.remove(&id);
+        let mut pd = [0u8; 136];
+        let n = private_data.len().min(pd.len());
+        pd[..n].copy_from_slice(&private_data[..n]);
+        self.send(peer, sidr_rep_mad(tid, request_id, status, qpn, qkey, service_id, pd));
+        Ok(())
+    }
+
+    /// Keeps a request for a service nobody listens on for `wait` (a
+    /// listener may come), refusing it at once when too many wait.
+    fn hold_orphan(
+        &mut self,
+        now: Instant,
+        wait: Duration,
+        from: IpAddr,
+        tid: u64,
+        req: OrphanReq,
+    ) {
+        let held = self
+            .orphans
+            .iter()
+            .any(|o| o.from == from && o.tid == tid && o.req.request_id() == req.request_id());
+        if held {
+            return;
+        }
+        if self.orphans.len() < MAX_ORPHANS {
+            let until = now.saturating_add(wait);
+            self.orphans.push_back(Orphan { until, from, tid, req });
+        } else {
+            self.refuse(from, tid, &req);
+        }
+    }
+
+    /// Nobody listens: REJ (invalid service ID), or SIDR_REP status 1.
+    fn refuse(&mut self, from: IpAddr, tid: u64, req: &OrphanReq) {
+        let mad = match req {
+            OrphanReq::Req(r) => {
+                rej_mad(tid, 0, r.local_comm_id, rej_reason::INVALID_SERVICE_ID, State::ReqRcvd)
+            }
+            OrphanReq::Sidr(r) => sidr_rep_mad(tid, r.request_id, 1, 0, 0, r.service_id, [0; 136]),
+        };
+        self.send(from, mad);
+    }
+
+    fn on_sidr_req(&mut self, now: Instant, from: IpAddr, tid: u64, req: &SidrReq) {
+        let dup = self.conns.values().any(|c| {
+            c.state == State::SidrReqRcvd
+                && c.peer == from
+                && c.tid == tid
+                && c.remote_id == req.request_id
+        });
+        if dup {
+            return;
+        }
+        if !self.listening.contains(&req.service_id) {
+            self.hold_orphan(now, ORPHAN_WAIT, from, tid, OrphanReq::Sidr(*req));
+            return;
+        }
+        let id = self.new_id();
+        let mut c = Conn::new(State::SidrReqRcvd, from, req.request_id, tid, self.reply_wait);
+        c.service_id = req.service_id;
+        self.conns.insert(id, c);
+        self.events.push_back(CmEvent::SidrRequest { id, from, req: Box::new(*req) });
+    }
+
+    fn on_sidr_rep(&mut self, from: IpAddr, rep: &SidrRep) {
+        let Some(id) = self.by_local(rep.request_id, from) else { return };
+        if self.conns[&id].state != State::SidrReqSent {
+            return;
+        }
+        self.conns.remove(&id);
+        self.events.push_back(CmEvent::SidrReply { id, rep: Box::new(*rep) });
+    }
+
     /// The next MAD to send, and to whom.
     pub fn poll_transmit(&mut self) -> Option<(IpAddr, CmMad)> {
         self.out.pop_front()
@@ -551,14 +751,7 @@ impl CmAgent {
     pub fn handle_timeout(&mut self, now: Instant) {
         while let Some(i) = self.orphans.iter().position(|o| o.until <= now) {
             let Some(o) = self.orphans.remove(i) else { break };
-            let rej = rej_mad(
-                o.tid,
-                0,
-                o.req.local_comm_id,
-                rej_reason::INVALID_SERVICE_ID,
-                State::ReqRcvd,
-            );
-            self.send(o.from, rej);
+            self.refuse(o.from, o.tid, &o.req);
         }
         let due: Vec<u32> = self
             .conns
@@ -583,6 +776,11 @@ impl CmAgent {
                     State::DreqSent => {
                         self.enter_time_wait(id, now);
                         self.events.push_back(CmEvent::Disconnected { id });
+                    }
+                    State::SidrReqSent => {
+                        // No connection to refuse: SIDR has no REJ.
+                        self.conns.remove(&id);
+                        self.events.push_back(CmEvent::Unreachable { id });
                     }
                     _ => {
                         // REQ or REP unanswered: tell the peer, forget it.
@@ -634,7 +832,9 @@ impl CmAgent {
                     self.events.push_back(CmEvent::Disconnected { id });
                 }
             }
-            // MRA, SIDR, LAP, APR: not handled yet (see the module doc).
+            CmMessage::SidrReq(req) => self.on_sidr_req(now, from, mad.header.tid, req),
+            CmMessage::SidrRep(rep) => self.on_sidr_rep(from, rep),
+            // MRA, LAP, APR: not handled yet (see the module doc).
             _ => {}
         }
     }
@@ -655,26 +855,9 @@ impl CmAgent {
             return;
         }
         if !self.listening.contains(&req.service_id) {
-            let held = self.orphans.iter().any(|o| {
-                o.from == from && o.tid == tid && o.req.local_comm_id == req.local_comm_id
-            });
-            if !held && self.orphans.len() < MAX_ORPHANS {
-                // Answered before the requester's first resend.
-                let wait = ORPHAN_WAIT.min(cm_timeout(req.remote_cm_response_timeout) / 2);
-                let until = now.saturating_add(wait);
-                self.orphans.push_back(Orphan { until, from, tid, req: *req });
-            } else if !held {
-                self.send(
-                    from,
-                    rej_mad(
-                        tid,
-                        0,
-                        req.local_comm_id,
-                        rej_reason::INVALID_SERVICE_ID,
-                        State::ReqRcvd,
-                    ),
-                );
-            }
+            // Answered before the requester's first resend.
+            let wait = ORPHAN_WAIT.min(cm_timeout(req.remote_cm_response_timeout) / 2);
+            self.hold_orphan(now, wait, from, tid, OrphanReq::Req(*req));
             return;
         }
         self.admit(from, tid, req);
@@ -711,6 +894,7 @@ impl CmAgent {
                 retries_left: 0,
                 wait: self.reply_wait,
                 last_sent: None,
+                service_id: 0,
             },
         );
         self.events.push_back(CmEvent::ConnectRequest { id, from, req: Box::new(*req) });
@@ -806,6 +990,28 @@ impl CmAgent {
 }
 
 /// A REJ from connection `local` (0: none) to the peer's `remote`.
+fn sidr_rep_mad(
+    tid: u64,
+    request_id: u32,
+    status: u8,
+    qpn: u32,
+    qkey: u32,
+    service_id: u64,
+    private_data: [u8; 136],
+) -> CmMad {
+    let rep = SidrRep {
+        request_id,
+        status,
+        additional_info_length: 0,
+        qpn,
+        service_id,
+        qkey,
+        additional_info: [0; 72],
+        private_data,
+    };
+    CmMad { header: MadHeader::cm(attr::SIDR_REP, tid), message: CmMessage::SidrRep(rep) }
+}
+
 fn rej_mad(tid: u64, local: u32, remote: u32, reason: u16, state: State) -> CmMad {
     let rej = Rej {
         local_comm_id: local,

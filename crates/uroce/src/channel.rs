@@ -107,6 +107,135 @@ impl<T> AsFd for EventQueue<T> {
     }
 }
 
+/// A queue of `T` whose descriptor is readable exactly while the queue
+/// holds something (level-triggered: an `eventfd` written when the queue
+/// becomes non-empty and read when it becomes empty, both under the
+/// queue's lock), so that entries can be withdrawn (`retain`) without a
+/// reader ever being woken for nothing or blocking with entries queued.
+#[derive(Debug)]
+pub(crate) struct LevelQueue<T> {
+    fd: OwnedFd,
+    queue: Mutex<VecDeque<T>>,
+}
+
+impl<T> LevelQueue<T> {
+    pub(crate) fn new() -> io::Result<Self> {
+        // SAFETY: eventfd takes no pointers; a negative result is an error.
+        let fd = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if fd < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `fd` was just created and is owned by nobody else.
+        let fd = unsafe { OwnedFd::from_raw_fd(fd) };
+        Ok(Self { fd, queue: Mutex::new(VecDeque::new()) })
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, VecDeque<T>> {
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Queues an entry; the descriptor becomes readable.
+    pub(crate) fn push(&self, ev: T) {
+        let mut q = self.lock();
+        q.push_back(ev);
+        if q.len() == 1 {
+            let one: u64 = 1;
+            // SAFETY: writes 8 bytes from a live u64 to our own eventfd.
+            unsafe { libc::write(self.fd.as_raw_fd(), (&raw const one).cast(), 8) };
+        }
+    }
+
+    /// The queue just became empty: the descriptor stops being readable.
+    /// Its count is non-zero (written when the queue filled), so the read
+    /// never blocks.
+    fn drained(&self) {
+        let mut count = 0u64;
+        // SAFETY: reads 8 bytes into a live u64 from our own eventfd.
+        unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut count).cast(), 8) };
+    }
+
+    /// Takes the oldest entry, if any.
+    pub(crate) fn try_pop(&self) -> Option<T> {
+        let mut q = self.lock();
+        let e = q.pop_front()?;
+        if q.is_empty() {
+            self.drained();
+        }
+        Some(e)
+    }
+
+    /// Takes the oldest entry: waits while there is none, unless the
+    /// descriptor was made non-blocking (by us or by its owner, with
+    /// `fcntl`): then `WouldBlock`.
+    pub(crate) fn pop(&self) -> io::Result<T> {
+        loop {
+            if let Some(e) = self.try_pop() {
+                return Ok(e);
+            }
+            // SAFETY: fcntl on our own descriptor, integer arguments only.
+            let flags = unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_GETFL) };
+            if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
+                return Err(io::ErrorKind::WouldBlock.into());
+            }
+            self.wait_readable(std::time::Duration::from_secs(3600))?;
+        }
+    }
+
+    /// Waits up to `timeout` for an entry. `Ok(false)` on timeout.
+    pub(crate) fn wait_readable(&self, timeout: std::time::Duration) -> io::Result<bool> {
+        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
+        loop {
+            // SAFETY: one live pollfd, count 1.
+            let r = unsafe { libc::poll(&raw mut pfd, 1, ms) };
+            if r >= 0 {
+                return Ok(r > 0);
+            }
+            let e = io::Error::last_os_error();
+            if e.kind() != io::ErrorKind::Interrupted {
+                return Err(e);
+            }
+        }
+    }
+
+    /// Keeps only the entries `keep` accepts.
+    pub(crate) fn retain(&self, keep: impl FnMut(&T) -> bool) {
+        let mut q = self.lock();
+        let had = !q.is_empty();
+        q.retain(keep);
+        if had && q.is_empty() {
+            self.drained();
+        }
+    }
+
+    /// Entries waiting.
+    pub(crate) fn len(&self) -> usize {
+        self.lock().len()
+    }
+
+    /// Sets or clears `O_NONBLOCK` on the descriptor.
+    pub(crate) fn set_nonblocking(&self, on: bool) -> io::Result<()> {
+        let fd = self.fd.as_raw_fd();
+        // SAFETY: fcntl on our own descriptor, integer arguments only.
+        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+        if flags < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let new = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+        // SAFETY: as above.
+        if unsafe { libc::fcntl(fd, libc::F_SETFL, new) } < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(())
+    }
+}
+
+impl<T> AsFd for LevelQueue<T> {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.fd.as_fd()
+    }
+}
+
 /// A completion channel (`ibv_comp_channel`): CQs created on it report
 /// "a completion arrived" here once armed with [`crate::Cq::req_notify`].
 /// Its descriptor ([`AsFd`]) is readable while events wait.
@@ -167,5 +296,36 @@ impl AsFd for CompChannel {
 impl AsRawFd for CompChannel {
     fn as_raw_fd(&self) -> std::os::fd::RawFd {
         self.events.fd.as_raw_fd()
+    }
+}
+
+#[cfg(test)]
+mod level_tests {
+    use super::LevelQueue;
+    use std::time::Duration;
+
+    #[test]
+    fn readable_exactly_while_entries_wait() {
+        let q = LevelQueue::new().unwrap();
+        let ready = |q: &LevelQueue<u32>| q.wait_readable(Duration::ZERO).unwrap();
+        assert!(!ready(&q));
+        q.push(1);
+        q.push(2);
+        q.push(3);
+        assert!(ready(&q));
+        // Withdrawing some keeps it readable; withdrawing all does not.
+        q.retain(|&e| e != 2);
+        assert!(ready(&q));
+        assert_eq!(q.try_pop(), Some(1));
+        assert!(ready(&q));
+        q.retain(|_| false);
+        assert!(!ready(&q), "nothing left: a reader must not wake");
+        assert_eq!(q.try_pop(), None);
+        // A non-blocking pop on an empty queue says so instead of waiting.
+        q.set_nonblocking(true).unwrap();
+        assert_eq!(q.pop().unwrap_err().kind(), std::io::ErrorKind::WouldBlock);
+        q.push(4);
+        assert_eq!(q.pop().unwrap(), 4);
+        assert!(!ready(&q));
     }
 }

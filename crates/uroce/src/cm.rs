@@ -252,9 +252,7 @@ impl Context {
             .agent
             .establish(id)
             .map_err(|_| Error::InvalidArgument("CM state"))?;
-        // Our own Established event: nobody waits for it.
-        let _ =
-            wait(self, Duration::ZERO, |e| matches!(e, CmEvent::Established { id: i } if *i == id));
+
         Ok(CmConnection {
             ctx: self.clone(),
             id,
@@ -369,7 +367,7 @@ pub use uroce_transport::cm::{
 /// contexts' progress threads fill it; nothing needs to poll.
 #[derive(Clone, Debug)]
 pub struct CmChannel {
-    queue: std::sync::Arc<crate::channel::EventQueue<CmChannelEvent>>,
+    queue: std::sync::Arc<crate::channel::LevelQueue<CmChannelEvent>>,
 }
 
 impl CmChannel {
@@ -378,7 +376,7 @@ impl CmChannel {
     /// # Errors
     /// The eventfd could not be created.
     pub fn new() -> Result<Self> {
-        let q = crate::channel::EventQueue::new().map_err(Error::Io)?;
+        let q = crate::channel::LevelQueue::new().map_err(Error::Io)?;
         Ok(Self { queue: std::sync::Arc::new(q) })
     }
 
@@ -396,14 +394,22 @@ impl CmChannel {
     /// # Errors
     /// The descriptor's error.
     pub fn get_timeout(&self, timeout: Duration) -> std::io::Result<Option<CmChannelEvent>> {
-        if !self.queue.wait_readable(timeout)? {
-            return Ok(None);
+        let end = std::time::Instant::now() + timeout;
+        loop {
+            if let Some(e) = self.queue.try_pop() {
+                return Ok(Some(e));
+            }
+            let left = end.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() || !self.queue.wait_readable(left)? {
+                return Ok(None);
+            }
         }
-        match self.queue.pop() {
-            Ok(e) => Ok(Some(e)),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
-            Err(e) => Err(e),
-        }
+    }
+
+    /// Withdraws the waiting events `keep` rejects (those of a connection
+    /// being destroyed): a reader is never woken for them.
+    pub fn retain(&self, keep: impl FnMut(&CmChannelEvent) -> bool) {
+        self.queue.retain(keep);
     }
 
     /// Sets or clears `O_NONBLOCK` on the descriptor.
@@ -536,6 +542,49 @@ impl Context {
             .agent
             .disconnect(now, id)
             .map_err(|_| Error::InvalidArgument("the connection is not established"));
+        d.send_cm_now();
+        r
+    }
+
+    /// Asks `peer` which UD QP serves `service_id` (SIDR), with up to 216
+    /// bytes of private data; the answer goes to `channel`. Returns the
+    /// request's ID.
+    pub fn cm_sidr_request(
+        &self,
+        peer: IpAddr,
+        service_id: u64,
+        private_data: &[u8],
+        channel: &CmChannel,
+    ) -> u32 {
+        let mut d = self.inner.lock();
+        let now = d.now();
+        let cm = d.cm();
+        let id = cm.agent.sidr_request(now, peer, service_id, private_data, 16, 15);
+        cm.routes.insert(id, channel.queue.clone());
+        d.send_cm_now();
+        id
+    }
+
+    /// Answers SIDR request `id` (`status` 0: served by UD QP `qpn` with
+    /// `qkey`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an unknown or answered request.
+    pub fn cm_sidr_reply(
+        &self,
+        id: u32,
+        status: u8,
+        qpn: u32,
+        qkey: u32,
+        private_data: &[u8],
+    ) -> Result<()> {
+        let mut d = self.inner.lock();
+        let r = d
+            .cm()
+            .agent
+            .sidr_reply(id, status, qpn, qkey, private_data)
+            .map_err(|_| Error::InvalidArgument("no SIDR request to answer"));
+        d.cm().routes.remove(&id);
         d.send_cm_now();
         r
     }

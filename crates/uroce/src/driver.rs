@@ -85,7 +85,7 @@ pub(crate) struct CmDriver {
 }
 
 /// Where a routed connection's events go.
-pub(crate) type CmRoute = Arc<EventQueue<CmChannelEvent>>;
+pub(crate) type CmRoute = Arc<crate::channel::LevelQueue<CmChannelEvent>>;
 
 /// An event on a CM event channel.
 #[derive(Debug)]
@@ -188,16 +188,28 @@ impl Driver {
                 }
                 continue;
             }
-            let route = match &e {
-                CmEvent::ConnectRequest { id, req, .. } => {
-                    let r = cm.listeners.get(&req.service_id).cloned();
+            let listened = match &e {
+                CmEvent::ConnectRequest { id, req, .. } => Some((*id, req.service_id)),
+                CmEvent::SidrRequest { id, req, .. } => Some((*id, req.service_id)),
+                _ => None,
+            };
+            let route = match listened {
+                Some((id, service_id)) => {
+                    let r = cm.listeners.get(&service_id).cloned();
                     if let Some(r) = &r {
-                        cm.routes.insert(*id, r.clone());
+                        cm.routes.insert(id, r.clone());
                     }
                     r
                 }
-                other => cm.routes.get(&other.id()).cloned(),
+                None => cm.routes.get(&e.id()).cloned(),
             };
+            // The agent forgets a connection at these: so does the route.
+            if matches!(
+                e,
+                CmEvent::Rejected { .. } | CmEvent::Unreachable { .. } | CmEvent::SidrReply { .. }
+            ) {
+                cm.routes.remove(&e.id());
+            }
             match route {
                 Some(q) => q.push(CmChannelEvent::Cm { ctx: cm.key, event: e }),
                 None => cm.events.push_back(e),

@@ -1,20 +1,22 @@
 //! `librdmacm.so.1` (the same file as `libibverbs.so.1`): the RDMA
 //! connection manager's C API over `uroce::cm`'s event channels, for
-//! reliable-connected ids (`RDMA_PS_TCP`, and `RDMA_PS_IB` treated alike).
+//! reliable-connected ids (`RDMA_PS_TCP`, and `RDMA_PS_IB` served alike) and
+//! UD ids (`RDMA_PS_UDP`, whose peer QP is found by SIDR).
 //!
 //! As rdma-core's librdmacm does over the kernel, the library moves the
-//! QP itself: to INIT when `rdma_create_qp` makes it, to RTR and RTS when
-//! the peer's reply arrives (active side, inside `rdma_get_cm_event`,
-//! before it reports ESTABLISHED and sends the RTU) or in `rdma_accept`
-//! (passive side), to ERR in `rdma_disconnect`. Address resolution maps
-//! the destination to the uroce device that reaches it (the bound source
-//! address's device, else the kernel's source address for that
-//! destination, else the only device of that family) and completes at
-//! once, as route resolution does. The peer's RoCE UDP port is taken to
-//! be this device's (4791 in real use).
+//! QP itself: to INIT when `rdma_create_qp` makes it (a UD QP straight to
+//! RTS with the RDMA CM's Q_Key), to RTR and RTS when the peer's reply
+//! arrives (active side, inside `rdma_get_cm_event`, before it reports
+//! ESTABLISHED and sends the RTU) or in `rdma_accept` (passive side), to
+//! ERR in `rdma_disconnect`. Address resolution maps the destination to the
+//! uroce device that reaches it (the bound source address's device, else
+//! the kernel's source address for that destination, else the only device
+//! of that family) and completes at once, as route resolution does. The
+//! peer's RoCE UDP port is taken to be this device's (4791 in real use).
 //!
-//! Not yet: UD ids (`RDMA_PS_UDP`, SIDR), multicast, `rdma_create_ep`
-//! and the rsocket calls (ENOSYS), ECE, `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
+//! Not yet: IPoIB ids, synchronous ids (no channel), multicast,
+//! `rdma_create_ep` and the rsocket calls (ENOSYS), ECE,
+//! `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
 
 mod abi;
 
@@ -26,7 +28,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Mutex, MutexGuard};
 
 use uroce::cm::{AgentEvent, CmChannel, CmChannelEvent, Offer, RequestArgs};
-use uroce::wire::cm::{CmPath, CmaHeader, Req, port_space, rdma_cm_service_id};
+use uroce::wire::cm::{CmPath, CmaHeader, Req, SidrReq, port_space, rdma_cm_service_id};
 
 use self::abi::*;
 use crate::abi::*;
@@ -52,6 +54,11 @@ const QPS_INIT: c_int = 1;
 const QPS_RTR: c_int = 2;
 const QPS_RTS: c_int = 3;
 const QPS_ERR: c_int = 6;
+const QP_QKEY: c_int = 1 << 6;
+const QPT_RC: c_int = 2;
+const QPT_UD: c_int = 4;
+/// The Q_Key of the RDMA CM's UD ids (`RDMA_UDP_QKEY`).
+const UDP_QKEY: u32 = 0x0123_4567;
 /// Remote rights of a connected QP (the kernel CM's for RC).
 const RC_ACCESS: u32 = 1 | 2 | 4 | 8;
 /// READs/atomics in flight when the application asks for none.
@@ -99,8 +106,7 @@ struct IdState {
     my_psn: u32,
     /// What the application asked for in `rdma_connect`/`rdma_accept`.
     param: ConnParam,
-    /// Active side: ESTABLISHED already reported (the agent's own
-    /// Established event is then skipped).
+    /// ESTABLISHED reported.
     established: bool,
     /// Events the library raises itself (address and route resolution).
     local_events: VecDeque<(c_int, c_int)>,
@@ -149,6 +155,13 @@ fn registry() -> MutexGuard<'static, Option<Registry>> {
 
 fn with_registry<T>(f: impl FnOnce(&mut Registry) -> T) -> T {
     f(registry().get_or_insert_with(Registry::default))
+}
+
+/// Held while an event is turned into the application's (which names
+/// ids) and while an id is destroyed, so the two never overlap.
+fn translating() -> MutexGuard<'static, ()> {
+    static M: Mutex<()> = Mutex::new(());
+    M.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 fn lock(st: &Mutex<IdState>) -> MutexGuard<'_, IdState> {
@@ -237,6 +250,15 @@ fn write_sockaddr(dst: &mut libc::sockaddr_storage, a: SocketAddr) {
             s.sin6_scope_id = v6.scope_id();
         }
     }
+}
+
+/// The RDMA CM port space of an id (IB ids are served as TCP ones).
+fn space_of(b: &IdBox) -> u16 {
+    if is_ud(b) { port_space::UDP } else { port_space::TCP }
+}
+
+fn is_ud(b: &IdBox) -> bool {
+    b.c().ps == RDMA_PS_UDP
 }
 
 fn gid(ip: IpAddr) -> ibv_gid {
@@ -361,8 +383,8 @@ pub(crate) unsafe extern "C" fn rdma_create_id(
         if id.is_null() || live_channel(channel).is_none() {
             return minus_one(libc::EINVAL);
         }
-        if !matches!(ps, RDMA_PS_TCP | RDMA_PS_IB) {
-            // UD ids (SIDR) and IPoIB are not there yet.
+        if !matches!(ps, RDMA_PS_TCP | RDMA_PS_IB | RDMA_PS_UDP) {
+            // IPoIB ids are not there.
             return minus_one(libc::ENOSYS);
         }
         let b = new_id(channel, context, ps);
@@ -378,7 +400,7 @@ fn new_id(channel: *mut rdma_event_channel, context: *mut c_void, ps: c_int) -> 
     c.channel = channel;
     c.context = context;
     c.ps = ps;
-    c.qp_type = 2; // IBV_QPT_RC
+    c.qp_type = if ps == RDMA_PS_UDP { QPT_UD } else { QPT_RC };
     let b = Box::into_raw(Box::new(IdBox {
         id: UnsafeCell::new(c),
         path: UnsafeCell::new([0; 64]),
@@ -390,9 +412,30 @@ fn new_id(channel: *mut rdma_event_channel, context: *mut c_void, ps: c_int) -> 
 
 pub(crate) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
     guard(-1, || {
+        // Not while another thread turns an event into one naming this id.
+        let _g = translating();
         let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
         {
             let mut st = lock(&b.st);
+            // Events still waiting for it are withdrawn: no reader wakes
+            // for an id that is gone.
+            if let Some(ch) = b.channel() {
+                let conn = st.conn.as_ref().map(|(c, cm)| (c.key(), *cm));
+                let listens: Vec<(u64, u64)> =
+                    st.listening.iter().map(|(c, sid)| (c.key(), *sid)).collect();
+                ch.ch.retain(|e| match e {
+                    CmChannelEvent::User(tag) => *tag != id as u64,
+                    CmChannelEvent::Cm { ctx, event } => {
+                        let request_for = match event {
+                            AgentEvent::ConnectRequest { req, .. } => Some(req.service_id),
+                            AgentEvent::SidrRequest { req, .. } => Some(req.service_id),
+                            _ => None,
+                        };
+                        conn != Some((*ctx, event.id()))
+                            && request_for.is_none_or(|sid| !listens.contains(&(*ctx, sid)))
+                    }
+                });
+            }
             forget_id(&mut st);
         }
         unregister(id.cast::<IdBox>(), Kind::CmId);
@@ -408,8 +451,8 @@ fn forget_id(st: &mut IdState) {
     if let Some((ctx, cm)) = st.conn.take() {
         // Connected: a DREQ; a request not yet answered: a REJ (as
         // rdma-core's destroy does), so the peer is not left waiting.
-        if ctx.cm_disconnect(cm).is_err() {
-            let _ = ctx.cm_reject(cm, &[]);
+        if ctx.cm_disconnect(cm).is_err() && ctx.cm_reject(cm, &[]).is_err() {
+            let _ = ctx.cm_sidr_reply(cm, 2, 0, 0, &[]);
         }
         ctx.cm_route(cm, None);
         let key = ctx.key();
@@ -532,7 +575,7 @@ pub(crate) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int
         let Some(ch) = b.channel() else { return minus_one(libc::EINVAL) };
         let mut st = lock(&b.st);
         let Some(local) = st.local else { return minus_one(libc::EINVAL) };
-        let sid = rdma_cm_service_id(port_space::TCP, local.port());
+        let sid = rdma_cm_service_id(space_of(b), local.port());
         // A wildcard address listens on every device.
         let contexts: Vec<usize> = if st.verbs != 0 {
             vec![st.verbs]
@@ -602,6 +645,32 @@ fn qp_to_init(qp: *mut ibv_qp) -> c_int {
     unsafe { crate::qp::ibv_modify_qp(qp, (&raw const attr).cast_mut(), mask) }
 }
 
+/// A UD QP is ready at once (INIT with the RDMA CM's Q_Key, RTR, RTS),
+/// as librdmacm makes it.
+fn ud_qp_to_rts(qp: *mut ibv_qp) -> c_int {
+    // SAFETY: a live QP of ours.
+    let psn = uroce::cm::starting_psn(unsafe { (*qp).qp_num });
+    let steps = [
+        (
+            ibv_qp_attr { qp_state: QPS_INIT, port_num: 1, qkey: UDP_QKEY, ..Default::default() },
+            QP_STATE | QP_PKEY_INDEX | QP_PORT | QP_QKEY,
+        ),
+        (ibv_qp_attr { qp_state: QPS_RTR, ..Default::default() }, QP_STATE),
+        (
+            ibv_qp_attr { qp_state: QPS_RTS, sq_psn: psn, ..Default::default() },
+            QP_STATE | QP_SQ_PSN,
+        ),
+    ];
+    for (attr, mask) in steps {
+        // SAFETY: a live QP and a live attribute struct.
+        let r = unsafe { crate::qp::ibv_modify_qp(qp, (&raw const attr).cast_mut(), mask) };
+        if r != 0 {
+            return r;
+        }
+    }
+    0
+}
+
 pub(crate) unsafe extern "C" fn rdma_create_qp(
     id: *mut rdma_cm_id,
     pd: *mut ibv_pd,
@@ -657,7 +726,8 @@ fn finish_create_qp(
     if qp.is_null() {
         return -1; // errno set by ibv_create_qp
     }
-    if let e @ 1.. = qp_to_init(qp) {
+    let ready = if qp_type == QPT_UD { ud_qp_to_rts(qp) } else { qp_to_init(qp) };
+    if let e @ 1.. = ready {
         // SAFETY: the QP just made.
         unsafe { crate::qp::ibv_destroy_qp(qp) };
         return minus_one(e);
@@ -784,6 +854,26 @@ pub(crate) unsafe extern "C" fn rdma_connect(
         if data.len() > 92 - CmaHeader::LEN {
             return minus_one(libc::EINVAL);
         }
+        if is_ud(b) {
+            // UD: ask which QP serves the port (SIDR); no connection.
+            if data.len() > 216 - CmaHeader::LEN {
+                return minus_one(libc::EINVAL);
+            }
+            let mut pd = [0u8; 216];
+            CmaHeader { version: 0, src_port: local.port(), src: local.ip(), dst: remote.ip() }
+                .emit(&mut pd);
+            pd[CmaHeader::LEN..CmaHeader::LEN + data.len()].copy_from_slice(data);
+            let sid = rdma_cm_service_id(port_space::UDP, remote.port());
+            let used = CmaHeader::LEN + data.len();
+            let key = ctx.key();
+            let cm = with_registry(|r| {
+                let cm = ctx.cm_sidr_request(remote.ip(), sid, &pd[..used], &ch.ch);
+                r.conns.insert((key, cm), id as usize);
+                cm
+            });
+            st.conn = Some((ctx, cm));
+            return 0;
+        }
         let c = b.c();
         let qpn = if c.qp.is_null() {
             qp_num
@@ -799,7 +889,7 @@ pub(crate) unsafe extern "C" fn rdma_connect(
         pd[CmaHeader::LEN..CmaHeader::LEN + data.len()].copy_from_slice(data);
         let args = RequestArgs {
             peer: remote.ip(),
-            service_id: rdma_cm_service_id(port_space::TCP, remote.port()),
+            service_id: rdma_cm_service_id(space_of(b), remote.port()),
             qp: Offer {
                 qpn,
                 starting_psn: st.my_psn,
@@ -846,6 +936,20 @@ pub(crate) unsafe extern "C" fn rdma_accept(
         let (cp, data, qp_num) = conn_param(param);
         let mut st = lock(&b.st);
         let Some((ctx, cm)) = st.conn.clone() else { return minus_one(libc::EINVAL) };
+        if is_ud(b) {
+            // The reply names our UD QP; there is no connection after it.
+            let qp = b.c().qp;
+            // SAFETY: the id's live QP, if any.
+            let qpn = if qp.is_null() { qp_num } else { unsafe { (*qp).qp_num } };
+            let r = ctx.cm_sidr_reply(cm, 0, qpn, UDP_QKEY, data);
+            let key = ctx.key();
+            with_registry(|reg| reg.conns.remove(&(key, cm)));
+            st.conn = None;
+            return match r {
+                Ok(()) => 0,
+                Err(e) => minus_one(e.errno()),
+            };
+        }
         if st.req.is_none() {
             return minus_one(libc::EINVAL);
         }
@@ -897,7 +1001,10 @@ pub(crate) unsafe extern "C" fn rdma_reject(
             // SAFETY: the caller promises `len` readable bytes.
             unsafe { std::slice::from_raw_parts(data.cast(), usize::from(len)) }
         };
-        match ctx.cm_reject(*cm, data) {
+        // SIDR refuses with status 2 (rejected by the service).
+        let r =
+            if is_ud(b) { ctx.cm_sidr_reply(*cm, 2, 0, 0, data) } else { ctx.cm_reject(*cm, data) };
+        match r {
             Ok(()) => 0,
             Err(e) => minus_one(e.errno()),
         }
@@ -1010,7 +1117,11 @@ pub(crate) unsafe extern "C" fn rdma_get_cm_event(
                 Ok(e) => e,
                 Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
             };
-            if let Some(ev) = translate(channel, raw) {
+            let ev = {
+                let _g = translating();
+                translate(channel, raw)
+            };
+            if let Some(ev) = ev {
                 let p = Box::into_raw(ev);
                 register(p, Kind::CmEvent);
                 // SAFETY: the caller passes a writable pointer.
@@ -1086,7 +1197,13 @@ fn translate(channel: *mut rdma_event_channel, raw: CmChannelEvent) -> Option<Bo
             let sid = req.service_id;
             let listener = with_registry(|r| r.listens.get(&(ctx, sid)).copied())?;
             let lb = live_id(listener as *mut rdma_cm_id)?;
-            connect_request(channel, lb, ctx, cm, from, req)
+            connect_request(channel, lb, ctx, cm, from, Request::Rc(req))
+        }
+        CmChannelEvent::Cm { ctx, event: AgentEvent::SidrRequest { id: cm, from, req } } => {
+            let sid = req.service_id;
+            let listener = with_registry(|r| r.listens.get(&(ctx, sid)).copied())?;
+            let lb = live_id(listener as *mut rdma_cm_id)?;
+            connect_request(channel, lb, ctx, cm, from, Request::Ud(req))
         }
         CmChannelEvent::Cm { ctx, event } => {
             let cm = event.id();
@@ -1097,6 +1214,43 @@ fn translate(channel: *mut rdma_event_channel, raw: CmChannelEvent) -> Option<Bo
     }
 }
 
+/// A request to a listening id: a connection's (REQ) or a UD id's (SIDR).
+enum Request {
+    Rc(Box<Req>),
+    Ud(Box<SidrReq>),
+}
+
+impl Request {
+    fn private_data(&self) -> &[u8] {
+        match self {
+            Self::Rc(r) => &r.private_data,
+            Self::Ud(r) => &r.private_data,
+        }
+    }
+}
+
+/// The address vector from `local` to `peer` (port 1, with a GRH).
+fn ah_toward(ctx: &uroce::Context, local: IpAddr, peer: IpAddr) -> ibv_ah_attr {
+    let mut ah = ibv_ah_attr { is_global: 1, port_num: 1, ..Default::default() };
+    ah.grh.dgid = gid(peer);
+    ah.grh.hop_limit = 64;
+    ah.grh.sgid_index = ctx.gid_index_of(local).map_or(0, |i| i as u8);
+    ah
+}
+
+/// Fills a UD event's parameters, the private data copied into it.
+fn set_ud(b: &mut EventBox, data: &[u8], ah: ibv_ah_attr, qpn: u32, qkey: u32) {
+    let n = data.len().min(b.data.len());
+    b.data[..n].copy_from_slice(&data[..n]);
+    b.ev.param.ud = rdma_ud_param {
+        private_data: b.data.as_ptr().cast(),
+        private_data_len: n as u8,
+        ah_attr: ah,
+        qp_num: qpn,
+        qkey,
+    };
+}
+
 /// A request to a listening id: a new id for the connection, on the
 /// listener's channel and device.
 fn connect_request(
@@ -1105,7 +1259,7 @@ fn connect_request(
     key: u64,
     cm: u32,
     from: IpAddr,
-    req: Box<Req>,
+    req: Request,
 ) -> Option<Box<EventBox>> {
     let lst = lock(&lb.st);
     let (ctx, _) = lst.listening.iter().find(|(c, _)| c.key() == key)?.clone();
@@ -1114,7 +1268,7 @@ fn connect_request(
     let lc = lb.c();
     let id = new_id(channel, lc.context, lc.ps);
     let b = live_id(id)?;
-    let hdr = CmaHeader::parse(&req.private_data);
+    let hdr = CmaHeader::parse(req.private_data());
     let mut st = lock(&b.st);
     let verbs = (0..crate::device::devices().map_or(0, <[_]>::len))
         .filter_map(device_context)
@@ -1134,7 +1288,18 @@ fn connect_request(
     set_remote(b, &mut st, SocketAddr::new(from, hdr.map_or(0, |h| h.src_port)));
     let mut ev = new_event(id, event::CONNECT_REQUEST, 0);
     ev.ev.listen_id = lb.ptr();
-    let data = req.private_data.get(CmaHeader::LEN..).unwrap_or(&[]);
+    let data = req.private_data().get(CmaHeader::LEN..).unwrap_or(&[]).to_vec();
+    let data = &data[..];
+    let req = match req {
+        Request::Ud(_) => {
+            let ah = ah_toward(&ctx, local_ip, from);
+            set_ud(&mut ev, data, ah, 0, 0);
+            st.conn = Some((ctx, cm));
+            with_registry(|r| r.conns.insert((key, cm), id as usize));
+            return Some(ev);
+        }
+        Request::Rc(req) => req,
+    };
     let c = conn(
         req.initiator_depth,
         req.responder_resources,
@@ -1202,7 +1367,6 @@ fn conn_event(id: *mut rdma_cm_id, b: &IdBox, event: AgentEvent) -> Option<Box<E
             set_conn(&mut ev, &rep.private_data, c);
             Some(ev)
         }
-        AgentEvent::Established { .. } if st.established => None,
         AgentEvent::Established { .. } => {
             st.established = true;
             Some(new_event(id, event::ESTABLISHED, 0))
@@ -1212,11 +1376,24 @@ fn conn_event(id: *mut rdma_cm_id, b: &IdBox, event: AgentEvent) -> Option<Box<E
             set_conn(&mut ev, &private_data[..], conn(0, 0, 0, 0, false, 0));
             Some(ev)
         }
+        AgentEvent::SidrReply { id: cm, rep } => {
+            let ctx = st.conn.take().map(|(c, _)| c)?;
+            with_registry(|r| r.conns.remove(&(ctx.key(), cm)));
+            if rep.status != 0 {
+                return Some(new_event(id, event::UNREACHABLE, c_int::from(rep.status)));
+            }
+            let (l, r) = (st.local?.ip(), st.remote?.ip());
+            let mut ev = new_event(id, event::ESTABLISHED, 0);
+            set_ud(&mut ev, &rep.private_data, ah_toward(&ctx, l, r), rep.qpn, rep.qkey);
+            Some(ev)
+        }
         AgentEvent::Unreachable { .. } => Some(new_event(id, event::UNREACHABLE, -libc::ETIMEDOUT)),
         AgentEvent::DisconnectRequest { .. } | AgentEvent::Disconnected { .. } => {
             Some(new_event(id, event::DISCONNECTED, 0))
         }
-        AgentEvent::ConnectRequest { .. } | AgentEvent::TimeWaitExit { .. } => None,
+        AgentEvent::ConnectRequest { .. }
+        | AgentEvent::SidrRequest { .. }
+        | AgentEvent::TimeWaitExit { .. } => None,
     }
 }
 
