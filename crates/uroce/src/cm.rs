@@ -184,6 +184,37 @@ impl Context {
         private_data: &[u8],
         timeout: Duration,
     ) -> Result<CmConnection> {
+        let (args, my_psn) = self.request_args(qp, peer, port, private_data)?;
+        let id = {
+            let mut d = self.inner.lock();
+            let now = d.now();
+            d.cm().agent.connect(now, &args)
+        };
+        let ev = wait(self, timeout, |e| match e {
+            CmEvent::ConnectReply { id: i, .. }
+            | CmEvent::Rejected { id: i, .. }
+            | CmEvent::Unreachable { id: i } => *i == id,
+            _ => false,
+        })?;
+        let rep = match ev {
+            Some(CmEvent::ConnectReply { rep, .. }) => rep,
+            Some(CmEvent::Rejected { reason, private_data, .. }) => {
+                return Err(Error::Rejected { reason, private_data: private_data.to_vec() });
+            }
+            Some(_) => return Err(Error::TimedOut("the peer's CM did not answer")),
+            None => return Err(Error::TimedOut("waiting for the peer's reply")),
+        };
+        self.complete_connect(qp, id, peer, my_psn, &rep)
+    }
+
+    /// The REQ for `qp` to `peer`'s `port`, and our starting PSN.
+    fn request_args(
+        &self,
+        qp: &Qp,
+        peer: IpAddr,
+        port: u16,
+        private_data: &[u8],
+    ) -> Result<(ConnectArgs, u32)> {
         check_qp(qp)?;
         if private_data.len() > 92 - CmaHeader::LEN {
             return Err(Error::InvalidArgument("REQ private data is at most 56 bytes"));
@@ -221,27 +252,21 @@ impl Context {
             max_cm_retries: 15,
             private_data: pd,
         };
-        let id = {
-            let mut d = self.inner.lock();
-            let now = d.now();
-            d.cm().agent.connect(now, &args)
-        };
-        let ev = wait(self, timeout, |e| match e {
-            CmEvent::ConnectReply { id: i, .. }
-            | CmEvent::Rejected { id: i, .. }
-            | CmEvent::Unreachable { id: i } => *i == id,
-            _ => false,
-        })?;
-        let rep = match ev {
-            Some(CmEvent::ConnectReply { rep, .. }) => rep,
-            Some(CmEvent::Rejected { reason, private_data, .. }) => {
-                return Err(Error::Rejected { reason, private_data: private_data.to_vec() });
-            }
-            Some(_) => return Err(Error::TimedOut("the peer's CM did not answer")),
-            None => return Err(Error::TimedOut("waiting for the peer's reply")),
-        };
+        Ok((args, my_psn))
+    }
+
+    /// The reply came: `qp` to RTS, then the RTU.
+    fn complete_connect(
+        &self,
+        qp: &Qp,
+        id: u32,
+        peer: IpAddr,
+        my_psn: u32,
+        rep: &uroce_wire::cm::Rep,
+    ) -> Result<CmConnection> {
+        let port = self.device().socket_addr().port();
         if let Err(e) =
-            crate::connect(qp, peer, me.port(), rep.local_qpn, my_psn, rep.starting_psn, ACCESS)
+            crate::connect(qp, peer, port, rep.local_qpn, my_psn, rep.starting_psn, ACCESS)
         {
             let _ = self.inner.lock().cm().agent.reject(id, &[]);
             return Err(e);
@@ -252,7 +277,7 @@ impl Context {
             .agent
             .establish(id)
             .map_err(|_| Error::InvalidArgument("CM state"))?;
-
+        self.inner.lock().send_cm_now();
         Ok(CmConnection {
             ctx: self.clone(),
             id,
@@ -286,30 +311,7 @@ impl CmListener {
         else {
             return Err(Error::TimedOut("waiting for a connection request"));
         };
-        let port = self.ctx.device().socket_addr().port();
-        let my_psn = psn_for(qp.qpn());
-        if let Err(e) =
-            crate::connect(qp, from, port, req.local_qpn, my_psn, req.starting_psn, ACCESS)
-        {
-            let _ = self.ctx.inner.lock().cm().agent.reject(id, &[]);
-            return Err(e);
-        }
-        let offer = QpOffer {
-            qpn: qp.qpn(),
-            starting_psn: my_psn,
-            responder_resources: RD_ATOMIC.min(req.initiator_depth),
-            initiator_depth: RD_ATOMIC.min(req.responder_resources),
-            rnr_retry_count: 7,
-            srq: false,
-        };
-        {
-            let mut d = self.ctx.inner.lock();
-            let now = d.now();
-            d.cm()
-                .agent
-                .accept(now, id, &offer, private_data)
-                .map_err(|_| Error::InvalidArgument("CM state"))?;
-        }
+        answer_request(&self.ctx, qp, id, from, &req, private_data)?;
         let ev = wait(&self.ctx, timeout, |e| match e {
             CmEvent::Established { id: i } | CmEvent::Unreachable { id: i } => *i == id,
             _ => false,
@@ -325,6 +327,41 @@ impl CmListener {
             _ => Err(Error::TimedOut("waiting for the requester's RTU")),
         }
     }
+}
+
+/// Connects `qp` to the requester of `req` and sends the REP.
+fn answer_request(
+    ctx: &Context,
+    qp: &Qp,
+    id: u32,
+    from: IpAddr,
+    req: &uroce_wire::cm::Req,
+    private_data: &[u8],
+) -> Result<()> {
+    let port = ctx.device().socket_addr().port();
+    let my_psn = psn_for(qp.qpn());
+    if let Err(e) = crate::connect(qp, from, port, req.local_qpn, my_psn, req.starting_psn, ACCESS)
+    {
+        let _ = ctx.inner.lock().cm().agent.reject(id, &[]);
+        return Err(e);
+    }
+    let offer = QpOffer {
+        qpn: qp.qpn(),
+        starting_psn: my_psn,
+        responder_resources: RD_ATOMIC.min(req.initiator_depth),
+        initiator_depth: RD_ATOMIC.min(req.responder_resources),
+        rnr_retry_count: 7,
+        srq: false,
+    };
+    let mut d = ctx.inner.lock();
+    let now = d.now();
+    let r = d
+        .cm()
+        .agent
+        .accept(now, id, &offer, private_data)
+        .map_err(|_| Error::InvalidArgument("CM state"));
+    d.send_cm_now();
+    r
 }
 
 impl Drop for CmConnection {
@@ -355,6 +392,13 @@ pub fn default_response_timeout() -> Duration {
 }
 
 // ---- the event-channel layer (what librdmacm is built on) ----
+
+#[cfg(feature = "tokio")]
+#[allow(unsafe_code)]
+#[path = "async_cm.rs"]
+mod async_cm;
+#[cfg(feature = "tokio")]
+pub use async_cm::AsyncCmChannel;
 
 pub use crate::driver::CmChannelEvent;
 pub use uroce_transport::cm::{
@@ -434,6 +478,13 @@ impl CmChannel {
 impl std::os::fd::AsFd for CmChannel {
     fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
         self.queue.as_fd()
+    }
+}
+
+impl std::os::fd::AsRawFd for CmChannel {
+    fn as_raw_fd(&self) -> std::os::fd::RawFd {
+        use std::os::fd::AsFd;
+        self.queue.as_fd().as_raw_fd()
     }
 }
 
@@ -589,6 +640,13 @@ impl Context {
         r
     }
 
+    /// Sends connection `id`'s events back to the context's own queue (the
+    /// one the blocking calls of this module wait on).
+    #[cfg(feature = "tokio")]
+    fn cm_unroute(&self, id: u32) {
+        self.inner.lock().cm().routes.remove(&id);
+    }
+
     /// Routes connection `id`'s events to `channel`, or (with `None`)
     /// forgets them.
     pub fn cm_route(&self, id: u32, channel: Option<&CmChannel>) {
@@ -604,5 +662,137 @@ impl Context {
                 cm.detached.insert(id, ());
             }
         }
+    }
+}
+
+// ---- the listener and connect calls as futures (feature `tokio`) ----
+
+/// A port listened on, whose requests are awaited
+/// ([`Context::cm_listen_async`]).
+#[cfg(feature = "tokio")]
+#[derive(Debug)]
+pub struct AsyncCmListener {
+    ctx: Context,
+    service_id: u64,
+    ch: AsyncCmChannel,
+    /// Events that came while another connection was being accepted.
+    pending: std::collections::VecDeque<CmEvent>,
+}
+
+#[cfg(feature = "tokio")]
+impl Context {
+    /// [`Context::cm_connect`] as a future (no timeout of its own: the
+    /// CM gives up after its retries; wrap it in `tokio::time::timeout`
+    /// for less).
+    ///
+    /// # Errors
+    /// As [`Context::cm_connect`].
+    pub async fn cm_connect_async(
+        &self,
+        qp: &Qp,
+        peer: IpAddr,
+        port: u16,
+        private_data: &[u8],
+    ) -> Result<CmConnection> {
+        let (args, my_psn) = self.request_args(qp, peer, port, private_data)?;
+        let ch = AsyncCmChannel::new(CmChannel::new()?).map_err(Error::Io)?;
+        let id = self.cm_request(&args, ch.channel());
+        let rep = loop {
+            let CmChannelEvent::Cm { event, .. } = ch.next().await? else { continue };
+            match event {
+                CmEvent::ConnectReply { id: i, rep } if i == id => break rep,
+                CmEvent::Rejected { id: i, reason, private_data } if i == id => {
+                    return Err(Error::Rejected { reason, private_data: private_data.to_vec() });
+                }
+                CmEvent::Unreachable { id: i } if i == id => {
+                    return Err(Error::TimedOut("the peer's CM did not answer"));
+                }
+                _ => {}
+            }
+        };
+        self.cm_unroute(id);
+        self.complete_connect(qp, id, peer, my_psn, &rep)
+    }
+
+    /// [`Context::cm_listen`] whose requests are awaited. Must be called
+    /// within a tokio runtime with I/O enabled.
+    ///
+    /// # Errors
+    /// As [`Context::cm_listen`], or registering the descriptor.
+    pub fn cm_listen_async(&self, port: u16) -> Result<AsyncCmListener> {
+        let ch = AsyncCmChannel::new(CmChannel::new()?).map_err(Error::Io)?;
+        let service_id = rdma_cm_service_id(port_space::TCP, port);
+        self.cm_listen_on(service_id, ch.channel())?;
+        Ok(AsyncCmListener {
+            ctx: self.clone(),
+            service_id,
+            ch,
+            pending: std::collections::VecDeque::new(),
+        })
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl AsyncCmListener {
+    /// The next event: one kept aside first.
+    async fn next(&mut self) -> Result<CmEvent> {
+        if let Some(e) = self.pending.pop_front() {
+            return Ok(e);
+        }
+        loop {
+            if let CmChannelEvent::Cm { event, .. } = self.ch.next().await? {
+                return Ok(event);
+            }
+        }
+    }
+
+    /// [`CmListener::accept`] as a future: the next request is answered
+    /// with `qp` (RC, in RESET) and `private_data`; returns once the
+    /// requester's RTU came. Requests that arrive meanwhile wait for the
+    /// next call.
+    ///
+    /// # Errors
+    /// As [`CmListener::accept`].
+    pub async fn accept(&mut self, qp: &Qp, private_data: &[u8]) -> Result<CmConnection> {
+        check_qp(qp)?;
+        if private_data.len() > 196 {
+            return Err(Error::InvalidArgument("REP private data is at most 196 bytes"));
+        }
+        // Events of connections already handed out go to the context's
+        // queue: only requests (and the handshakes below) come here.
+        let (id, from, req) = loop {
+            if let CmEvent::ConnectRequest { id, from, req } = self.next().await? {
+                break (id, from, req);
+            }
+        };
+        answer_request(&self.ctx, qp, id, from, &req, private_data)?;
+        let mut aside = Vec::new();
+        let outcome = loop {
+            match self.next().await {
+                Ok(CmEvent::Established { id: i }) if i == id => break Ok(()),
+                Ok(CmEvent::Unreachable { id: i } | CmEvent::Rejected { id: i, .. }) if i == id => {
+                    break Err(Error::TimedOut("waiting for the requester's RTU"));
+                }
+                Ok(other) => aside.push(other),
+                Err(e) => break Err(e),
+            }
+        };
+        self.pending.extend(aside);
+        outcome?;
+        self.ctx.cm_unroute(id);
+        Ok(CmConnection {
+            ctx: self.ctx.clone(),
+            id,
+            peer: from,
+            remote_qpn: req.local_qpn,
+            private_data: req.private_data[CmaHeader::LEN..].to_vec(),
+        })
+    }
+}
+
+#[cfg(feature = "tokio")]
+impl Drop for AsyncCmListener {
+    fn drop(&mut self) {
+        self.ctx.cm_unlisten(self.service_id);
     }
 }

@@ -58,7 +58,9 @@
 //!
 //! # Cargo features
 //!
-//! - `tokio`: [`AsyncCq`], completions as futures (`cq.next().await`).
+//! - `tokio`: [`AsyncCq`], completions as futures (`cq.next().await`);
+//!   [`AsyncCmChannel`] and `cm_connect_async` / `cm_listen_async`, the CM
+//!   as futures.
 //!
 //! # Status
 //!
@@ -102,6 +104,8 @@ pub use async_cq::AsyncCq;
 #[cfg(feature = "sim")]
 pub use backend::sim::SimNetwork;
 pub use channel::CompChannel;
+#[cfg(feature = "tokio")]
+pub use cm::AsyncCmChannel;
 pub use config::DeviceConfig;
 pub use context::{Context, Options, ProgressMode};
 pub mod published;
