@@ -1,7 +1,9 @@
 //! The communication manager's protocol (IBTA vol. 1 chapter 12), sans-IO:
-//! connection establishment (REQ, REP, RTU), refusal (REJ) and teardown
-//! (DREQ, DREP, TimeWait) for RC and UC QPs, with response timeouts, MAD
-//! retries and duplicate MADs answered as §12.9 asks. MADs come in through
+//! connection establishment (REQ, REP, RTU, MRA for a slow application),
+//! refusal (REJ, the stale-connection check) and teardown (DREQ, DREP,
+//! TimeWait) for RC and UC QPs, service ID resolution for UD (SIDR_REQ,
+//! SIDR_REP), with response timeouts, MAD retries and duplicate MADs
+//! answered as §12.9 asks. MADs come in through
 //! [`CmAgent::handle`] and leave through [`CmAgent::poll_transmit`] (the
 //! caller carries them as UD SENDs on QP1); what the application must act
 //! on comes out of [`CmAgent::poll_event`]; time is passed in.
@@ -11,17 +13,16 @@
 //! or gone) and carries the numbers both sides need (QPN, starting PSN,
 //! READ/atomic depths, retry counts, MTU, path).
 //!
-//! Not yet: MRA (a slow accept is covered by the requester's retries),
-//! LAP/APR (refused for RoCE, as Linux does), SIDR, the stale-connection
-//! check against QPs in use, and the RDMA CM's address resolution (the
-//! layer above).
+//! Not yet: LAP/APR (Linux refuses them on RoCE; they are ignored here),
+//! MRA for a REP (ours are answered at once by the RTU's sender). The
+//! RDMA CM's address resolution is the layer above.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::net::IpAddr;
 use std::time::Duration;
 
 use uroce_wire::cm::{
-    CmMad, CmMessage, CmPath, Dreq, IdsOnly, MadHeader, Rej, Rep, Req, SidrRep, SidrReq, attr,
+    CmMad, CmMessage, CmPath, Dreq, IdsOnly, MadHeader, Mra, Rej, Rep, Req, SidrRep, SidrReq, attr,
     rej_reason,
 };
 
@@ -233,6 +234,8 @@ struct Conn {
     last_sent: Option<CmMad>,
     /// The service a SIDR request asked for (echoed in the reply).
     service_id: u64,
+    /// The peer's CA GUID (with `remote_qpn`, what a stale REQ repeats).
+    remote_guid: u64,
 }
 
 impl Conn {
@@ -250,6 +253,7 @@ impl Conn {
             wait,
             last_sent: None,
             service_id: 0,
+            remote_guid: 0,
         }
     }
 }
@@ -281,6 +285,9 @@ pub struct CmAgent {
     /// REQs for services nobody listens on yet, refused at their deadline
     /// (see [`ORPHAN_WAIT`]).
     orphans: VecDeque<Orphan>,
+    /// The latest time any call brought (for work a call without one,
+    /// `listen`, starts).
+    last_now: Instant,
 }
 
 /// How long a REQ for a service nobody listens on waits for a listener
@@ -293,6 +300,10 @@ pub struct CmAgent {
 /// gap, and perftest's retry path then fails. Refusing after a short wait
 /// costs only a connect to a closed port its prompt answer.
 pub const ORPHAN_WAIT: Duration = Duration::from_millis(100);
+
+/// The service timeout our MRAs name (4.096 µs × 2^22 ≈ 17 s): how long
+/// a requester should wait for an application that has not answered.
+const MRA_SERVICE_TIMEOUT: u8 = 22;
 
 /// The most REQs held for a listener.
 const MAX_ORPHANS: usize = 64;
@@ -346,6 +357,7 @@ impl CmAgent {
             out: VecDeque::new(),
             events: VecDeque::new(),
             orphans: VecDeque::new(),
+            last_now: Instant::ZERO,
         }
     }
 
@@ -370,8 +382,8 @@ impl CmAgent {
         self.orphans = rest;
         for o in held {
             match &o.req {
-                OrphanReq::Req(r) => self.admit(o.from, o.tid, r),
-                OrphanReq::Sidr(r) => self.on_sidr_req(Instant::ZERO, o.from, o.tid, r),
+                OrphanReq::Req(r) => self.admit(self.last_now, o.from, o.tid, r),
+                OrphanReq::Sidr(r) => self.on_sidr_req(self.last_now, o.from, o.tid, r),
             }
         }
         Ok(())
@@ -462,6 +474,7 @@ impl CmAgent {
                 wait,
                 last_sent: None,
                 service_id: 0,
+                remote_guid: 0,
             },
         );
         let mad = CmMad { header: MadHeader::cm(attr::REQ, tid), message: CmMessage::Req(req) };
@@ -749,6 +762,7 @@ impl CmAgent {
     /// Resends what went unanswered, gives up after the retries, and ends
     /// TimeWaits.
     pub fn handle_timeout(&mut self, now: Instant) {
+        self.last_now = self.last_now.max(now);
         while let Some(i) = self.orphans.iter().position(|o| o.until <= now) {
             let Some(o) = self.orphans.remove(i) else { break };
             self.refuse(o.from, o.tid, &o.req);
@@ -814,6 +828,7 @@ impl CmAgent {
 
     /// Takes in one CM MAD from `from`.
     pub fn handle(&mut self, now: Instant, from: IpAddr, mad: &CmMad) {
+        self.last_now = self.last_now.max(now);
         match &mad.message {
             CmMessage::Req(req) => self.on_req(now, from, mad.header.tid, req),
             CmMessage::Rep(rep) => self.on_rep(from, rep),
@@ -832,25 +847,44 @@ impl CmAgent {
                     self.events.push_back(CmEvent::Disconnected { id });
                 }
             }
+            CmMessage::Mra(mra) => self.on_mra(now, from, mra),
             CmMessage::SidrReq(req) => self.on_sidr_req(now, from, mad.header.tid, req),
             CmMessage::SidrRep(rep) => self.on_sidr_rep(from, rep),
-            // MRA, LAP, APR: not handled yet (see the module doc).
+            // LAP, APR: ignored (see the module doc).
             _ => {}
         }
     }
 
     fn on_req(&mut self, now: Instant, from: IpAddr, tid: u64, req: &Req) {
-        // A duplicate (the peer resent it): answer as before, or wait for
-        // the application if it has not answered yet.
-        if let Some((_, c)) = self
+        // A duplicate (the peer resent it): answer as before, or, while
+        // the application has not answered yet, tell the peer to wait
+        // longer (MRA) rather than give up after its retries.
+        if let Some((&id, c)) = self
             .conns
             .iter()
             .find(|(_, c)| c.peer == from && c.remote_id == req.local_comm_id && c.tid == tid)
         {
-            if c.state == State::RepSent
-                && let Some(rep) = c.last_sent
-            {
-                self.send(from, rep);
+            match c.state {
+                State::RepSent => {
+                    if let Some(rep) = c.last_sent {
+                        self.send(from, rep);
+                    }
+                }
+                State::ReqRcvd => {
+                    let mra = Mra {
+                        local_comm_id: id,
+                        remote_comm_id: req.local_comm_id,
+                        message_mraed: 0,
+                        service_timeout: MRA_SERVICE_TIMEOUT,
+                        private_data: [0; 222],
+                    };
+                    let mad = CmMad {
+                        header: MadHeader::cm(attr::MRA, tid),
+                        message: CmMessage::Mra(mra),
+                    };
+                    self.send(from, mad);
+                }
+                _ => {}
             }
             return;
         }
@@ -860,12 +894,34 @@ impl CmAgent {
             self.hold_orphan(now, wait, from, tid, OrphanReq::Req(*req));
             return;
         }
-        self.admit(from, tid, req);
+        self.admit(now, from, tid, req);
     }
 
     /// A REQ for a service listened on: checked, and handed to the
     /// application.
-    fn admit(&mut self, from: IpAddr, tid: u64, req: &Req) {
+    fn admit(&mut self, now: Instant, from: IpAddr, tid: u64, req: &Req) {
+        // A REQ from a QP we are still connected to (the peer restarted
+        // and reused the QPN): refuse it as stale and end the old
+        // connection, as IBTA §12.9.8.3.1 and Linux do; the requester's
+        // retry finds the way clear.
+        let stale = self.conns.iter().find_map(|(&id, c)| {
+            (c.peer == from
+                && c.remote_qpn == req.local_qpn
+                && c.remote_guid == req.local_ca_guid
+                && !matches!(c.state, State::TimeWait | State::SidrReqRcvd | State::SidrReqSent))
+            .then_some((id, c.state))
+        });
+        if let Some((old, state)) = stale {
+            self.send(
+                from,
+                rej_mad(tid, 0, req.local_comm_id, rej_reason::STALE_CONN, State::ReqRcvd),
+            );
+            // Its owner hears of it as Disconnected (DREP or retries).
+            if matches!(state, State::Established | State::RepSent) {
+                let _ = self.disconnect(now, old);
+            }
+            return;
+        }
         if req.transport_service_type > 1 {
             self.send(
                 from,
@@ -895,9 +951,22 @@ impl CmAgent {
                 wait: self.reply_wait,
                 last_sent: None,
                 service_id: 0,
+                remote_guid: req.local_ca_guid,
             },
         );
         self.events.push_back(CmEvent::ConnectRequest { id, from, req: Box::new(*req) });
+    }
+
+    /// The peer needs more time for our REQ (or REP): wait the service
+    /// timeout it names before resending, without spending a retry.
+    fn on_mra(&mut self, now: Instant, from: IpAddr, mra: &Mra) {
+        let Some(id) = self.by_local(mra.remote_comm_id, from) else { return };
+        let c = self.conns.get_mut(&id).expect("looked up");
+        let waiting =
+            matches!((c.state, mra.message_mraed), (State::ReqSent, 0) | (State::RepSent, 1));
+        if waiting && c.deadline.is_some() {
+            c.deadline = Some(now.saturating_add(cm_timeout(mra.service_timeout) + c.wait));
+        }
     }
 
     fn on_rep(&mut self, from: IpAddr, rep: &Rep) {
@@ -910,6 +979,7 @@ impl CmAgent {
                 c.deadline = None;
                 c.remote_id = rep.local_comm_id;
                 c.remote_qpn = rep.local_qpn;
+                c.remote_guid = rep.local_ca_guid;
                 self.events.push_back(CmEvent::ConnectReply { id, rep: Box::new(*rep) });
             }
             // Our RTU was lost: send it again.

@@ -347,7 +347,10 @@ fn duplicate_requests_are_answered_not_doubled() {
     p.b.handle(p.now, from, &req);
     let ev = events(&mut p.b);
     let [CmEvent::ConnectRequest { id, .. }] = &ev[..] else { panic!("one request: {ev:?}") };
-    assert!(p.b.poll_transmit().is_none(), "no answer before the application's");
+    // Before the application's answer, only an MRA: "wait longer".
+    let (_, mra) = p.b.poll_transmit().unwrap();
+    assert!(matches!(mra.message, CmMessage::Mra(m) if m.message_mraed == 0), "{mra:?}");
+    assert!(p.b.poll_transmit().is_none(), "one MRA per duplicate");
     p.b.accept(p.now, *id, &offer(0x33), &[]).unwrap();
     let (_, rep) = p.b.poll_transmit().unwrap();
     // The REQ again (our REP was lost, say): the same REP goes back.
@@ -390,4 +393,49 @@ fn sidr_names_the_serving_ud_qp_or_says_why_not() {
         q.tick();
     }
     assert_eq!(events(&mut q.a), [CmEvent::Unreachable { id }]);
+}
+
+#[test]
+fn a_slow_acceptor_asks_for_time_with_an_mra() {
+    let mut p = Pair::new(|_, _| false);
+    p.b.listen(SVC).unwrap();
+    // A waits 16.8 ms per try, 3 tries: 67 ms in all without an MRA.
+    let id = p.a.connect(p.now, &connect_args(SVC));
+    p.flush();
+    let Some(CmEvent::ConnectRequest { id: idb, .. }) = p.b.poll_event() else { panic!() };
+    // B's application takes 500 ms; A's resent REQ draws an MRA each time.
+    let answer_at = Instant::ZERO.saturating_add(Duration::from_millis(500));
+    while p.a.poll_timeout().is_some_and(|t| t < answer_at) {
+        p.tick();
+        assert!(events(&mut p.a).is_empty(), "A gave up");
+    }
+    p.now = answer_at;
+    p.b.accept(p.now, idb, &offer(1), &[]).unwrap();
+    p.flush();
+    assert!(matches!(p.a.poll_event(), Some(CmEvent::ConnectReply { id: i, .. }) if i == id));
+}
+
+#[test]
+fn a_request_from_a_qp_still_connected_is_stale() {
+    let mut p = Pair::new(|_, _| false);
+    let (_, idb) = establish(&mut p);
+    // A restarts (a fresh agent, same CA GUID) and asks again from the same
+    // QP number: B refuses it as stale and ends the old connection.
+    p.a = CmAgent::new(0xa, 99);
+    p.a.set_reply_wait(Duration::from_millis(10));
+    let id = p.a.connect(p.now, &connect_args(SVC));
+    p.flush();
+    let ev = events(&mut p.a);
+    let [CmEvent::Rejected { id: rid, reason, .. }, ..] = &ev[..] else { panic!("{ev:?}") };
+    assert_eq!((*rid, *reason), (id, rej_reason::STALE_CONN));
+    // B's DREQ for the old connection was answered (A knows no such
+    // connection and says DREP anyway): B's side is over.
+    assert!(events(&mut p.b).contains(&CmEvent::Disconnected { id: idb }));
+    // The retry goes through.
+    let id = p.a.connect(p.now, &connect_args(SVC));
+    p.flush();
+    let Some(CmEvent::ConnectRequest { id: idb2, .. }) = p.b.poll_event() else { panic!() };
+    p.b.accept(p.now, idb2, &offer(1), &[]).unwrap();
+    p.flush();
+    assert!(matches!(p.a.poll_event(), Some(CmEvent::ConnectReply { id: i, .. }) if i == id));
 }
