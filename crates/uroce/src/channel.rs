@@ -13,6 +13,39 @@ use std::io;
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, FromRawFd, OwnedFd};
 use std::sync::{Arc, Mutex};
 
+/// Waits up to `timeout` for `fd` to become readable; `Ok(false)` on
+/// timeout.
+fn poll_readable(fd: i32, timeout: std::time::Duration) -> io::Result<bool> {
+    let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    loop {
+        // SAFETY: one live pollfd, count 1.
+        let r = unsafe { libc::poll(&raw mut pfd, 1, ms) };
+        if r >= 0 {
+            return Ok(r > 0);
+        }
+        let e = io::Error::last_os_error();
+        if e.kind() != io::ErrorKind::Interrupted {
+            return Err(e);
+        }
+    }
+}
+
+/// Sets or clears `O_NONBLOCK` on `fd` (one of ours).
+fn set_fd_nonblocking(fd: i32, on: bool) -> io::Result<()> {
+    // SAFETY: fcntl on a descriptor of ours, integer arguments only.
+    let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
+    if flags < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    let new = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
+    // SAFETY: as above.
+    if unsafe { libc::fcntl(fd, libc::F_SETFL, new) } < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(())
+}
+
 /// A queue of `T` with a readable descriptor.
 #[derive(Debug)]
 pub(crate) struct EventQueue<T> {
@@ -64,19 +97,7 @@ impl<T> EventQueue<T> {
     /// `Ok(false)` on timeout. A later `pop` may still block if another
     /// reader took the event first.
     pub(crate) fn wait_readable(&self, timeout: std::time::Duration) -> io::Result<bool> {
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        loop {
-            // SAFETY: one live pollfd, count 1.
-            let r = unsafe { libc::poll(&raw mut pfd, 1, ms) };
-            if r >= 0 {
-                return Ok(r > 0);
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        poll_readable(self.fd.as_raw_fd(), timeout)
     }
 
     /// Events waiting.
@@ -86,18 +107,7 @@ impl<T> EventQueue<T> {
 
     /// Sets or clears `O_NONBLOCK` on the descriptor.
     pub(crate) fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: fcntl on our own descriptor, integer arguments only.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let new = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
-        // SAFETY: as above.
-        if unsafe { libc::fcntl(fd, libc::F_SETFL, new) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        set_fd_nonblocking(self.fd.as_raw_fd(), on)
     }
 }
 
@@ -183,19 +193,7 @@ impl<T> LevelQueue<T> {
 
     /// Waits up to `timeout` for an entry. `Ok(false)` on timeout.
     pub(crate) fn wait_readable(&self, timeout: std::time::Duration) -> io::Result<bool> {
-        let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-        let mut pfd = libc::pollfd { fd: self.fd.as_raw_fd(), events: libc::POLLIN, revents: 0 };
-        loop {
-            // SAFETY: one live pollfd, count 1.
-            let r = unsafe { libc::poll(&raw mut pfd, 1, ms) };
-            if r >= 0 {
-                return Ok(r > 0);
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
-        }
+        poll_readable(self.fd.as_raw_fd(), timeout)
     }
 
     /// Keeps only the entries `keep` accepts.
@@ -215,18 +213,7 @@ impl<T> LevelQueue<T> {
 
     /// Sets or clears `O_NONBLOCK` on the descriptor.
     pub(crate) fn set_nonblocking(&self, on: bool) -> io::Result<()> {
-        let fd = self.fd.as_raw_fd();
-        // SAFETY: fcntl on our own descriptor, integer arguments only.
-        let flags = unsafe { libc::fcntl(fd, libc::F_GETFL) };
-        if flags < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        let new = if on { flags | libc::O_NONBLOCK } else { flags & !libc::O_NONBLOCK };
-        // SAFETY: as above.
-        if unsafe { libc::fcntl(fd, libc::F_SETFL, new) } < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        Ok(())
+        set_fd_nonblocking(self.fd.as_raw_fd(), on)
     }
 }
 

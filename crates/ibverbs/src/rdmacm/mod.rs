@@ -173,6 +173,15 @@ fn live_id<'a>(id: *mut rdma_cm_id) -> Option<&'a IdBox> {
     is_live(id.cast::<IdBox>(), Kind::CmId).then(|| unsafe { &*id.cast::<IdBox>() })
 }
 
+/// Runs `f` on a live id, EINVAL for a pointer that is not one; no panic
+/// crosses into C.
+fn on_id(id: *mut rdma_cm_id, f: impl FnOnce(&IdBox) -> c_int) -> c_int {
+    guard(-1, || match live_id(id) {
+        Some(b) => f(b),
+        None => minus_one(libc::EINVAL),
+    })
+}
+
 fn live_channel<'a>(ch: *mut rdma_event_channel) -> Option<&'a ChannelBox> {
     // SAFETY: as above.
     is_live(ch.cast::<ChannelBox>(), Kind::CmChannel).then(|| unsafe { &*ch.cast::<ChannelBox>() })
@@ -549,8 +558,7 @@ pub(crate) unsafe extern "C" fn rdma_resolve_route(
     id: *mut rdma_cm_id,
     _timeout_ms: c_int,
 ) -> c_int {
-    guard(-1, || {
-        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+    on_id(id, |b| {
         let mut st = lock(&b.st);
         let (Some(l), Some(r)) = (st.local, st.remote) else { return minus_one(libc::EINVAL) };
         // One path: the GIDs (what an `ibv_sa_path_rec` starts with).
@@ -570,8 +578,7 @@ pub(crate) unsafe extern "C" fn rdma_resolve_route(
 }
 
 pub(crate) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int) -> c_int {
-    guard(-1, || {
-        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+    on_id(id, |b| {
         let Some(ch) = b.channel() else { return minus_one(libc::EINVAL) };
         let mut st = lock(&b.st);
         let Some(local) = st.local else { return minus_one(libc::EINVAL) };
@@ -676,8 +683,7 @@ pub(crate) unsafe extern "C" fn rdma_create_qp(
     pd: *mut ibv_pd,
     attr: *mut ibv_qp_init_attr,
 ) -> c_int {
-    guard(-1, || {
-        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+    on_id(id, |b| {
         if attr.is_null() || b.c().verbs.is_null() {
             return minus_one(libc::EINVAL);
         }
@@ -694,8 +700,7 @@ pub(crate) unsafe extern "C" fn rdma_create_qp_ex(
     id: *mut rdma_cm_id,
     attr: *mut ibv_qp_init_attr_ex,
 ) -> c_int {
-    guard(-1, || {
-        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+    on_id(id, |b| {
         if attr.is_null() || b.c().verbs.is_null() {
             return minus_one(libc::EINVAL);
         }
@@ -842,8 +847,7 @@ pub(crate) unsafe extern "C" fn rdma_connect(
     id: *mut rdma_cm_id,
     param: *mut rdma_conn_param,
 ) -> c_int {
-    guard(-1, || {
-        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+    on_id(id, |b| {
         let Some(ch) = b.channel() else { return minus_one(libc::EINVAL) };
         let (cp, data, qp_num) = conn_param(param);
         let mut st = lock(&b.st);
@@ -931,8 +935,7 @@ pub(crate) unsafe extern "C" fn rdma_accept(
     id: *mut rdma_cm_id,
     param: *mut rdma_conn_param,
 ) -> c_int {
-    guard(-1, || {
-        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+    on_id(id, |b| {
         let (cp, data, qp_num) = conn_param(param);
         let mut st = lock(&b.st);
         let Some((ctx, cm)) = st.conn.clone() else { return minus_one(libc::EINVAL) };
@@ -991,8 +994,7 @@ pub(crate) unsafe extern "C" fn rdma_reject(
     data: *const c_void,
     len: u8,
 ) -> c_int {
-    guard(-1, || {
-        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+    on_id(id, |b| {
         let st = lock(&b.st);
         let Some((ctx, cm)) = &st.conn else { return minus_one(libc::EINVAL) };
         let data: &[u8] = if data.is_null() || len == 0 {
@@ -1012,8 +1014,7 @@ pub(crate) unsafe extern "C" fn rdma_reject(
 }
 
 pub(crate) unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
-    guard(-1, || {
-        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+    on_id(id, |b| {
         let mut st = lock(&b.st);
         let Some((ctx, cm)) = st.conn.clone() else { return minus_one(libc::EINVAL) };
         st.established = true;
@@ -1025,8 +1026,7 @@ pub(crate) unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
 }
 
 pub(crate) unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
-    guard(-1, || {
-        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+    on_id(id, |b| {
         let st = lock(&b.st);
         let Some((ctx, cm)) = &st.conn else { return minus_one(libc::EINVAL) };
         let qp = b.c().qp;
@@ -1047,8 +1047,7 @@ pub(crate) unsafe extern "C" fn rdma_init_qp_attr(
     attr: *mut ibv_qp_attr,
     mask: *mut c_int,
 ) -> c_int {
-    guard(-1, || {
-        let Some(b) = live_id(id) else { return minus_one(libc::EINVAL) };
+    on_id(id, |b| {
         if attr.is_null() || mask.is_null() {
             return minus_one(libc::EINVAL);
         }
