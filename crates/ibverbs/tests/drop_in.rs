@@ -403,6 +403,25 @@ fn rdmacm_utils_connect_through_the_cm() {
         End::Both,
     );
     assert!(p.client_has("data transfers complete") && p.server.contains("sending replies"), "{p}");
+    // rdma_server / rdma_client: synchronous ids through rdma_create_ep
+    // and rdma_get_request, CQs and channels made by the library, one
+    // SEND each way (`rdma_get_send_comp`/`_recv_comp` wait on them).
+    let p = cm_pair(
+        ("rdma_server", &["-p", "{port}"]),
+        ("rdma_client", &["-s", "127.0.0.1", "-p", "{port}"]),
+        limit,
+        End::Both,
+    );
+    assert!(p.client_has("rdma_client: end 0") && p.server.contains("rdma_server: end 0"), "{p}");
+    // cmtime: 20 connections set up and torn down concurrently, each
+    // step timed (the server serves on).
+    let p = cm_pair(
+        ("cmtime", &["-b", "127.0.0.1", "-p", "{port}", "-c", "20"]),
+        ("cmtime", &["-s", "127.0.0.1", "-p", "{port}", "-c", "20"]),
+        limit,
+        End::ServerStays,
+    );
+    assert!(p.client_has("connect      :") && p.client_has("destroy      :"), "{p}");
 }
 
 #[test]

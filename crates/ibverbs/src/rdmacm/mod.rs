@@ -14,11 +14,19 @@
 //! of that family) and completes at once, as route resolution does. The
 //! peer's RoCE UDP port is taken to be this device's (4791 in real use).
 //!
-//! Not yet: IPoIB ids, synchronous ids (no channel), multicast,
-//! `rdma_create_ep` and the rsocket calls (ENOSYS), ECE,
+//! Synchronous ids (created without a channel) and `rdma_create_ep` are
+//! in `sync`.
+//!
+//! Not yet: IPoIB ids, multicast, the rsocket calls (ENOSYS), ECE,
 //! `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
 
 mod abi;
+mod sync;
+
+pub(crate) use sync::{
+    rdma_accept, rdma_connect, rdma_create_ep, rdma_destroy_ep, rdma_get_request,
+    rdma_resolve_addr, rdma_resolve_route,
+};
 
 use std::cell::UnsafeCell;
 use std::collections::{HashMap, VecDeque};
@@ -108,6 +116,15 @@ struct IdState {
     param: ConnParam,
     /// ESTABLISHED reported.
     established: bool,
+    /// A synchronous id (created without a channel): calls wait for their
+    /// outcome on the id's own channel (see `sync`).
+    sync: bool,
+    /// A passive endpoint's QP attributes and PD (`rdma_create_ep`), for
+    /// the QP of each request `rdma_get_request` hands out.
+    ep_attr: Option<(ibv_qp_init_attr, usize)>,
+    /// CQs and completion channels the library made for the QP (destroyed
+    /// with it).
+    own_cqs: Vec<(usize, usize)>,
     /// Events the library raises itself (address and route resolution).
     local_events: VecDeque<(c_int, c_int)>,
 }
@@ -389,14 +406,29 @@ pub(crate) unsafe extern "C" fn rdma_create_id(
     ps: c_int,
 ) -> c_int {
     guard(-1, || {
-        if id.is_null() || live_channel(channel).is_none() {
+        if id.is_null() || (!channel.is_null() && live_channel(channel).is_none()) {
             return minus_one(libc::EINVAL);
         }
         if !matches!(ps, RDMA_PS_TCP | RDMA_PS_IB | RDMA_PS_UDP) {
             // IPoIB ids are not there.
             return minus_one(libc::ENOSYS);
         }
+        // Without a channel the id is synchronous, on a channel of its own.
+        let sync = channel.is_null();
+        let channel = if sync {
+            // SAFETY: our own call.
+            let own = unsafe { rdma_create_event_channel() };
+            if own.is_null() {
+                return -1;
+            }
+            own
+        } else {
+            channel
+        };
         let b = new_id(channel, context, ps);
+        if let Some(idb) = live_id(b) {
+            lock(&idb.st).sync = sync;
+        }
         // SAFETY: the caller passes a writable pointer.
         unsafe { *id = b };
         0
@@ -447,9 +479,14 @@ pub(crate) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             }
             forget_id(&mut st);
         }
+        let own = if lock(&b.st).sync { b.c().channel } else { std::ptr::null_mut() };
         unregister(id.cast::<IdBox>(), Kind::CmId);
         // SAFETY: allocated by new_id and no longer registered.
         drop(unsafe { Box::from_raw(id.cast::<IdBox>()) });
+        if !own.is_null() {
+            // SAFETY: the synchronous id's own channel, used by nobody else.
+            unsafe { rdma_destroy_event_channel(own) };
+        }
         0
     })
 }
@@ -521,7 +558,7 @@ pub(crate) unsafe extern "C" fn rdma_bind_addr(
     })
 }
 
-pub(crate) unsafe extern "C" fn rdma_resolve_addr(
+unsafe extern "C" fn rdma_resolve_addr_start(
     id: *mut rdma_cm_id,
     src: *mut libc::sockaddr,
     dst: *mut libc::sockaddr,
@@ -554,10 +591,7 @@ pub(crate) unsafe extern "C" fn rdma_resolve_addr(
     })
 }
 
-pub(crate) unsafe extern "C" fn rdma_resolve_route(
-    id: *mut rdma_cm_id,
-    _timeout_ms: c_int,
-) -> c_int {
+unsafe extern "C" fn rdma_resolve_route_start(id: *mut rdma_cm_id, _timeout_ms: c_int) -> c_int {
     on_id(id, |b| {
         let mut st = lock(&b.st);
         let (Some(l), Some(r)) = (st.local, st.remote) else { return minus_one(libc::EINVAL) };
@@ -622,19 +656,26 @@ fn complete_qp_attr(b: &IdBox, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> 
     } else {
         pd
     };
-    for (cq, want) in
-        [(&mut attr.send_cq, attr.cap.max_send_wr), (&mut attr.recv_cq, attr.cap.max_recv_wr)]
-    {
+    // Each CQ the library makes gets a completion channel of its own, as
+    // librdmacm's do (`rdma_get_send_comp` and friends wait on them).
+    let mut st = lock(&b.st);
+    let mut made = [std::ptr::null_mut::<ibv_comp_channel>(); 2];
+    let wants = [attr.cap.max_send_wr, attr.cap.max_recv_wr];
+    for (i, cq) in [&mut attr.send_cq, &mut attr.recv_cq].into_iter().enumerate() {
         if cq.is_null() {
-            let n = c_int::try_from(want.max(1)).unwrap_or(c_int::MAX);
-            // SAFETY: a live context of ours; no channel.
-            *cq = unsafe {
-                crate::cq::ibv_create_cq(c.verbs, n, std::ptr::null_mut(), std::ptr::null_mut(), 0)
-            };
+            let n = c_int::try_from(wants[i].max(1)).unwrap_or(c_int::MAX);
+            // SAFETY: a live context of ours.
+            let ch = unsafe { crate::cq::ibv_create_comp_channel(c.verbs) };
+            // SAFETY: a live context of ours and its new channel.
+            *cq = unsafe { crate::cq::ibv_create_cq(c.verbs, n, std::ptr::null_mut(), ch, 0) };
+            made[i] = ch;
+            st.own_cqs.push((*cq as usize, ch as usize));
         }
     }
     c.send_cq = attr.send_cq;
     c.recv_cq = attr.recv_cq;
+    c.send_cq_channel = made[0];
+    c.recv_cq_channel = made[1];
     pd
 }
 
@@ -689,6 +730,10 @@ pub(crate) unsafe extern "C" fn rdma_create_qp(
         }
         // SAFETY: the caller passes a writable init attribute struct.
         let a = unsafe { &mut *attr };
+        // No type given: the id's (rdma_create_ep's callers leave it 0).
+        if a.qp_type == 0 {
+            a.qp_type = b.c().qp_type;
+        }
         let pd = complete_qp_attr(b, pd, a);
         // SAFETY: our own ibv_create_qp on a live PD and attributes.
         let qp = unsafe { crate::qp::ibv_create_qp(pd, attr) };
@@ -706,6 +751,9 @@ pub(crate) unsafe extern "C" fn rdma_create_qp_ex(
         }
         // SAFETY: the caller passes a writable extended attribute struct.
         let a = unsafe { &mut *attr };
+        if a.qp_type == 0 {
+            a.qp_type = b.c().qp_type;
+        }
         if a.comp_mask & crate::abi::consts::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
             a.pd = if b.c().pd.is_null() {
                 // SAFETY: a live context of ours.
@@ -753,6 +801,18 @@ pub(crate) unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
             // SAFETY: the QP rdma_create_qp made.
             unsafe { crate::qp::ibv_destroy_qp(qp) };
         }
+        // The CQs and channels the library made for it go with it.
+        let own = std::mem::take(&mut lock(&b.st).own_cqs);
+        for (cq, ch) in own {
+            // SAFETY: objects rdma_create_qp made, used by the QP alone.
+            unsafe {
+                crate::cq::ibv_destroy_cq(cq as *mut ibv_cq);
+                crate::cq::ibv_destroy_comp_channel(ch as *mut ibv_comp_channel);
+            }
+        }
+        let c = b.c();
+        (c.send_cq, c.recv_cq) = (std::ptr::null_mut(), std::ptr::null_mut());
+        (c.send_cq_channel, c.recv_cq_channel) = (std::ptr::null_mut(), std::ptr::null_mut());
     });
 }
 
@@ -843,10 +903,7 @@ fn conn_param(p: *const rdma_conn_param) -> (ConnParam, &'static [u8], u32) {
     (c, data, p.qp_num)
 }
 
-pub(crate) unsafe extern "C" fn rdma_connect(
-    id: *mut rdma_cm_id,
-    param: *mut rdma_conn_param,
-) -> c_int {
+unsafe extern "C" fn rdma_connect_start(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     on_id(id, |b| {
         let Some(ch) = b.channel() else { return minus_one(libc::EINVAL) };
         let (cp, data, qp_num) = conn_param(param);
@@ -931,10 +988,7 @@ pub(crate) unsafe extern "C" fn rdma_connect(
     })
 }
 
-pub(crate) unsafe extern "C" fn rdma_accept(
-    id: *mut rdma_cm_id,
-    param: *mut rdma_conn_param,
-) -> c_int {
+unsafe extern "C" fn rdma_accept_start(id: *mut rdma_cm_id, param: *mut rdma_conn_param) -> c_int {
     on_id(id, |b| {
         let (cp, data, qp_num) = conn_param(param);
         let mut st = lock(&b.st);
