@@ -347,6 +347,23 @@ fn device_context(index: usize) -> Option<*mut ibv_context> {
     Some(c)
 }
 
+/// The PD a QP made without one gets: one per device context, kept for
+/// the process (rdma-core's `cma_dev` PD), not one per connection.
+fn default_pd(verbs: *mut ibv_context) -> *mut ibv_pd {
+    static PDS: Mutex<Option<HashMap<usize, usize>>> = Mutex::new(None);
+    let mut g = PDS.lock().unwrap_or_else(|e| e.into_inner());
+    let map = g.get_or_insert_with(HashMap::new);
+    if let Some(&pd) = map.get(&(verbs as usize)) {
+        return pd as *mut ibv_pd;
+    }
+    // SAFETY: a live context of ours (the id's device context).
+    let pd = unsafe { crate::pd::ibv_alloc_pd(verbs) };
+    if !pd.is_null() {
+        map.insert(verbs as usize, pd as usize);
+    }
+    pd
+}
+
 fn uroce_of(verbs: usize) -> Option<uroce::Context> {
     crate::objects::live_ctx(verbs as *mut ibv_context).map(|c| c.uroce().clone())
 }
@@ -649,8 +666,7 @@ fn complete_qp_attr(b: &IdBox, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> 
     let c = b.c();
     let pd = if pd.is_null() {
         if c.pd.is_null() {
-            // SAFETY: a live context of ours.
-            c.pd = unsafe { crate::pd::ibv_alloc_pd(c.verbs) };
+            c.pd = default_pd(c.verbs);
         }
         c.pd
     } else {
@@ -755,12 +771,7 @@ pub(crate) unsafe extern "C" fn rdma_create_qp_ex(
             a.qp_type = b.c().qp_type;
         }
         if a.comp_mask & crate::abi::consts::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
-            a.pd = if b.c().pd.is_null() {
-                // SAFETY: a live context of ours.
-                unsafe { crate::pd::ibv_alloc_pd(b.c().verbs) }
-            } else {
-                b.c().pd
-            };
+            a.pd = if b.c().pd.is_null() { default_pd(b.c().verbs) } else { b.c().pd };
             a.comp_mask |= crate::abi::consts::IBV_QP_INIT_ATTR_PD;
         }
         // SAFETY: the id's context and the caller's attributes.
