@@ -1582,3 +1582,109 @@ pub(crate) unsafe extern "C" fn rdma_event_str(event: c_int) -> *const c_char {
     };
     s.as_ptr().cast()
 }
+
+// ---- devices, SRQs, and what is refused cleanly ----
+
+/// `rdma_get_devices`: every device's context (the ones the ids use),
+/// NULL-terminated, in a malloc'd array `rdma_free_devices` frees.
+pub(crate) unsafe extern "C" fn rdma_get_devices(num: *mut c_int) -> *mut *mut ibv_context {
+    guard(std::ptr::null_mut(), || {
+        let n = crate::device::devices().map_or(0, <[_]>::len);
+        let list: Vec<*mut ibv_context> = (0..n).filter_map(device_context).collect();
+        // SAFETY: malloc of (len + 1) pointers; NULL is handled.
+        let arr = unsafe { libc::malloc((list.len() + 1) * size_of::<*mut ibv_context>()) }
+            .cast::<*mut ibv_context>();
+        if arr.is_null() {
+            return null_errno(libc::ENOMEM);
+        }
+        for (i, c) in list.iter().enumerate() {
+            // SAFETY: i < len + 1 slots allocated above.
+            unsafe { arr.add(i).write(*c) };
+        }
+        // SAFETY: the last slot.
+        unsafe { arr.add(list.len()).write(std::ptr::null_mut()) };
+        if !num.is_null() {
+            // SAFETY: the caller passes NULL or a writable int.
+            unsafe { *num = list.len() as c_int };
+        }
+        arr
+    })
+}
+
+/// `rdma_free_devices`: the array only (the contexts stay, as rdma-core's).
+pub(crate) unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
+    // SAFETY: NULL or an array rdma_get_devices malloc'd.
+    unsafe { libc::free(list.cast()) };
+}
+
+/// `rdma_create_srq`: an SRQ on the id's PD (the device's default one if
+/// the id has none and `pd` is NULL), recorded in `id->srq` for
+/// `rdma_create_qp`.
+pub(crate) unsafe extern "C" fn rdma_create_srq(
+    id: *mut rdma_cm_id,
+    pd: *mut ibv_pd,
+    attr: *mut ibv_srq_init_attr,
+) -> c_int {
+    on_id(id, |b| {
+        let c = b.c();
+        if attr.is_null() || c.verbs.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        let pd = if !pd.is_null() {
+            pd
+        } else if !c.pd.is_null() {
+            c.pd
+        } else {
+            default_pd(c.verbs)
+        };
+        // SAFETY: our own call on a live PD and the caller's attributes.
+        let srq = unsafe { crate::srq::ibv_create_srq(pd, attr) };
+        if srq.is_null() {
+            return -1;
+        }
+        c.srq = srq;
+        c.pd = pd;
+        0
+    })
+}
+
+/// `rdma_destroy_srq`: the SRQ `rdma_create_srq` made.
+pub(crate) unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
+    guard((), || {
+        let Some(b) = live_id(id) else { return };
+        let srq = std::mem::replace(&mut b.c().srq, std::ptr::null_mut());
+        if !srq.is_null() {
+            // SAFETY: the SRQ rdma_create_srq made.
+            unsafe { crate::srq::ibv_destroy_srq(srq) };
+        }
+    });
+}
+
+/// `rdma_notify`: an async event the application saw on the id's QP;
+/// the CM needs nothing from it on RoCE (the kernel's uses it to learn
+/// that the first packet arrived before the RTU, which ours learns from
+/// the RTU's retries).
+pub(crate) unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) -> c_int {
+    on_id(id, |_| 0)
+}
+
+/// Defines `rdma_*` functions that fail with `errno` for what is not
+/// there yet: extended SRQs, ECE, multicast (see the module doc).
+macro_rules! refused {
+    ($($name:ident($($arg:ident: $ty:ty),*) => $errno:expr;)*) => {$(
+        pub(crate) unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
+            $(let _ = $arg;)*
+            minus_one($errno)
+        }
+    )*};
+}
+
+refused! {
+    rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut c_void) => libc::EOPNOTSUPP;
+    rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut c_void) => libc::EOPNOTSUPP;
+    rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut c_void) => libc::EOPNOTSUPP;
+    rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u8) => libc::EOPNOTSUPP;
+    rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut libc::sockaddr, context: *mut c_void) => libc::ENOSYS;
+    rdma_join_multicast_ex(id: *mut rdma_cm_id, attr: *mut c_void, context: *mut c_void) => libc::ENOSYS;
+    rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) => libc::ENOSYS;
+}
