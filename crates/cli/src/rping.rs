@@ -5,12 +5,11 @@
 //! advertisement of its sink buffer, the server RDMA WRITEs the pattern
 //! there and SENDs "go ahead", and the client checks the copy.
 //!
-//! The connection is made over TCP (QPN, PSN and GID on one line) until
-//! uroce has an RDMA CM; the client hanging up ends the server's loop, as
-//! a disconnect does in rping.
+//! The connection is made through the RDMA CM (`uroce::cm`), as rping
+//! makes it, so either side can be Debian's rping on the drop-in library;
+//! the client's disconnect ends the server's loop.
 
-use std::io::{Read, Write};
-use std::net::{IpAddr, TcpStream};
+use std::net::IpAddr;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
@@ -32,7 +31,7 @@ pub(crate) struct Args {
     /// The server's address (the server listens on it).
     #[arg(short = 'a')]
     addr: String,
-    /// TCP port.
+    /// The RDMA CM port (a service of the device, not a TCP port).
     #[arg(short = 'p', default_value_t = 7174)]
     port: u16,
     /// Pings to run (0: until interrupted).
@@ -84,9 +83,9 @@ struct Side {
     b: Bufs,
     /// Completions polled while waiting for another kind.
     early: std::cell::RefCell<common::Stash>,
-    /// The TCP connection: the peer closing it is how a side sees the
-    /// other leave (as a disconnect event in rping).
-    stream: std::cell::RefCell<TcpStream>,
+    /// The connection: the peer's disconnect is how a side sees the other
+    /// leave (rping's disconnect event).
+    conn: uroce::cm::CmConnection,
 }
 
 pub(crate) fn run(a: &Args) -> Result<ExitCode> {
@@ -130,44 +129,25 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
         sq_sig_all: true,
         srq: None,
     })?;
-    let gid = ctx.query_gid(1, 0)?;
-    let psn = (qp.qpn().wrapping_mul(2_654_435_761) ^ std::process::id()) & 0xff_ffff;
-    // A fixed-length record (QPN:PSN:GID and a newline), so that nothing
-    // after it is read early.
-    let mine = format!("{:06x}:{:06x}:{}\n", qp.qpn(), psn, common::wire_gid(gid));
-    let mut stream = if a.server {
-        let l = std::net::TcpListener::bind((a.addr.as_str(), a.port))
-            .with_context(|| format!("Couldn't listen on {}:{}", a.addr, a.port))?;
-        common::accept(&l)?
-    } else {
-        common::connect(&a.addr, a.port)?
-    };
-    stream.write_all(mine.as_bytes())?;
-    let mut rec = [0u8; 6 + 1 + 6 + 1 + 32 + 1];
-    common::read_record(&mut stream, &mut rec)?;
-    let line = String::from_utf8_lossy(&rec).into_owned();
-    let f: Vec<&str> = line.trim().split(':').collect();
-    if f.len() != 3 {
-        bail!("bad connection line {line:?} (is the peer a uroce rping?)");
-    }
-    let (rqpn, rpsn) = (u32::from_str_radix(f[0], 16)?, u32::from_str_radix(f[1], 16)?);
-    let peer = common::ip_of_gid(common::parse_wire_gid(f[2])?)?;
-    let port = ctx.device().socket_addr().port();
+    // The receive is posted before the connection exists, as rping does
+    // (the peer may SEND as soon as it is established): the QP is moved
+    // to INIT for it, which the CM's transitions start from.
     let rw = Access::LOCAL_WRITE | Access::REMOTE_READ | Access::REMOTE_WRITE;
-    uroce::connect(&qp, peer, port, rqpn, psn, rpsn, rw)?;
+    let init = uroce::QpAttr { state: uroce::QpState::Init, access: rw, ..Default::default() };
+    use uroce::AttrMask as M;
+    qp.modify(&init, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS)?;
     qp.post_recv(&[RecvWr { wr_id: 1, sgl: &[mr.sge(Bufs::RECV, INFO as u32)?] }])?;
-    // Both sides are connected (and have a receive posted) before any SEND.
-    stream.write_all(b"go\n")?;
-    let mut go = [0u8; 3];
-    stream.read_exact(&mut go).context("the peer hung up while connecting")?;
-    let s = Side {
-        _ctx: ctx,
-        cq,
-        qp,
-        b: Bufs { mr, size },
-        early: Default::default(),
-        stream: std::cell::RefCell::new(stream),
+    let conn = if a.server {
+        let l = ctx
+            .cm_listen(a.port)
+            .with_context(|| format!("Couldn't listen on rdma_cm port {}", a.port))?;
+        l.accept(&qp, &[], Duration::from_secs(3600)).context("accepting a connection")?
+    } else {
+        let peer: IpAddr = a.addr.parse().with_context(|| format!("bad address {}", a.addr))?;
+        ctx.cm_connect(&qp, peer, a.port, &[], STALL)
+            .with_context(|| format!("connecting to {peer} port {}", a.port))?
     };
+    let s = Side { _ctx: ctx, cq, qp, b: Bufs { mr, size }, early: Default::default(), conn };
     if a.server { server(a, &s) } else { client(a, &s) }?;
     Ok(ExitCode::SUCCESS)
 }
@@ -206,14 +186,9 @@ impl Side {
         Ok(w)
     }
 
-    /// Whether the peer closed the TCP connection.
+    /// Whether the peer disconnected.
     fn hung_up(&self) -> Result<bool> {
-        let mut st = self.stream.borrow_mut();
-        st.set_nonblocking(true)?;
-        let mut b = [0u8; 1];
-        let r = st.read(&mut b);
-        st.set_nonblocking(false)?;
-        Ok(!matches!(r, Err(e) if e.kind() == std::io::ErrorKind::WouldBlock))
+        Ok(self.conn.wait_disconnect(Duration::ZERO)?)
     }
 
     fn send_info(&self, addr: u64, rkey: u32, size: u32) -> Result<()> {

@@ -21,6 +21,18 @@ fn spawn_server(mut cmd: Command, tcp: &str) -> Child {
     child
 }
 
+/// A server that connects through the RDMA CM: ready once its device is
+/// open (its UDP port bound; a request a moment early waits for the
+/// listener).
+fn spawn_cm_server(mut cmd: Command, udp: u16) -> Child {
+    let child = cmd.spawn().unwrap();
+    assert!(
+        uroce::testing::wait_udp_bound(udp, Duration::from_secs(60)),
+        "the server never opened its device on UDP {udp}"
+    );
+    child
+}
+
 fn uroce(addr: &str, udp: u16, args: &[&str]) -> Command {
     let mut c = Command::new(BIN);
     c.args(args)
@@ -373,10 +385,11 @@ fn perf_output_option_prints_one_number() {
 #[test]
 fn rping_reads_the_pattern_writes_it_back_and_verifies() {
     let udp = uroce::testing::free_port();
+    // The rdma_cm port: a service of the device, any number will do.
     let tcp = free_tcp_port().to_string();
-    let server = spawn_server(
+    let server = spawn_cm_server(
         uroce("127.0.0.1", udp, &["rping", "-s", "-a", "127.0.0.1", "-p", &tcp, "-v", "-S", "100"]),
-        &tcp,
+        udp,
     );
     let client = uroce(
         "127.0.0.2",
@@ -408,10 +421,11 @@ fn rping_reads_the_pattern_writes_it_back_and_verifies() {
     );
 
     // Different -S on the two sides: both end at once with a clear line.
+    let udp = uroce::testing::free_port();
     let tcp = free_tcp_port().to_string();
-    let server = spawn_server(
+    let server = spawn_cm_server(
         uroce("127.0.0.1", udp, &["rping", "-s", "-a", "127.0.0.1", "-p", &tcp]),
-        &tcp,
+        udp,
     );
     let start = Instant::now();
     let client = uroce(

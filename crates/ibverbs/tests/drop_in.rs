@@ -377,6 +377,22 @@ fn rdmacm_utils_connect_through_the_cm() {
     assert!(p.client_has("ping data: rdma-ping-19:"), "{p}");
     assert!(p.server.contains("server ping data: rdma-ping-19:"), "{p}");
     assert!(p.server.contains("DISCONNECT EVENT"), "{p}");
+    // uroce's own rping against Debian's, both ways, through the CM.
+    let me = env().uroce.to_str().unwrap().to_string();
+    let p = cm_pair(
+        (me.as_str(), &["rping", "-s", "-a", "127.0.0.1", "-p", "{port}", "-v"]),
+        ("rping", &["-c", "-a", "127.0.0.1", "-p", "{port}", "-C", "10", "-V", "-v"]),
+        limit,
+        End::Both,
+    );
+    assert!(p.server.contains("server ping data: rdma-ping-9:"), "{p}");
+    let p = cm_pair(
+        ("rping", &["-s", "-a", "127.0.0.1", "-p", "{port}", "-v"]),
+        (me.as_str(), &["rping", "-c", "-a", "127.0.0.1", "-p", "{port}", "-C", "10", "-v"]),
+        limit,
+        End::Both,
+    );
+    assert!(p.client_has("ping data: rdma-ping-9:") && p.server.contains("DISCONNECT"), "{p}");
     // ucmatose: two connections, 10 SENDs each way, then disconnects.
     let p = cm_pair(
         ("ucmatose", &["-b", "127.0.0.1", "-p", "{port}", "-c", "2", "-C", "10"]),
@@ -475,6 +491,7 @@ fn perftest_over_rdma_cm() {
     for (t, extra) in [
         ("ib_send_bw", &["-R", "-c", "UD", "-n", "200"][..]),
         ("ib_send_lat", &["-R", "-c", "UD", "-n", "200"][..]),
+        ("ib_write_bw", &["-R", "-q", "4", "-n", "200"][..]),
         ("ib_send_bw", &["-z", "-n", "200"][..]),
         ("ib_write_lat", &["-z", "-n", "200"][..]),
     ] {
