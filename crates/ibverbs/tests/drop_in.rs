@@ -393,10 +393,18 @@ fn rdmacm_utils_connect_through_the_cm() {
         End::Both,
     );
     assert!(p.client_has("ping data: rdma-ping-9:") && p.server.contains("DISCONNECT"), "{p}");
-    // ucmatose: two connections, 10 SENDs each way, then disconnects.
+    // rping with 65000-byte pings (-S; 65536 is refused by rping): each READ and WRITE is many packets.
     let p = cm_pair(
-        ("ucmatose", &["-b", "127.0.0.1", "-p", "{port}", "-c", "2", "-C", "10"]),
-        ("ucmatose", &["-s", "127.0.0.1", "-p", "{port}", "-c", "2", "-C", "10"]),
+        ("rping", &["-s", "-a", "127.0.0.1", "-p", "{port}", "-S", "65000", "-C", "5", "-V"]),
+        ("rping", &["-c", "-a", "127.0.0.1", "-p", "{port}", "-S", "65000", "-C", "5", "-V"]),
+        limit,
+        End::Both,
+    );
+    assert!(!p.client_has("data mismatch"), "{p}");
+    // ucmatose: ten connections, 10 SENDs each way, then disconnects.
+    let p = cm_pair(
+        ("ucmatose", &["-b", "127.0.0.1", "-p", "{port}", "-c", "10", "-C", "10"]),
+        ("ucmatose", &["-s", "127.0.0.1", "-p", "{port}", "-c", "10", "-C", "10"]),
         limit,
         End::Both,
     );
@@ -410,6 +418,16 @@ fn rdmacm_utils_connect_through_the_cm() {
         End::ClientFails,
     );
     assert!(p.client_has("RDMA_CM_EVENT_REJECTED, error 8"), "{p}");
+    // An address no uroce device reaches (IPv6, the devices are IPv4):
+    // address resolution ends in ADDR_ERROR, -ENODEV, as the kernel's CM
+    // reports it, not in a hang.
+    let p = cm_pair(
+        ("rping", &["-s", "-a", "127.0.0.1", "-p", "{port}", "-C", "1"]),
+        ("rping", &["-c", "-a", "::1", "-p", "{port}", "-C", "1", "-v"]),
+        limit,
+        End::ClientFails,
+    );
+    assert!(p.client_has("RDMA_CM_EVENT_ADDR_ERROR, error -19"), "{p}");
     // udaddy: UD ids, the server's QP found by SIDR, 10 datagrams each
     // way (its rdma_cm port is fixed, 7174: a service of this device).
     let p = cm_pair(
@@ -419,6 +437,17 @@ fn rdmacm_utils_connect_through_the_cm() {
         End::Both,
     );
     assert!(p.client_has("data transfers complete") && p.server.contains("sending replies"), "{p}");
+    // mckey: both join a multicast group through the CM (the join event's
+    // address vector, remote QPN 0xFFFFFF, the UDP port space's Q_Key);
+    // the sender's 10 datagrams reach the receiver's attached QP.
+    let p = cm_pair(
+        ("mckey", &["-m", "239.255.77.1", "-b", "127.0.0.1"]),
+        ("mckey", &["-m", "239.255.77.1", "-b", "127.0.0.2", "-s"]),
+        limit,
+        End::Both,
+    );
+    assert!(p.client_has("joined dgid: ::ffff:239.255.77.1"), "{p}");
+    assert!(p.server.contains("data transfers complete"), "{p}");
     // rdma_server / rdma_client: synchronous ids through rdma_create_ep
     // and rdma_get_request, CQs and channels made by the library, one
     // SEND each way (`rdma_get_send_comp`/`_recv_comp` wait on them).
@@ -438,6 +467,30 @@ fn rdmacm_utils_connect_through_the_cm() {
         End::ServerStays,
     );
     assert!(p.client_has("connect      :") && p.client_has("destroy      :"), "{p}");
+}
+
+/// libfabric's verbs provider, unmodified (libfabric-bin's fi_pingpong,
+/// its control exchange on TCP `{port}`): datagram endpoints on UD QPs,
+/// and reliable datagram endpoints by ofi_rxd over them, each message's
+/// data checked (-c), every size up to 1 MiB for RDM.
+#[test]
+fn libfabric_verbs_provider_runs() {
+    let _g = serial();
+    env();
+    let limit = Duration::from_secs(60);
+    for (prov, ep) in [("verbs", "dgram"), ("verbs;ofi_rxd", "rdm")] {
+        let p = cm_pair(
+            ("fi_pingpong", &["-p", prov, "-e", ep, "-I", "100", "-c", "-B", "{port}"]),
+            (
+                "fi_pingpong",
+                &["-p", prov, "-e", ep, "-I", "100", "-c", "-P", "{port}", "127.0.0.1"],
+            ),
+            limit,
+            End::Both,
+        );
+        let last = if ep == "rdm" { "1m " } else { "1k " };
+        assert!(p.client.lines().any(|l| l.starts_with(last) && l.contains("=100")), "{p}");
+    }
 }
 
 #[test]

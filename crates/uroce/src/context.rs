@@ -389,8 +389,8 @@ fn live_contexts_add(inner: &Arc<Inner>) {
     live.push(Arc::downgrade(inner));
 }
 
-/// At process exit, ACKs held for replies that will never come leave
-/// (see `Qp::release_held_ack`), and connections the CM set up are
+/// At process exit, posts a burst left queued and ACKs held for replies
+/// that will never come leave (see `Qp::release_held_ack`), and connections the CM set up are
 /// disconnected, as the kernel does for a process's ids: a program that
 /// returns from `main` right after its last completion, without closing
 /// the device, must not leave its peer retrying a message it received or
@@ -402,6 +402,9 @@ extern "C" fn send_held_acks_at_exit() {
         let Some(live) = try_lock_briefly(&LIVE) else { return };
         for inner in live.iter().filter_map(std::sync::Weak::upgrade) {
             if let Some(mut driver) = try_lock_briefly(&inner.driver) {
+                if driver.deferred_posts > 0 {
+                    driver.transmit_now();
+                }
                 driver.send_held_acks(None);
                 driver.cm_disconnect_all();
             }

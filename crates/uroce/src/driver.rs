@@ -484,7 +484,14 @@ impl Driver {
         }
     }
 
+    /// Destroys a QP. Work it was posted and that a burst left queued
+    /// leaves first: a post is a doorbell, and a program that posts
+    /// unsignaled UD sends and then destroys the QP (mckey's sender)
+    /// expects them on the wire, as a NIC would have put them.
     pub(crate) fn destroy_qp(&mut self, qpn: u32) {
+        if self.deferred_posts > 0 {
+            self.transmit_now();
+        }
         self.send_held_acks(Some(qpn));
         if let Some((_, groups)) = self.ep.remove_qp(qpn) {
             for g in groups {
@@ -593,8 +600,12 @@ impl Driver {
                 self.ep.stats.send_err += 1;
                 continue;
             };
+            // Multicast goes one datagram per send: Linux delivered none of
+            // a GSO send's segments to the group's sockets here (measured,
+            // loopback), so a burst to a group would vanish whole.
+            let single = limits.segments <= 1 || t.dst.is_multicast();
             let joins = run.count > 0
-                && limits.segments > 1
+                && !single
                 && run.src == src
                 && run.dst == Some(dst)
                 && t.len <= run.seg
@@ -623,7 +634,7 @@ impl Driver {
             pkt[t.len - 4..].copy_from_slice(&c.to_le_bytes());
             run.off += t.len;
             run.count += 1;
-            if t.len < run.seg || limits.segments <= 1 {
+            if t.len < run.seg || single {
                 // A shorter packet can only end a GSO run.
                 run.flush(self.backend.as_mut(), &batch, &mut self.ep.stats);
             }

@@ -747,3 +747,66 @@ fn open_shared_gives_one_engine_per_device() {
         std::thread::sleep(Duration::from_millis(1));
     }
 }
+
+/// A burst of UD sends to a group leaves as one GSO send; every datagram
+/// of it reaches the attached QP (mckey's sender posts ten in a row).
+#[test]
+fn ud_multicast_burst_reaches_the_group_whole() {
+    let p = port(8);
+    let group: IpAddr = format!("239.78.{}.{}", p >> 8, p & 0xff).parse().unwrap();
+    let cap = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let ends: Vec<_> = ["127.0.0.1", "127.0.0.2"]
+        .iter()
+        .map(|addr| {
+            let ctx = uroce::testing::open(addr, p);
+            let pd = ctx.alloc_pd().unwrap();
+            let mr = pd.alloc_mr(MB, ALL).unwrap();
+            let cq = ctx.create_cq(32).unwrap();
+            let qp = pd
+                .create_qp(&QpInitAttr {
+                    send_cq: &cq,
+                    recv_cq: &cq,
+                    cap,
+                    qp_type: QpType::Ud,
+                    sq_sig_all: true,
+                    srq: None,
+                })
+                .unwrap();
+            uroce::activate_ud(&qp, 0x5555, 1).unwrap();
+            (ctx, pd, mr, cq, qp)
+        })
+        .collect();
+    let (_, pa, ma, cqa, sender) = &ends[0];
+    let (_, _, mb, cqb, receiver) = &ends[1];
+    receiver.attach_mcast(group).unwrap();
+    for i in 0..10 {
+        receiver
+            .post_recv(&[RecvWr { wr_id: i, sgl: &[mb.sge(i as usize * 256, 256).unwrap()] }])
+            .unwrap();
+    }
+    let mut attr = uroce::AhAttr::new(group);
+    attr.port = p;
+    let ah = pa.create_ah(&attr).unwrap();
+    let sge = [ma.sge(0, 100).unwrap()];
+    let wrs: Vec<SendWr<'_>> = (0..10)
+        .map(|i| SendWr {
+            wr_id: i,
+            sgl: &sge,
+            ud: Some(ah.dest(0xff_ffff, 0x5555)),
+            ..SendWr::default()
+        })
+        .collect();
+    sender.post_send(&wrs).unwrap();
+    for _ in 0..10 {
+        assert_eq!(wait(cqa).status, WcStatus::Success);
+    }
+    for _ in 0..10 {
+        assert_eq!(wait(cqb).byte_len, 140, "all ten datagrams of the burst arrive");
+    }
+}

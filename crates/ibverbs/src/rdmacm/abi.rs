@@ -18,6 +18,7 @@ pub(crate) const RDMA_PS_IB: c_int = 0x013f;
 pub(crate) mod event {
     use std::ffi::c_int;
     pub(crate) const ADDR_RESOLVED: c_int = 0;
+    pub(crate) const ADDR_ERROR: c_int = 1;
     pub(crate) const ROUTE_RESOLVED: c_int = 2;
     pub(crate) const CONNECT_REQUEST: c_int = 4;
     pub(crate) const CONNECT_RESPONSE: c_int = 5;
@@ -26,6 +27,8 @@ pub(crate) mod event {
     pub(crate) const REJECTED: c_int = 8;
     pub(crate) const ESTABLISHED: c_int = 9;
     pub(crate) const DISCONNECTED: c_int = 10;
+    pub(crate) const MULTICAST_JOIN: c_int = 12;
+    pub(crate) const MULTICAST_ERROR: c_int = 13;
 }
 
 /// `RAI_PASSIVE`.
@@ -119,6 +122,20 @@ pub(crate) struct rdma_cm_event {
     pub(crate) param: rdma_event_param,
 }
 
+/// `rdma_join_multicast_ex`'s attributes.
+#[repr(C)]
+pub(crate) struct rdma_cm_join_mc_attr_ex {
+    pub(crate) comp_mask: u32,
+    pub(crate) join_flags: u32,
+    pub(crate) addr: *mut libc::sockaddr,
+}
+
+/// `RDMA_CM_JOIN_MC_ATTR_ADDRESS`, `_JOIN_FLAGS`.
+pub(crate) const JOIN_MC_ATTR_ADDRESS: u32 = 1;
+pub(crate) const JOIN_MC_ATTR_JOIN_FLAGS: u32 = 2;
+/// `RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER` (`_FULLMEMBER` is 0).
+pub(crate) const MC_JOIN_FLAG_SENDONLY_FULLMEMBER: u32 = 1;
+
 #[repr(C)]
 pub(crate) struct rdma_addrinfo {
     pub(crate) ai_flags: c_int,
@@ -161,6 +178,8 @@ const _: () = {
     assert!(offset_of!(rdma_ud_param, qkey) == 52);
     assert!(size_of::<rdma_cm_event>() == 80);
     assert!(offset_of!(rdma_cm_event, param) == 24);
+    assert!(size_of::<rdma_cm_join_mc_attr_ex>() == 16);
+    assert!(offset_of!(rdma_cm_join_mc_attr_ex, addr) == 8);
     assert!(size_of::<rdma_addrinfo>() == 96);
     assert!(offset_of!(rdma_addrinfo, ai_next) == 88);
     assert!(offset_of!(rdma_addrinfo, ai_connect) == 80);

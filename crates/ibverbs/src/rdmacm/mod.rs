@@ -17,12 +17,16 @@
 //! Synchronous ids (created without a channel) and `rdma_create_ep` are
 //! in `sync`.
 //!
-//! Not yet: IPoIB ids, multicast, the rsocket calls (ENOSYS), ECE,
+//! Multicast joins are in `mcast`.
+//!
+//! Not yet: IPoIB ids, the rsocket calls (ENOSYS), ECE,
 //! `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
 
 mod abi;
+mod mcast;
 mod sync;
 
+pub(crate) use mcast::{rdma_join_multicast, rdma_join_multicast_ex, rdma_leave_multicast};
 pub(crate) use sync::{
     rdma_accept, rdma_connect, rdma_create_ep, rdma_destroy_ep, rdma_get_request,
     rdma_resolve_addr, rdma_resolve_route,
@@ -125,8 +129,30 @@ struct IdState {
     /// CQs and completion channels the library made for the QP (destroyed
     /// with it).
     own_cqs: Vec<(usize, usize)>,
-    /// Events the library raises itself (address and route resolution).
-    local_events: VecDeque<(c_int, c_int)>,
+    /// Events the library raises itself (address and route resolution,
+    /// multicast joins).
+    local_events: VecDeque<LocalEvent>,
+    /// Multicast groups joined through this id.
+    groups: Vec<mcast::Group>,
+}
+
+/// An event the library raises itself; `group`: the multicast group a
+/// join event is for.
+#[derive(Debug, Clone, Copy)]
+struct LocalEvent {
+    kind: c_int,
+    status: c_int,
+    group: Option<IpAddr>,
+}
+
+impl IdBox {
+    /// Queues an event of the library's own for this id.
+    fn raise(&self, st: &mut IdState, kind: c_int, status: c_int, group: Option<IpAddr>) {
+        st.local_events.push_back(LocalEvent { kind, status, group });
+        if let Some(ch) = self.channel() {
+            ch.ch.push_user(self.ptr() as u64);
+        }
+    }
 }
 
 /// What the peer's REQ or REP says its QP is and wants.
@@ -495,6 +521,7 @@ pub(crate) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
                 });
             }
             forget_id(&mut st);
+            mcast::leave_all(b, &mut st);
         }
         let own = if lock(&b.st).sync { b.c().channel } else { std::ptr::null_mut() };
         unregister(id.cast::<IdBox>(), Kind::CmId);
@@ -588,8 +615,11 @@ unsafe extern "C" fn rdma_resolve_addr_start(
         let mut st = lock(&b.st);
         let src = read_sockaddr(src).or(st.local);
         let Some(index) = device_for(src.map(|s| s.ip()), dst.ip()) else {
+            // As the kernel's CM reports it: address resolution ends in
+            // ADDR_ERROR (-ENODEV), not in a failed call.
             eprintln!("uroce: no uroce device reaches {}", dst.ip());
-            return minus_one(libc::ENODEV);
+            b.raise(&mut st, event::ADDR_ERROR, -libc::ENODEV, None);
+            return 0;
         };
         let Ok(devs) = crate::device::devices() else { return minus_one(libc::ENODEV) };
         let port = src.map_or(0, |s| s.port());
@@ -599,11 +629,7 @@ unsafe extern "C" fn rdma_resolve_addr_start(
             return minus_one(e);
         }
         set_remote(b, &mut st, dst);
-        st.local_events.push_back((event::ADDR_RESOLVED, 0));
-        drop(st);
-        if let Some(ch) = b.channel() {
-            ch.ch.push_user(id as u64);
-        }
+        b.raise(&mut st, event::ADDR_RESOLVED, 0, None);
         0
     })
 }
@@ -619,11 +645,7 @@ unsafe extern "C" fn rdma_resolve_route_start(id: *mut rdma_cm_id, _timeout_ms: 
         path[16..32].copy_from_slice(&uroce::wire::grh::gid_of(l.ip()));
         b.c().route.path_rec = path.as_mut_ptr().cast();
         b.c().route.num_paths = 1;
-        st.local_events.push_back((event::ROUTE_RESOLVED, 0));
-        drop(st);
-        if let Some(ch) = b.channel() {
-            ch.ch.push_user(id as u64);
-        }
+        b.raise(&mut st, event::ROUTE_RESOLVED, 0, None);
         0
     })
 }
@@ -813,7 +835,11 @@ pub(crate) unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
             unsafe { crate::qp::ibv_destroy_qp(qp) };
         }
         // The CQs and channels the library made for it go with it.
-        let own = std::mem::take(&mut lock(&b.st).own_cqs);
+        let own = {
+            let mut st = lock(&b.st);
+            mcast::qp_gone(&mut st);
+            std::mem::take(&mut st.own_cqs)
+        };
         for (cq, ch) in own {
             // SAFETY: objects rdma_create_qp made, used by the QP alone.
             unsafe {
@@ -1254,8 +1280,11 @@ fn translate(channel: *mut rdma_event_channel, raw: CmChannelEvent) -> Option<Bo
         CmChannelEvent::User(tag) => {
             let id = tag as *mut rdma_cm_id;
             let b = live_id(id)?;
-            let (kind, status) = lock(&b.st).local_events.pop_front()?;
-            Some(new_event(id, kind, status))
+            let e = lock(&b.st).local_events.pop_front()?;
+            match e.group {
+                Some(group) => mcast::join_event(b, group),
+                None => Some(new_event(id, e.kind, e.status)),
+            }
         }
         CmChannelEvent::Cm { ctx, event: AgentEvent::ConnectRequest { id: cm, from, req } } => {
             let sid = req.service_id;
@@ -1669,7 +1698,7 @@ pub(crate) unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) 
 }
 
 /// Defines `rdma_*` functions that fail with `errno` for what is not
-/// there yet: extended SRQs, ECE, multicast (see the module doc).
+/// there yet: extended SRQs, ECE (see the module doc).
 macro_rules! refused {
     ($($name:ident($($arg:ident: $ty:ty),*) => $errno:expr;)*) => {$(
         pub(crate) unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
@@ -1684,7 +1713,4 @@ refused! {
     rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut c_void) => libc::EOPNOTSUPP;
     rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut c_void) => libc::EOPNOTSUPP;
     rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u8) => libc::EOPNOTSUPP;
-    rdma_join_multicast(id: *mut rdma_cm_id, addr: *mut libc::sockaddr, context: *mut c_void) => libc::ENOSYS;
-    rdma_join_multicast_ex(id: *mut rdma_cm_id, attr: *mut c_void, context: *mut c_void) => libc::ENOSYS;
-    rdma_leave_multicast(id: *mut rdma_cm_id, addr: *mut libc::sockaddr) => libc::ENOSYS;
 }

@@ -44,7 +44,7 @@ fn complete(b: &IdBox, want: &[c_int]) -> c_int {
 }
 
 /// Runs `start` and, for a synchronous id, waits for `want`.
-fn then_wait(id: *mut rdma_cm_id, r: c_int, want: &[c_int]) -> c_int {
+pub(super) fn then_wait(id: *mut rdma_cm_id, r: c_int, want: &[c_int]) -> c_int {
     if r != 0 {
         return r;
     }
