@@ -24,9 +24,11 @@
 
 mod abi;
 mod mcast;
+mod options;
 mod sync;
 
 pub(crate) use mcast::{rdma_join_multicast, rdma_join_multicast_ex, rdma_leave_multicast};
+pub(crate) use options::rdma_set_option;
 pub(crate) use sync::{
     rdma_accept, rdma_connect, rdma_create_ep, rdma_destroy_ep, rdma_get_request,
     rdma_resolve_addr, rdma_resolve_route,
@@ -134,6 +136,8 @@ struct IdState {
     local_events: VecDeque<LocalEvent>,
     /// Multicast groups joined through this id.
     groups: Vec<mcast::Group>,
+    /// What `rdma_set_option` set.
+    opts: options::Options,
 }
 
 /// An event the library raises itself; `group`: the multicast group a
@@ -188,6 +192,8 @@ struct EventBox {
 struct Registry {
     conns: HashMap<(u64, u32), usize>,
     listens: HashMap<(u64, u64), usize>,
+    /// Bound ports, per port space.
+    ports: options::Ports,
 }
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
@@ -410,6 +416,18 @@ fn bind_to(b: &IdBox, st: &mut IdState, index: Option<usize>, local: SocketAddr)
     0
 }
 
+/// Takes `local`'s port for `b` in its port space (an unused one if it
+/// names none), with the kernel's conflict rules (see `options`).
+fn claim_port(b: &IdBox, st: &IdState, local: &mut SocketAddr) -> Result<(), c_int> {
+    let space = space_of(b);
+    with_registry(|r| {
+        if local.port() == 0 {
+            local.set_port(r.ports.ephemeral(space));
+        }
+        r.ports.claim(b.ptr() as usize, space, local.ip(), local.port(), &st.opts)
+    })
+}
+
 fn set_remote(b: &IdBox, st: &mut IdState, remote: SocketAddr) {
     st.remote = Some(remote);
     write_sockaddr(&mut b.c().route.addr.dst, remote);
@@ -522,6 +540,7 @@ pub(crate) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             }
             forget_id(&mut st);
             mcast::leave_all(b, &mut st);
+            with_registry(|r| r.ports.release(id as usize));
         }
         let own = if lock(&b.st).sync { b.c().channel } else { std::ptr::null_mut() };
         unregister(id.cast::<IdBox>(), Kind::CmId);
@@ -583,10 +602,11 @@ pub(crate) unsafe extern "C" fn rdma_bind_addr(
         let (Some(b), Some(mut a)) = (live_id(id), read_sockaddr(addr)) else {
             return minus_one(libc::EINVAL);
         };
-        if a.port() == 0 {
-            a.set_port(ephemeral_port());
-        }
         let mut st = lock(&b.st);
+        if st.local.is_some() {
+            // Bound already (kernel: only an idle id binds).
+            return minus_one(libc::EINVAL);
+        }
         let index = if a.ip().is_unspecified() {
             None
         } else {
@@ -595,6 +615,9 @@ pub(crate) unsafe extern "C" fn rdma_bind_addr(
                 None => return minus_one(libc::EADDRNOTAVAIL),
             }
         };
+        if let Err(e) = claim_port(b, &st, &mut a) {
+            return minus_one(e);
+        }
         match bind_to(b, &mut st, index, a) {
             0 => 0,
             e => minus_one(e),
@@ -622,9 +645,13 @@ unsafe extern "C" fn rdma_resolve_addr_start(
             return 0;
         };
         let Ok(devs) = crate::device::devices() else { return minus_one(libc::ENODEV) };
-        let port = src.map_or(0, |s| s.port());
-        let port = if port == 0 { ephemeral_port() } else { port };
-        let local = SocketAddr::new(devs[index].cfg.socket_addr().ip(), port);
+        let mut local =
+            SocketAddr::new(devs[index].cfg.socket_addr().ip(), src.map_or(0, |s| s.port()));
+        if st.local.is_none()
+            && let Err(e) = claim_port(b, &st, &mut local)
+        {
+            return minus_one(e);
+        }
         if let e @ 1.. = bind_to(b, &mut st, Some(index), local) {
             return minus_one(e);
         }
@@ -655,13 +682,26 @@ pub(crate) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int
         let Some(ch) = b.channel() else { return minus_one(libc::EINVAL) };
         let mut st = lock(&b.st);
         let Some(local) = st.local else { return minus_one(libc::EINVAL) };
-        let sid = rdma_cm_service_id(space_of(b), local.port());
-        // A wildcard address listens on every device.
+        let space = space_of(b);
+        let mut opts = st.opts;
+        if let Err(e) = with_registry(|r| {
+            r.ports.listen(id as usize, space, local.ip(), local.port(), &mut opts)
+        }) {
+            return minus_one(e);
+        }
+        st.opts = opts;
+        let sid = rdma_cm_service_id(space, local.port());
+        // A wildcard address listens on every device of its family (an
+        // IPv6 one on IPv4 devices too, unless AFONLY).
         let contexts: Vec<usize> = if st.verbs != 0 {
             vec![st.verbs]
         } else {
-            let n = crate::device::devices().map_or(0, <[_]>::len);
-            (0..n).filter_map(device_context).map(|c| c as usize).collect()
+            let Ok(devs) = crate::device::devices() else { return minus_one(libc::ENODEV) };
+            (0..devs.len())
+                .filter(|&i| options::listens_on(&st, local.ip(), devs[i].cfg.socket_addr().ip()))
+                .filter_map(device_context)
+                .map(|c| c as usize)
+                .collect()
         };
         for verbs in contexts {
             let Some(ctx) = uroce_of(verbs) else { continue };
@@ -870,6 +910,7 @@ fn transition_attr(b: &IdBox, st: &IdState, to: c_int) -> Option<(ibv_qp_attr, c
         a.ah_attr.port_num = 1;
         a.ah_attr.grh.dgid = gid(remote.ip());
         a.ah_attr.grh.hop_limit = 64;
+        a.ah_attr.grh.traffic_class = st.opts.tos.unwrap_or(0);
         a.ah_attr.grh.sgid_index = ctx.gid_index_of(local.ip()).map_or(0, |i| i as u8);
         let mask = QP_STATE
             | QP_AV
@@ -882,7 +923,7 @@ fn transition_attr(b: &IdBox, st: &IdState, to: c_int) -> Option<(ibv_qp_attr, c
         Some((a, mask))
     } else {
         a.sq_psn = st.my_psn;
-        a.timeout = ACK_TIMEOUT;
+        a.timeout = st.opts.ack_timeout.unwrap_or(ACK_TIMEOUT);
         a.retry_cnt = st.param.retry_count.min(7);
         a.rnr_retry = peer_rnr.min(7);
         a.max_rd_atomic = st.param.initiator_depth.min(peer_resp).max(1);
@@ -1005,7 +1046,8 @@ unsafe extern "C" fn rdma_connect_start(id: *mut rdma_cm_id, param: *mut rdma_co
                 local_gid: uroce::wire::grh::gid_of(local.ip()),
                 remote_gid: uroce::wire::grh::gid_of(remote.ip()),
                 hop_limit: 64,
-                local_ack_timeout: ACK_TIMEOUT,
+                traffic_class: st.opts.tos.unwrap_or(0),
+                local_ack_timeout: st.opts.ack_timeout.unwrap_or(ACK_TIMEOUT),
                 ..CmPath::default()
             },
             response_timeout: CM_RESPONSE_TIMEOUT,
@@ -1165,18 +1207,6 @@ pub(crate) unsafe extern "C" fn rdma_init_qp_attr(
             None => minus_one(libc::EINVAL),
         }
     })
-}
-
-pub(crate) unsafe extern "C" fn rdma_set_option(
-    id: *mut rdma_cm_id,
-    _level: c_int,
-    _name: c_int,
-    _val: *mut c_void,
-    _len: usize,
-) -> c_int {
-    // TOS, REUSEADDR, AFONLY, ACK_TIMEOUT and IB path options are taken
-    // and have no effect yet.
-    guard(-1, || if live_id(id).is_some() { 0 } else { minus_one(libc::EINVAL) })
 }
 
 fn port_of(s: &libc::sockaddr_storage) -> u16 {

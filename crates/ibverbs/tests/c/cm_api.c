@@ -1,0 +1,291 @@
+/* The librdmacm C API on uroce's drop-in library, as a C program compiled
+ * against rdma-core 44's headers sees it: rdma_set_option's checks and
+ * effects, the port rules of rdma_bind_addr and rdma_listen (the kernel's:
+ * EADDRINUSE, EADDRNOTAVAIL, REUSEADDR until listen), and multicast joins.
+ * Run by tests/drop_in.rs with the device uroce0 on 127.0.0.1. */
+#include <arpa/inet.h>
+#include <errno.h>
+#include <infiniband/verbs.h>
+#include <rdma/rdma_cma.h>
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+static int failures;
+
+#define CHECK(cond, ...) check_at(!!(cond), __LINE__, #cond, __VA_ARGS__)
+#define REQUIRE(cond, ...)                                                \
+	do {                                                              \
+		if (!CHECK(cond, __VA_ARGS__))                            \
+			exit(1);                                          \
+	} while (0)
+
+__attribute__((format(printf, 4, 5)))
+static int check_at(int ok, int line, const char *what, const char *fmt, ...)
+{
+	if (ok)
+		return 1;
+	int e = errno;
+	va_list ap;
+	fprintf(stderr, "FAIL cm_api.c:%d: %s: ", line, what);
+	va_start(ap, fmt);
+	vfprintf(stderr, fmt, ap);
+	va_end(ap);
+	fprintf(stderr, " (errno %d)\n", e);
+	failures++;
+	return 0;
+}
+
+static struct sockaddr_in addr4(const char *ip, uint16_t port)
+{
+	struct sockaddr_in a = { .sin_family = AF_INET, .sin_port = htons(port) };
+	inet_pton(AF_INET, ip, &a.sin_addr);
+	return a;
+}
+
+#define SA(a) ((struct sockaddr *)&(a))
+
+/* rc == -1 with errno == e. */
+static int fails_with(int rc, int e)
+{
+	return rc == -1 && errno == e;
+}
+
+static struct rdma_cm_id *new_id(struct rdma_event_channel *ch, enum rdma_port_space ps)
+{
+	struct rdma_cm_id *id = NULL;
+	REQUIRE(rdma_create_id(ch, &id, NULL, ps) == 0, "rdma_create_id");
+	return id;
+}
+
+static void options(struct rdma_event_channel *ch)
+{
+	struct rdma_cm_id *id = new_id(ch, RDMA_PS_TCP);
+	uint8_t tos = 32, tmo = 18;
+	int one = 1;
+
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 1) == 0, "TOS");
+	CHECK(fails_with(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 4), EINVAL),
+	      "TOS of the wrong length");
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, 1) == 0,
+	      "ACK_TIMEOUT");
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one) == 0,
+	      "REUSEADDR");
+	CHECK(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &one, sizeof one) == 0,
+	      "AFONLY");
+	CHECK(fails_with(rdma_set_option(id, RDMA_OPTION_ID, 99, &one, sizeof one), ENOSYS),
+	      "an unknown option");
+	CHECK(fails_with(rdma_set_option(id, 7, 0, &one, sizeof one), EINVAL), "an unknown level");
+	CHECK(fails_with(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, NULL,
+					 sizeof one), EINVAL), "NULL value");
+	struct sockaddr_in a = addr4("127.0.0.1", 0);
+	REQUIRE(rdma_bind_addr(id, SA(a)) == 0, "bind with port 0");
+	CHECK(rdma_get_src_port(id) != 0, "an ephemeral port was chosen");
+	CHECK(fails_with(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &one,
+					 sizeof one), EINVAL), "AFONLY after bind");
+	CHECK(fails_with(rdma_bind_addr(id, SA(a)), EINVAL), "binding a bound id");
+	rdma_destroy_id(id);
+}
+
+static void ports(struct rdma_event_channel *ch)
+{
+	const uint16_t port = 7471;
+	struct sockaddr_in a = addr4("127.0.0.1", port), any = addr4("0.0.0.0", port);
+	struct rdma_cm_id *x = new_id(ch, RDMA_PS_TCP), *y = new_id(ch, RDMA_PS_TCP);
+	struct rdma_cm_id *u = new_id(ch, RDMA_PS_UDP);
+	int one = 1;
+
+	REQUIRE(rdma_bind_addr(x, SA(a)) == 0, "first bind");
+	CHECK(fails_with(rdma_bind_addr(y, SA(a)), EADDRINUSE), "the same address and port");
+	CHECK(fails_with(rdma_bind_addr(y, SA(any)), EADDRNOTAVAIL), "the wildcard on a used port");
+	CHECK(rdma_bind_addr(u, SA(a)) == 0, "another port space has its own ports");
+	rdma_destroy_id(x);
+	CHECK(rdma_bind_addr(y, SA(a)) == 0, "a destroyed id frees its port");
+	rdma_destroy_id(y);
+	rdma_destroy_id(u);
+
+	/* REUSEADDR: both bind; neither listens while the other holds the
+	 * port (the kernel's rule), and a listener's port is its alone. */
+	x = new_id(ch, RDMA_PS_TCP);
+	y = new_id(ch, RDMA_PS_TCP);
+	CHECK(rdma_set_option(x, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one) == 0,
+	      "REUSEADDR x");
+	CHECK(rdma_set_option(y, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one) == 0,
+	      "REUSEADDR y");
+	CHECK(rdma_bind_addr(x, SA(a)) == 0, "bind x");
+	CHECK(rdma_bind_addr(y, SA(a)) == 0, "bind y on the same port (both REUSEADDR)");
+	CHECK(fails_with(rdma_listen(x, 1), EADDRINUSE), "listening on a shared port");
+	rdma_destroy_id(y);
+	CHECK(rdma_listen(x, 1) == 0, "listen once the port is x's alone");
+	y = new_id(ch, RDMA_PS_TCP);
+	CHECK(rdma_set_option(y, RDMA_OPTION_ID, RDMA_OPTION_ID_REUSEADDR, &one, sizeof one) == 0,
+	      "REUSEADDR y");
+	CHECK(fails_with(rdma_bind_addr(y, SA(a)), EADDRINUSE), "a listener's port, even REUSEADDR");
+	rdma_destroy_id(x);
+	rdma_destroy_id(y);
+
+	/* Ephemeral ports of one space differ. */
+	struct sockaddr_in e = addr4("127.0.0.1", 0);
+	x = new_id(ch, RDMA_PS_TCP);
+	y = new_id(ch, RDMA_PS_TCP);
+	CHECK(rdma_bind_addr(x, SA(e)) == 0 && rdma_bind_addr(y, SA(e)) == 0, "two ephemeral binds");
+	CHECK(rdma_get_src_port(x) != rdma_get_src_port(y), "distinct ephemeral ports");
+	rdma_destroy_id(x);
+	rdma_destroy_id(y);
+}
+
+static int next_event(struct rdma_event_channel *ch, enum rdma_cm_event_type want,
+		      struct rdma_cm_event **ev)
+{
+	if (rdma_get_cm_event(ch, ev))
+		return 0;
+	if ((*ev)->event != want) {
+		fprintf(stderr, "got %s, wanted %s\n", rdma_event_str((*ev)->event),
+			rdma_event_str(want));
+		rdma_ack_cm_event(*ev);
+		return 0;
+	}
+	return 1;
+}
+
+static void multicast(struct rdma_event_channel *ch)
+{
+	struct sockaddr_in local = addr4("127.0.0.1", 0), group = addr4("239.255.78.9", 0);
+	struct sockaddr_in unicast = addr4("127.0.0.9", 0);
+	struct rdma_cm_id *id = new_id(ch, RDMA_PS_UDP), *rc = new_id(ch, RDMA_PS_TCP);
+	struct rdma_cm_event *ev;
+	int ctx = 5;
+
+	CHECK(fails_with(rdma_join_multicast(id, SA(group), &ctx), EINVAL), "join before bind");
+	CHECK(rdma_bind_addr(id, SA(local)) == 0, "bind");
+	CHECK(rdma_bind_addr(rc, SA(local)) == 0, "bind rc");
+	CHECK(fails_with(rdma_join_multicast(rc, SA(group), &ctx), EINVAL), "join on an RC id");
+	CHECK(fails_with(rdma_join_multicast(id, SA(unicast), &ctx), EINVAL), "a unicast address");
+	CHECK(fails_with(rdma_leave_multicast(id, SA(group)), EADDRNOTAVAIL), "leave before join");
+
+	struct ibv_qp_init_attr qa = {
+		.qp_type = IBV_QPT_UD,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	REQUIRE(rdma_create_qp(id, NULL, &qa) == 0, "rdma_create_qp (UD)");
+	REQUIRE(rdma_join_multicast(id, SA(group), &ctx) == 0, "join");
+	CHECK(fails_with(rdma_join_multicast(id, SA(group), &ctx), EADDRINUSE), "join twice");
+	if (CHECK(next_event(ch, RDMA_CM_EVENT_MULTICAST_JOIN, &ev), "the join event")) {
+		struct rdma_ud_param *ud = &ev->param.ud;
+		CHECK(ev->id == id, "the event names the id");
+		CHECK(ud->private_data == &ctx, "private data is the join's context");
+		CHECK(ud->qp_num == 0xffffff && ud->qkey == 0x01234567, "qpn %x qkey %x",
+		      ud->qp_num, ud->qkey);
+		CHECK(ud->ah_attr.is_global && ud->ah_attr.grh.dgid.raw[10] == 0xff &&
+			      !memcmp(&ud->ah_attr.grh.dgid.raw[12], &group.sin_addr, 4),
+		      "the address vector sends to the group's GID");
+		struct ibv_ah *ah = ibv_create_ah(id->pd, &ud->ah_attr);
+		CHECK(ah != NULL, "an AH from the join's address vector");
+		if (ah)
+			ibv_destroy_ah(ah);
+		rdma_ack_cm_event(ev);
+	}
+	/* The library attached the QP. */
+	union ibv_gid mgid;
+	memset(&mgid, 0, sizeof mgid);
+	mgid.raw[10] = mgid.raw[11] = 0xff;
+	memcpy(&mgid.raw[12], &group.sin_addr, 4);
+	CHECK(ibv_detach_mcast(id->qp, &mgid, 0) == 0, "the library attached the QP");
+	CHECK(ibv_attach_mcast(id->qp, &mgid, 0) == 0, "re-attach by hand");
+	CHECK(rdma_leave_multicast(id, SA(group)) == 0, "leave");
+	CHECK(ibv_detach_mcast(id->qp, &mgid, 0) != 0, "leave detached the QP");
+	CHECK(fails_with(rdma_leave_multicast(id, SA(group)), EADDRNOTAVAIL), "leave twice");
+
+	/* Send-only joins do not attach. */
+	struct rdma_cm_join_mc_attr_ex mc = {
+		.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS | RDMA_CM_JOIN_MC_ATTR_JOIN_FLAGS,
+		.join_flags = RDMA_MC_JOIN_FLAG_SENDONLY_FULLMEMBER,
+		.addr = SA(group),
+	};
+	struct rdma_cm_join_mc_attr_ex bad = mc;
+	bad.comp_mask = RDMA_CM_JOIN_MC_ATTR_ADDRESS;
+	CHECK(fails_with(rdma_join_multicast_ex(id, &bad, NULL), EINVAL), "no join flags");
+	CHECK(rdma_join_multicast_ex(id, &mc, NULL) == 0, "send-only join");
+	if (CHECK(next_event(ch, RDMA_CM_EVENT_MULTICAST_JOIN, &ev), "the send-only join event"))
+		rdma_ack_cm_event(ev);
+	CHECK(ibv_detach_mcast(id->qp, &mgid, 0) != 0, "a send-only join attaches nothing");
+	rdma_destroy_qp(id);
+	rdma_destroy_id(id);
+	rdma_destroy_id(rc);
+
+	/* A synchronous id (no channel): the join returns once joined. */
+	struct rdma_cm_id *s = NULL;
+	REQUIRE(rdma_create_id(NULL, &s, NULL, RDMA_PS_UDP) == 0, "a synchronous id");
+	CHECK(rdma_bind_addr(s, SA(local)) == 0, "bind");
+	CHECK(rdma_join_multicast(s, SA(group), NULL) == 0, "synchronous join");
+	CHECK(rdma_leave_multicast(s, SA(group)) == 0, "leave");
+	rdma_destroy_id(s);
+}
+
+/* A connection to this device itself: the client's TOS and ACK timeout
+ * options reach its QP (the RTR address vector, the RTS timeout). */
+static void connection(struct rdma_event_channel *ch)
+{
+	struct sockaddr_in srv = addr4("127.0.0.1", 7472);
+	struct rdma_cm_id *l = new_id(ch, RDMA_PS_TCP), *c = new_id(ch, RDMA_PS_TCP), *s = NULL;
+	struct rdma_cm_event *ev;
+	uint8_t tos = 96, tmo = 19;
+	struct ibv_qp_init_attr qa = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+
+	REQUIRE(rdma_bind_addr(l, SA(srv)) == 0 && rdma_listen(l, 4) == 0, "listen");
+	CHECK(rdma_set_option(c, RDMA_OPTION_ID, RDMA_OPTION_ID_TOS, &tos, 1) == 0, "TOS");
+	CHECK(rdma_set_option(c, RDMA_OPTION_ID, RDMA_OPTION_ID_ACK_TIMEOUT, &tmo, 1) == 0, "ACK");
+	REQUIRE(rdma_resolve_addr(c, NULL, SA(srv), 1000) == 0, "resolve_addr");
+	REQUIRE(next_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED, &ev), "ADDR_RESOLVED");
+	rdma_ack_cm_event(ev);
+	REQUIRE(rdma_resolve_route(c, 1000) == 0, "resolve_route");
+	REQUIRE(next_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, &ev), "ROUTE_RESOLVED");
+	rdma_ack_cm_event(ev);
+	REQUIRE(rdma_create_qp(c, NULL, &qa) == 0, "client QP");
+	REQUIRE(rdma_connect(c, NULL) == 0, "connect");
+	REQUIRE(next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, &ev), "CONNECT_REQUEST");
+	s = ev->id;
+	rdma_ack_cm_event(ev);
+	REQUIRE(rdma_create_qp(s, NULL, &qa) == 0, "server QP");
+	REQUIRE(rdma_accept(s, NULL) == 0, "accept");
+	for (int n = 0; n < 2; n++) {
+		REQUIRE(rdma_get_cm_event(ch, &ev) == 0, "established events");
+		CHECK(ev->event == RDMA_CM_EVENT_ESTABLISHED, "%s", rdma_event_str(ev->event));
+		rdma_ack_cm_event(ev);
+	}
+	struct ibv_qp_attr a;
+	struct ibv_qp_init_attr ia;
+	REQUIRE(ibv_query_qp(c->qp, &a, IBV_QP_AV | IBV_QP_TIMEOUT | IBV_QP_STATE, &ia) == 0,
+		"query the client QP");
+	CHECK(a.qp_state == IBV_QPS_RTS, "state %d", a.qp_state);
+	CHECK(a.timeout == tmo, "ACK timeout %d", a.timeout);
+	CHECK(a.ah_attr.grh.traffic_class == tos, "traffic class %d", a.ah_attr.grh.traffic_class);
+	rdma_disconnect(c);
+	rdma_destroy_qp(c);
+	rdma_destroy_qp(s);
+	rdma_destroy_id(c);
+	rdma_destroy_id(s);
+	rdma_destroy_id(l);
+}
+
+int main(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	REQUIRE(ch != NULL, "rdma_create_event_channel");
+	options(ch);
+	ports(ch);
+	multicast(ch);
+	connection(ch);
+	rdma_destroy_event_channel(ch);
+	if (failures) {
+		fprintf(stderr, "%d checks failed\n", failures);
+		return 1;
+	}
+	printf("all checks passed\n");
+	return 0;
+}
