@@ -93,8 +93,13 @@ fn finish(mut child: Child, deadline: Instant) -> (Output, bool) {
     let status = child.wait().unwrap();
     let mut stdout = Vec::new();
     let mut stderr = Vec::new();
-    child.stdout.take().unwrap().read_to_end(&mut stdout).unwrap();
-    child.stderr.take().unwrap().read_to_end(&mut stderr).unwrap();
+    // A caller may have taken a pipe to read it as the child runs.
+    if let Some(mut o) = child.stdout.take() {
+        o.read_to_end(&mut stdout).unwrap();
+    }
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_end(&mut stderr).unwrap();
+    }
     (Output { status, stdout, stderr }, timed_out)
 }
 
@@ -672,4 +677,145 @@ fn layout_numbers_are_the_installed_headers() {
     let out = Command::new(&exe).output().unwrap();
     let _ = std::fs::remove_file(&exe);
     assert_eq!(String::from_utf8_lossy(&out.stdout), include_str!("layout.txt"));
+}
+
+/// A peer process killed in the middle of a transfer: the survivor's
+/// outstanding WRITEs end in a retry-exceeded completion (status 12)
+/// within its retry budget, and it exits with an error; it neither hangs
+/// nor crashes.
+#[test]
+fn peer_killed_mid_transfer_ends_in_an_error_completion() {
+    use std::io::BufRead;
+    let _g = serial();
+    env();
+    let udp = uroce::testing::free_port();
+    let port = tcp_port().to_string();
+    let args = ["-p", port.as_str(), "-D", "30"];
+    let mut srv = cmd(&tool("ib_write_bw"), &args, "127.0.0.1", udp).spawn().unwrap();
+    uroce::testing::wait_tcp_listening(port.parse().unwrap(), Duration::from_secs(20));
+    // Line-buffered (stdbuf), so the table's header shows when the run
+    // starts.
+    let cargs = [&["-oL", "ib_write_bw"], args.as_slice(), &["127.0.0.1"]].concat();
+    let mut cli = cmd(&tool("stdbuf"), &cargs, "127.0.0.2", udp).spawn().unwrap();
+    // The run has started once the client prints its table's header.
+    let stdout = cli.stdout.take().unwrap();
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        let mut seen = String::new();
+        for line in std::io::BufReader::new(stdout).lines().map_while(Result::ok) {
+            if line.contains("#bytes") {
+                let _ = tx.send(());
+            }
+            seen.push_str(&line);
+            seen.push('\n');
+        }
+        seen
+    });
+    let started = rx.recv_timeout(Duration::from_secs(30)).is_ok();
+    std::thread::sleep(Duration::from_millis(500));
+    let _ = srv.kill();
+    let (so, _) = finish(srv, Instant::now());
+    let killed = Instant::now();
+    let (out, timed_out) = finish(cli, killed + Duration::from_secs(20));
+    let err = String::from_utf8_lossy(&out.stderr).to_string();
+    assert!(started, "the transfer never started: {err}\n--- server ---\n{}", text(&so));
+    assert!(!timed_out, "the survivor hung after its peer died: {err}");
+    assert!(!out.status.success(), "the survivor should fail: {err}");
+    assert!(err.contains("Failed status 12"), "a retry-exceeded completion: {err}");
+    eprintln!("the survivor ended {:?} after the kill", killed.elapsed());
+}
+
+/// Forged and malformed rdma_cm headers in a REQ to Debian's rping
+/// server: each is refused with the consumer-defined REJ (28), as the
+/// kernel's CM does, and never reaches the application, which then serves
+/// a real client.
+#[test]
+fn malformed_cma_headers_are_refused() {
+    use uroce::cm::{AgentEvent, CmChannel, CmChannelEvent, Offer, RequestArgs};
+    use uroce::wire::cm::{CmPath, CmaHeader, port_space, rdma_cm_service_id};
+    let _g = serial();
+    env();
+    let udp = uroce::testing::free_port();
+    let port = tcp_port();
+    let ps = port.to_string();
+    let srv = cmd(
+        &tool("rping"),
+        &["-s", "-a", "127.0.0.1", "-p", &ps, "-C", "1", "-v"],
+        "127.0.0.1",
+        udp,
+    )
+    .spawn()
+    .unwrap();
+    assert!(uroce::testing::wait_udp_bound(udp, Duration::from_secs(20)), "rping did not start");
+    std::thread::sleep(Duration::from_millis(300));
+    let me = uroce::testing::open("127.0.0.2", udp);
+    let ch = CmChannel::new().unwrap();
+    let request = |private_data: [u8; 92]| RequestArgs {
+        peer: "127.0.0.1".parse().unwrap(),
+        service_id: rdma_cm_service_id(port_space::TCP, port),
+        qp: Offer {
+            qpn: 0x77,
+            starting_psn: 1,
+            responder_resources: 1,
+            initiator_depth: 1,
+            rnr_retry_count: 7,
+            srq: false,
+        },
+        transport_service_type: 0,
+        retry_count: 7,
+        path_mtu: 5,
+        path: CmPath::default(),
+        response_timeout: 16,
+        max_cm_retries: 3,
+        private_data,
+    };
+    let header = |version: u8, dst: &str| {
+        let mut pd = [0u8; 92];
+        CmaHeader {
+            version,
+            src_port: 5000,
+            src: "127.0.0.2".parse().unwrap(),
+            dst: dst.parse().unwrap(),
+        }
+        .emit(&mut pd);
+        pd
+    };
+    let mut bad_ip_version = header(0, "127.0.0.1");
+    bad_ip_version[1] = 5 << 4;
+    for (what, pd) in [
+        ("garbage", [0xa5; 92]),
+        ("cma version 1", header(1, "127.0.0.1")),
+        ("IP version 5", bad_ip_version),
+        ("an address not the device's", header(0, "10.9.8.7")),
+    ] {
+        let id = me.cm_request(&request(pd), &ch);
+        match ch.get_timeout(Duration::from_secs(10)).unwrap() {
+            Some(CmChannelEvent::Cm {
+                event: AgentEvent::Rejected { id: r, reason, .. }, ..
+            }) => {
+                assert_eq!((r, reason), (id, 28), "{what}");
+            }
+            other => panic!("{what}: {other:?}"),
+        }
+    }
+    drop(me);
+    // The server is unharmed: a real client connects and pings.
+    let cli = cmd(
+        &tool("rping"),
+        &["-c", "-a", "127.0.0.1", "-p", &ps, "-C", "1", "-v"],
+        "127.0.0.2",
+        udp,
+    )
+    .spawn()
+    .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (co, ct) = finish(cli, deadline);
+    let (so, st) = finish(srv, deadline);
+    assert!(
+        !ct && !st && co.status.success() && so.status.success(),
+        "{}\n{}",
+        text(&co),
+        text(&so)
+    );
+    assert!(text(&so).contains("server ping data: rdma-ping-0"), "{}", text(&so));
 }

@@ -1388,27 +1388,34 @@ fn connect_request(
     let (ctx, _) = lst.listening.iter().find(|(c, _)| c.key() == key)?.clone();
     let local_port = lst.local.map_or(0, |l| l.port());
     drop(lst);
+    // As the kernel's CM: a request whose rdma_cm header is not one
+    // (version 0, IPv4 or IPv6) or names an address that is not this
+    // device's is refused (REJ, consumer-defined; SIDR: rejected) and
+    // never reaches the application.
+    let Some(hdr) = CmaHeader::parse(req.private_data())
+        .filter(|h| h.version == 0 && ctx.gid_index_of(h.dst).is_some())
+    else {
+        let _ = match req {
+            Request::Rc(_) => ctx.cm_reject(cm, &[]),
+            Request::Ud(_) => ctx.cm_sidr_reply(cm, 2, 0, 0, &[]),
+        };
+        return None;
+    };
     let lc = lb.c();
     let id = new_id(channel, lc.context, lc.ps);
     let b = live_id(id)?;
-    let hdr = CmaHeader::parse(req.private_data());
     let mut st = lock(&b.st);
     let verbs = (0..crate::device::devices().map_or(0, <[_]>::len))
         .filter_map(device_context)
         .find(|&c| uroce_of(c as usize).is_some_and(|u| u.key() == key));
-    let local_ip = hdr.map_or_else(|| ctx.device().socket_addr().ip(), |h| h.dst);
-    let local_ip = if ctx.gid_index_of(local_ip).is_some() {
-        local_ip
-    } else {
-        ctx.device().socket_addr().ip()
-    };
+    let local_ip = hdr.dst;
     let _ = bind_to(b, &mut st, None, SocketAddr::new(local_ip, local_port));
     if let Some(v) = verbs {
         st.verbs = v as usize;
         b.c().verbs = v;
         b.c().port_num = 1;
     }
-    set_remote(b, &mut st, SocketAddr::new(from, hdr.map_or(0, |h| h.src_port)));
+    set_remote(b, &mut st, SocketAddr::new(from, hdr.src_port));
     let mut ev = new_event(id, event::CONNECT_REQUEST, 0);
     ev.ev.listen_id = lb.ptr();
     let data = req.private_data().get(CmaHeader::LEN..).unwrap_or(&[]).to_vec();
