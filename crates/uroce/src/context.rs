@@ -222,9 +222,10 @@ impl Device {
         live_contexts_add(&inner);
         if options.progress == ProgressMode::Thread {
             let weak = Arc::downgrade(&inner);
+            let activity = inner.activity.clone();
             let handle = std::thread::Builder::new()
                 .name(format!("uroce-{}", self.name()))
-                .spawn(move || progress_thread(&weak))
+                .spawn(move || progress_thread(&weak, &activity))
                 .map_err(|source| Error::Open { device: self.name().to_string(), addr, source })?;
             let _ = inner.activity.progress_thread.set(handle.thread().clone());
         }
@@ -427,9 +428,34 @@ fn try_lock_briefly<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
 }
 
 impl Drop for Inner {
+    /// Closing is synchronous: when the last reference goes, the sockets
+    /// close before this returns, so the device's port can be bound again
+    /// at once. A progress thread asleep in `ppoll` on them (which keeps
+    /// them open until it returns) is rung awake and waited for.
     fn drop(&mut self) {
-        self.stop.store(true, Ordering::Relaxed);
+        self.stop.store(true, Ordering::SeqCst);
         let _ = std::fs::remove_file(&self.published);
+        let t = std::time::Instant::now();
+        while self.activity.thread_polls() && t.elapsed() < Duration::from_secs(1) {
+            self.bell.push(());
+            std::thread::sleep(Duration::from_micros(50));
+        }
+    }
+}
+
+impl Drop for Context {
+    /// When the progress thread's pass is all that keeps the context alive
+    /// after this handle, waits for it to let go, so that the context
+    /// closes here (see `Inner::drop`) and not a moment later on that
+    /// thread.
+    fn drop(&mut self) {
+        if Arc::strong_count(&self.inner) == 2 && self.inner.activity.thread_holds() {
+            self.inner.stop.store(true, Ordering::SeqCst);
+            let t = std::time::Instant::now();
+            while Arc::strong_count(&self.inner) > 1 && t.elapsed() < Duration::from_secs(1) {
+                std::thread::yield_now();
+            }
+        }
     }
 }
 

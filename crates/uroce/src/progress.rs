@@ -20,6 +20,11 @@ pub(crate) struct Activity {
     /// What the progress thread is doing: `RUNNING`, `PARKED` (stepping
     /// aside) or `SLEEPING` (in `ppoll` on the sockets and the doorbell).
     thread_state: AtomicU8,
+    /// What the progress thread holds of the context: `FREE`, `HOLDS` (a
+    /// strong reference, for a pass) or `POLLING` (no reference, but in
+    /// `ppoll` on the context's descriptors, which keeps its sockets open
+    /// until the call returns). Closing waits for both to end.
+    thread_mark: AtomicU8,
     pub(crate) progress_thread: std::sync::OnceLock<std::thread::Thread>,
 }
 
@@ -30,6 +35,7 @@ impl Activity {
             app_poll_ns: AtomicU64::new(0),
             last_post_ns: AtomicU64::new(0),
             thread_state: AtomicU8::new(RUNNING),
+            thread_mark: AtomicU8::new(FREE),
             progress_thread: std::sync::OnceLock::new(),
         }
     }
@@ -42,6 +48,16 @@ impl Activity {
         self.origin
             .elapsed()
             .saturating_sub(Duration::from_nanos(self.app_poll_ns.load(Ordering::Relaxed)))
+    }
+
+    /// Whether the progress thread holds a strong reference (a pass).
+    pub(crate) fn thread_holds(&self) -> bool {
+        self.thread_mark.load(Ordering::SeqCst) == HOLDS
+    }
+
+    /// Whether the progress thread sleeps on the context's descriptors.
+    pub(crate) fn thread_polls(&self) -> bool {
+        self.thread_mark.load(Ordering::SeqCst) == POLLING
     }
 
     /// The application stops polling (it is about to sleep on a channel or
@@ -64,6 +80,10 @@ const STEP_ASIDE: Duration = Duration::from_micros(200);
 const BURST_GAP: Duration = Duration::from_micros(4);
 /// The most posts a burst queues before they leave.
 const BURST_POSTS: u32 = 32;
+/// What the progress thread holds (`Activity::thread_mark`).
+const FREE: u8 = 0;
+const HOLDS: u8 = 1;
+const POLLING: u8 = 2;
 /// Progress thread states (`Activity::thread_state`).
 const RUNNING: u8 = 0;
 const PARKED: u8 = 1;
@@ -100,13 +120,15 @@ pub(crate) trait Driven {
 /// The background thread of one context: it runs progress while there is
 /// work, busy-polls for an adaptive window after it, then sleeps on the
 /// descriptors; it steps aside while an application thread polls.
-pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>) {
+/// `activity` is the context's, kept past the context's end so that the
+/// thread can say it let go (see `Activity::thread_mark`).
+pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
     crate::sched::request_short_slice(PROGRESS_SLICE_NS);
     let mut spin = weak.upgrade().map_or(Duration::from_micros(50), |i| i.spin());
     let mut last_work = StdInstant::now();
     let mut published: Option<StdInstant> = None;
     loop {
-        let Some(inner) = weak.upgrade() else { return };
+        let Some(inner) = Held::upgrade(weak, activity) else { return };
         if inner.stopped() {
             return;
         }
@@ -159,12 +181,13 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>) {
             continue;
         }
         let fds = inner.sleep_fds();
-        drop(inner);
+        inner.release_polling();
         if fds.len() <= 1 {
             std::thread::sleep(wait.min(Duration::from_micros(100)));
         } else {
             crate::backend::wait_readable(&fds, Some(wait));
         }
+        activity.thread_mark.store(FREE, Ordering::SeqCst);
         if let Some(i) = weak.upgrade() {
             i.activity().thread_state.store(RUNNING, Ordering::SeqCst);
             i.drain_bell();
@@ -175,6 +198,45 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>) {
             (spin / 2).max(SPIN_MIN)
         };
         last_work = StdInstant::now();
+    }
+}
+
+/// The progress thread's strong reference to its context, with
+/// `Activity::thread_mark` kept true to it: `HOLDS` only while the
+/// reference is held (set after the upgrade, cleared before the release).
+struct Held<'a, T> {
+    inner: Option<std::sync::Arc<T>>,
+    activity: &'a Activity,
+}
+
+impl<'a, T> Held<'a, T> {
+    fn upgrade(weak: &Weak<T>, activity: &'a Activity) -> Option<Self> {
+        let inner = weak.upgrade()?;
+        activity.thread_mark.store(HOLDS, Ordering::SeqCst);
+        Some(Self { inner: Some(inner), activity })
+    }
+
+    /// Lets go, marked as polling the context's descriptors: a close that
+    /// follows sees it and rings the thread awake (`Inner::drop`).
+    fn release_polling(mut self) {
+        self.activity.thread_mark.store(POLLING, Ordering::SeqCst);
+        self.inner = None;
+    }
+}
+
+impl<T> std::ops::Deref for Held<'_, T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        self.inner.as_deref().expect("held until released")
+    }
+}
+
+impl<T> Drop for Held<'_, T> {
+    fn drop(&mut self) {
+        if let Some(inner) = self.inner.take() {
+            self.activity.thread_mark.store(FREE, Ordering::SeqCst);
+            drop(inner);
+        }
     }
 }
 
