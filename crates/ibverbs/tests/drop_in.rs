@@ -592,6 +592,44 @@ fn mixed_pairs_with_uroce_tools() {
     }
 }
 
+/// `uroce perf -R` and Debian's perftest `-R` face each other both ways:
+/// the side channel an rdma_cm connection of its own (binary records, one
+/// SEND each), every test QP connected by the CM on the same port.
+#[test]
+fn uroce_perf_over_rdma_cm_against_perftest() {
+    let _g = serial();
+    let e = env();
+    let me = e.uroce.to_str().unwrap().to_string();
+    let limit = Duration::from_secs(60);
+    for (t, extra) in [
+        ("write-bw", &["-q", "3"][..]),
+        ("send-lat", &[][..]),
+        ("read-bw", &[][..]),
+        ("atomic-lat", &[][..]),
+        ("send-bw", &[][..]),
+    ] {
+        let theirs = format!("ib_{}", t.replace('-', "_"));
+        let mut pt: Vec<&str> = vec!["-R", "-p", "{port}"];
+        pt.extend(extra);
+        let mut ours: Vec<&str> = vec!["perf", t, "-R", "-p", "{port}"];
+        ours.extend(extra);
+        let with_server = |v: &[&'static str]| -> Vec<&str> {
+            let mut c: Vec<&str> = v.to_vec();
+            c.push("127.0.0.1");
+            c
+        };
+        let (pt_c, ours_c) = (with_server(&pt), with_server(&ours));
+        for (s, c) in [
+            ((theirs.as_str(), &pt[..]), (me.as_str(), &ours_c[..])),
+            ((me.as_str(), &ours[..]), (theirs.as_str(), &pt_c[..])),
+        ] {
+            let p = cm_pair(s, c, limit, End::Both);
+            assert_eq!(perftest_rows(&p.client).len(), 1, "{p}");
+            assert!(p.server.contains("rdma_cm QPs\t : ON"), "{p}");
+        }
+    }
+}
+
 #[test]
 fn c_api_through_the_headers() {
     run_c_program("api.c", &["-libverbs"]);

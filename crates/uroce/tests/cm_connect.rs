@@ -205,3 +205,45 @@ fn channels_carry_each_connections_events() {
     assert_eq!(cch.pending(), 0, "nothing for a forgotten connection");
     server.cm_unlisten(sid);
 }
+
+/// A QP the application moved to INIT and gave a receive before the
+/// connection (as librdmacm's `rdma_create_qp` and perftest do) connects,
+/// and the receive takes the peer's first SEND.
+#[test]
+fn a_qp_in_init_with_a_receive_posted_connects() {
+    let port = uroce::testing::free_port();
+    let server = open("127.0.0.2", port);
+    let client = open("127.0.0.1", port);
+    let listener = server.cm_listen(7479).unwrap();
+    let srv = std::thread::spawn(move || {
+        let pd = server.alloc_pd().unwrap();
+        let cq = server.create_cq(16).unwrap();
+        let qp = rc_qp(&pd, &cq);
+        let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+        let attr = uroce::QpAttr {
+            state: uroce::QpState::Init,
+            access: Access::LOCAL_WRITE,
+            port: 1,
+            ..Default::default()
+        };
+        let mask = uroce::AttrMask::STATE
+            | uroce::AttrMask::PKEY_INDEX
+            | uroce::AttrMask::PORT
+            | uroce::AttrMask::ACCESS_FLAGS;
+        qp.modify(&attr, mask).unwrap();
+        qp.post_recv(&[RecvWr { wr_id: 1, sgl: &[mr.sge(0, 4096).unwrap()] }]).unwrap();
+        let _conn = listener.accept(&qp, b"welcome", T).unwrap();
+        let wc = poll_one(&cq);
+        assert_eq!((wc.status, wc.wr_id, wc.byte_len), (WcStatus::Success, 1, 11));
+    });
+    let pd = client.alloc_pd().unwrap();
+    let cq = client.create_cq(16).unwrap();
+    let qp = rc_qp(&pd, &cq);
+    let mr = pd.alloc_mr(4096, Access::LOCAL_WRITE).unwrap();
+    let _conn = client.cm_connect(&qp, "127.0.0.2".parse().unwrap(), 7479, b"hello", T).unwrap();
+    mr.write(0, b"over the CM").unwrap();
+    qp.post_send(&[SendWr { wr_id: 2, sgl: &[mr.sge(0, 11).unwrap()], ..SendWr::default() }])
+        .unwrap();
+    assert_eq!(poll_one(&cq).status, WcStatus::Success);
+    srv.join().unwrap();
+}

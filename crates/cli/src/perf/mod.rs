@@ -25,7 +25,7 @@ mod report;
 
 use bw::{rdma_bw, send_bw};
 use lat::{rdma_lat, send_lat};
-use oob::{Dest, Oob};
+use oob::{CmLink, Dest, Link, Oob};
 use report::{print_dest, print_info};
 
 /// Which test.
@@ -127,9 +127,15 @@ pub(crate) struct Args {
     /// Accept any CPU frequency reading (timing here uses the monotonic clock).
     #[arg(short = 'F', long = "CPU-freq")]
     cpu_freq: bool,
-    /// TCP port of the exchange.
+    /// TCP port of the exchange (with -R: the rdma_cm port of the channel
+    /// and of every test connection).
     #[arg(short = 'p', long = "port", default_value_t = 18515)]
     port: u16,
+    /// Connect through the RDMA CM, as perftest's -R: the side channel is
+    /// an rdma_cm connection of its own, and each test QP is connected by
+    /// the CM (IPv4, RC).
+    #[arg(short = 'R', long = "rdma_cm")]
+    rdma_cm: bool,
     /// Atomic operation.
     #[arg(short = 'A', long = "atomic_type", value_enum, default_value = "FETCH_AND_ADD")]
     atomic_type: AtomicType,
@@ -163,6 +169,8 @@ const CACHE_LINE: u32 = 64;
 struct Setup {
     test: Test,
     client: bool,
+    /// The QPs were connected by the RDMA CM (-R).
+    rdma_cm: bool,
     qps: usize,
     sizes: Vec<usize>,
     iters: u64,
@@ -246,19 +254,22 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
 
     // Connection and the opening exchange.
     let client = a.server.is_some();
-    let stream = match &a.server {
-        Some(h) => common::connect(h, a.port)?,
-        None => {
-            if !quiet {
-                println!(
-                    "\n************************************\n* Waiting for client to connect... *\n************************************"
-                );
-            }
-            let l = common::listen(a.port)?;
-            common::accept(&l)?
+    if !client && !quiet {
+        println!(
+            "\n************************************\n* Waiting for client to connect... *\n************************************"
+        );
+    }
+    let link = match (&a.server, a.rdma_cm) {
+        (Some(h), false) => Link::Tcp(common::connect(h, a.port)?),
+        (None, false) => Link::Tcp(common::accept(&common::listen(a.port)?)?),
+        (Some(h), true) => Link::Cm(Box::new(CmLink::open(&ctx, Some(ipv4_of(h)?), None, a.port)?)),
+        (None, true) => {
+            let l = ctx.cm_listen(a.port).context("rdma_cm: listening")?;
+            // perftest's server drops its listener once the channel is up.
+            Link::Cm(Box::new(CmLink::open(&ctx, None, Some(&l), a.port)?))
         }
     };
-    let mut oob = Oob { s: stream, client };
+    let mut oob = Oob { link, client };
     let mut v = [0u8; 16];
     let mut mine = [0u8; 16];
     mine[..VERSION.len()].copy_from_slice(VERSION.as_bytes());
@@ -297,6 +308,7 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
     let su = Setup {
         test: t,
         client,
+        rdma_cm: a.rdma_cm,
         qps: a.qps as usize,
         sizes,
         iters,
@@ -310,6 +322,9 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
         cache_line,
     };
     let res = setup(ctx, &su, a)?;
+    if a.rdma_cm {
+        connect_through_cm(&res, &mut oob, a)?;
+    }
     let me: Vec<Dest> = res
         .qps
         .iter()
@@ -334,7 +349,55 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
         _ if t.is_bw() => rdma_bw(&su, a, &res, &mut oob, &me),
         _ => rdma_lat(&su, a, &res, &mut oob, &me),
     }?;
+    if let Link::Cm(c) = &mut oob.link {
+        // The test connections end (a DREQ each, answered: a perftest
+        // client waits for every one); the channel ends with the process.
+        for conn in c.tests.drain(..) {
+            let _ = conn.disconnect(Duration::from_secs(2));
+        }
+    }
     Ok(ExitCode::SUCCESS)
+}
+
+/// The server's IPv4 address (perftest's rdma_cm mode is IPv4 only).
+fn ipv4_of(host: &str) -> Result<std::net::IpAddr> {
+    use std::net::ToSocketAddrs;
+    (host, 0)
+        .to_socket_addrs()
+        .with_context(|| format!("Couldn't resolve {host}"))?
+        .map(|a| a.ip())
+        .find(std::net::IpAddr::is_ipv4)
+        .ok_or_else(|| anyhow!("{host} has no IPv4 address (rdma_cm mode is IPv4 only)"))
+}
+
+/// perftest's -R connection of the test QPs: a handshake of empty
+/// records, one rdma_cm connection per QP on the same port (the server
+/// listens before it answers that handshake, so no request finds the
+/// port closed), another handshake of empty records.
+fn connect_through_cm(res: &Res, oob: &mut Oob, a: &Args) -> Result<()> {
+    let listener = if oob.client {
+        None
+    } else {
+        Some(res.ctx.cm_listen(a.port).context("rdma_cm: listening for the test QPs")?)
+    };
+    oob.hs(&Dest::default())?;
+    let mut conns = Vec::new();
+    for qp in &res.qps {
+        let conn = match (&a.server, &listener) {
+            (Some(h), _) => oob::connect_retrying(&res.ctx, qp, ipv4_of(h)?, a.port)?,
+            (None, Some(l)) => {
+                l.accept(qp, &[], oob::FOREVER).context("rdma_cm: accepting a test QP")?
+            }
+            (None, None) => unreachable!("a server listens"),
+        };
+        conns.push(conn);
+    }
+    drop(listener);
+    oob.hs(&Dest::default())?;
+    if let Link::Cm(c) = &mut oob.link {
+        c.tests = conns;
+    }
+    Ok(())
 }
 
 fn access(verb: Verb) -> Access {
@@ -403,10 +466,14 @@ fn setup(ctx: uroce::Context, su: &Setup, a: &Args) -> Result<Res> {
     Ok(Res { ctx, _pd: pd, mr, cq, qps })
 }
 
-/// RTR (and RTS unless this is a bw server) towards the peer's records.
+/// RTR (and RTS unless this is a bw server) towards the peer's records
+/// (with -R the CM did it).
 fn connect(su: &Setup, res: &Res, me: &[Dest], rem: &[Dest]) -> Result<()> {
     if rem.len() != res.qps.len() {
         bail!("the peer has {} QPs, this side {} (use the same -q)", rem.len(), res.qps.len());
+    }
+    if su.rdma_cm {
+        return Ok(());
     }
     let own = common::gid_str(me[0].gid).contains('.');
     if own != common::gid_str(rem[0].gid).contains('.') {

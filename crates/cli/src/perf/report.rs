@@ -42,8 +42,13 @@ pub(super) fn print_info(su: &Setup, a: &Args, res: &Res) {
     } else {
         println!(" Max inline data : {}[B]", a.inline);
     }
-    println!(" rdma_cm QPs\t : OFF");
-    println!(" Data ex. method : Ethernet");
+    if su.rdma_cm {
+        println!(" rdma_cm QPs\t : ON");
+        println!(" Data ex. method : rdma_cm");
+    } else {
+        println!(" rdma_cm QPs\t : OFF");
+        println!(" Data ex. method : Ethernet");
+    }
     println!("{RESULT_LINE}");
 }
 
