@@ -857,3 +857,57 @@ fn malformed_cma_headers_are_refused() {
     );
     assert!(text(&so).contains("server ping data: rdma-ping-0"), "{}", text(&so));
 }
+
+/// The stub provider libraries (`libmlx5.so.1`, `libefa.so.1`) export
+/// every versioned name their consumers import from them: perftest,
+/// libfabric, and UCX's libuct_ib when installed (a name missing, or
+/// under another version node, and the consumer does not load at all).
+#[test]
+fn provider_stubs_satisfy_their_consumers() {
+    let e = env();
+    let syms = |path: &Path| -> Vec<(String, String, bool)> {
+        let out = Command::new("objdump").arg("-T").arg(path).output().expect("running objdump");
+        assert!(out.status.success(), "objdump -T {}: {}", path.display(), text(&out));
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .filter_map(|l| {
+                let w: Vec<&str> = l.split_whitespace().collect();
+                let (ver, name) = (w.get(w.len().wrapping_sub(2))?, w.last()?);
+                let ver = ver.trim_matches(|c| c == '(' || c == ')');
+                (ver.starts_with("MLX5_") || ver.starts_with("EFA_"))
+                    .then(|| (ver.to_string(), name.to_string(), l.contains("*UND*")))
+            })
+            .collect()
+    };
+    let mut exported: Vec<(String, String)> = Vec::new();
+    for stub in ["libmlx5.so.1", "libefa.so.1"] {
+        exported.extend(
+            syms(&e.lib_dir.join(stub)).into_iter().filter(|s| !s.2).map(|(v, n, _)| (v, n)),
+        );
+    }
+    let perftest = String::from_utf8_lossy(
+        &Command::new("sh").args(["-c", "command -v ib_write_bw"]).output().unwrap().stdout,
+    )
+    .trim()
+    .to_string();
+    let consumers = [
+        perftest.as_str(),
+        "/usr/lib/x86_64-linux-gnu/libfabric.so.1",
+        "/usr/lib/x86_64-linux-gnu/ucx/libuct_ib.so.0",
+    ];
+    let mut checked = 0;
+    for c in consumers.iter().map(Path::new).filter(|p| p.exists()) {
+        for (ver, name, _) in syms(c).into_iter().filter(|s| s.2) {
+            assert!(
+                exported.contains(&(ver.clone(), name.clone())),
+                "{} imports {name}@{ver}, which the stubs do not export",
+                c.display()
+            );
+            checked += 1;
+        }
+    }
+    assert!(
+        checked > 0,
+        "no consumer of the stubs found (perftest is installed by the test command)"
+    );
+}
