@@ -423,6 +423,25 @@ fn rdmacm_utils_connect_through_the_cm() {
         End::ClientFails,
     );
     assert!(p.client_has("RDMA_CM_EVENT_REJECTED, error 8"), "{p}");
+    // No uroce device at all at the server's address (nothing bound to
+    // its port: say, its process died): the REQ's ICMP port unreachable
+    // ends the connect at once, as a host's kernel CM with nobody
+    // listening would (REJECTED, 8), not after a minute of REQ retries.
+    let udp = uroce::testing::free_port();
+    let ps = tcp_port().to_string();
+    let started = Instant::now();
+    let cli = cmd(
+        &tool("rping"),
+        &["-c", "-a", "127.0.0.1", "-p", &ps, "-C", "1", "-v"],
+        "127.0.0.2",
+        udp,
+    )
+    .spawn()
+    .unwrap();
+    let (out, timed_out) = finish(cli, started + Duration::from_secs(30));
+    assert!(!timed_out && !out.status.success(), "{}", text(&out));
+    assert!(text(&out).contains("RDMA_CM_EVENT_REJECTED, error 8"), "{}", text(&out));
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
     // An address no uroce device reaches (IPv6, the devices are IPv4):
     // address resolution ends in ADDR_ERROR, -ENODEV, as the kernel's CM
     // reports it, not in a hang.

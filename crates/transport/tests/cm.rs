@@ -439,3 +439,30 @@ fn a_request_from_a_qp_still_connected_is_stale() {
     p.flush();
     assert!(matches!(p.a.poll_event(), Some(CmEvent::ConnectReply { id: i, .. }) if i == id));
 }
+
+/// A peer whose port answered "unreachable" (its process is gone): a
+/// pending REQ ends as refused for an invalid service ID, a DREQ as done,
+/// at once; an established connection is left alone.
+#[test]
+fn a_gone_peer_ends_what_waits_on_it() {
+    let mut p = Pair::new(|_, _| false);
+    let (ida, _) = establish(&mut p);
+    let b: IpAddr = B.parse().unwrap();
+    p.a.peer_gone(p.now, b);
+    assert_eq!(events(&mut p.a), [], "an established connection is left alone");
+    // A second connection, its REQ lost, then the peer is gone.
+    let id2 = p.a.connect(p.now, &connect_args(SVC));
+    while p.a.poll_transmit().is_some() {}
+    p.a.peer_gone(p.now, b);
+    match events(&mut p.a).as_slice() {
+        [CmEvent::Rejected { id, reason, .. }] => {
+            assert_eq!((*id, *reason), (id2, rej_reason::INVALID_SERVICE_ID));
+        }
+        other => panic!("{other:?}"),
+    }
+    // A DREQ to a gone peer ends at once.
+    p.a.disconnect(p.now, ida).unwrap();
+    while p.a.poll_transmit().is_some() {}
+    p.a.peer_gone(p.now, b);
+    assert_eq!(events(&mut p.a), [CmEvent::Disconnected { id: ida }]);
+}

@@ -60,6 +60,8 @@ pub(crate) struct Driver {
     /// Posts queued without a transmit pass since the last one (see
     /// `Inner::doorbell`).
     pub(crate) deferred_posts: u32,
+    /// Destinations the backend reported unreachable (reused buffer).
+    gone: Vec<SocketAddr>,
     /// The connection manager on QP1, once the application uses it.
     pub(crate) cm: Option<CmDriver>,
     /// A tag unique to this driver in the process (`Context::key`).
@@ -122,6 +124,7 @@ impl Driver {
             peers: FastMap::default(),
             gids,
             deferred_posts: 0,
+            gone: Vec::new(),
             cm: None,
             key: {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
@@ -426,6 +429,18 @@ impl Driver {
             }
         }
         self.buf = buf;
+        // Peers whose port is closed (their process is gone): the CM's
+        // requests to them end now (`CmAgent::peer_gone`). Read even
+        // without a CM: a pending error would keep the sockets readable.
+        self.backend.unreachable(&mut self.gone);
+        let port = self.backend.local().port();
+        if let Some(cm) = self.cm.as_mut() {
+            for a in self.gone.iter().filter(|a| a.port() == port) {
+                cm.agent.peer_gone(now, a.ip());
+                n += 1;
+            }
+        }
+        self.gone.clear();
         n
     }
 

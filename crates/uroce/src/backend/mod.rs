@@ -70,6 +70,10 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
 
     /// A datagram received on a joined group: `(bytes, sender, group)`.
     fn recv_group(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr, IpAddr)>;
+
+    /// Appends the destinations the network said nothing listens on
+    /// (ICMP port unreachable) since the last call.
+    fn unreachable(&mut self, _out: &mut Vec<SocketAddr>) {}
 }
 
 /// A network other than the host's that devices can be put on (the

@@ -50,6 +50,9 @@ struct Port {
     /// Interface index for link-local addresses (0 otherwise).
     scope: u32,
     gro: bool,
+    /// A receive reported an ICMP error (`IP_RECVERR`): its details wait
+    /// in the socket's error queue.
+    errors: std::cell::Cell<bool>,
 }
 
 /// `UDP_NO_CHECK6_RX` (linux/udp.h): not in the libc crate.
@@ -358,6 +361,14 @@ impl super::Backend for UdpBackend {
         self.leave_group(group);
     }
 
+    fn unreachable(&mut self, out: &mut Vec<SocketAddr>) {
+        for p in &self.ports {
+            if p.errors.replace(false) {
+                p.drain_errors(out);
+            }
+        }
+    }
+
     fn recv_group(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr, IpAddr)> {
         self.recv_from_groups(buf)
     }
@@ -406,7 +417,67 @@ impl Port {
         }
         let gro = std::env::var_os("UROCE_NO_GRO").is_none()
             && setsockopt_int(fd, libc::SOL_UDP, libc::UDP_GRO, 1).is_ok();
-        Ok(Self { sock, ip: addr.ip(), scope, gro })
+        // ICMP errors (a peer whose port is closed: its process is gone)
+        // are reported, and read from the error queue (`unreachable`).
+        let _ = match addr.ip() {
+            IpAddr::V4(_) => setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVERR, 1),
+            IpAddr::V6(_) => setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVERR, 1),
+        };
+        Ok(Self { sock, ip: addr.ip(), scope, gro, errors: std::cell::Cell::new(false) })
+    }
+
+    /// Reads the socket's error queue: the destinations that answered
+    /// "port unreachable" (`ECONNREFUSED`), appended to `out`.
+    fn drain_errors(&self, out: &mut Vec<SocketAddr>) {
+        for _ in 0..64 {
+            // SAFETY: all-zero is a valid value for these C structs.
+            let mut addr: RawAddr = unsafe { zeroed() };
+            let mut byte = [0u8; 1];
+            let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+            let mut cbuf = CmsgBuf([0; 64]);
+            // SAFETY: all-zero is a valid msghdr.
+            let mut msg: libc::msghdr = unsafe { zeroed() };
+            msg.msg_name = (&raw mut addr).cast();
+            msg.msg_namelen = size_of::<RawAddr>() as libc::socklen_t;
+            msg.msg_iov = &raw mut iov;
+            msg.msg_iovlen = 1;
+            msg.msg_control = cbuf.0.as_mut_ptr().cast();
+            msg.msg_controllen = cbuf.0.len() as _;
+            // SAFETY: every pointer in msg refers to a live buffer of the
+            // stated size; the kernel writes within them.
+            let n = unsafe {
+                libc::recvmsg(
+                    self.sock.as_raw_fd(),
+                    &raw mut msg,
+                    libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
+                )
+            };
+            if n < 0 {
+                return;
+            }
+            let mut refused = false;
+            // SAFETY: the kernel filled msg_control; the CMSG_* macros walk
+            // within it, and an IP(V6)_RECVERR payload starts with a
+            // `sock_extended_err` (read unaligned, by copy).
+            unsafe {
+                let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+                while !c.is_null() {
+                    let recverr = ((*c).cmsg_level == libc::IPPROTO_IP
+                        && (*c).cmsg_type == libc::IP_RECVERR)
+                        || ((*c).cmsg_level == libc::IPPROTO_IPV6
+                            && (*c).cmsg_type == libc::IPV6_RECVERR);
+                    if recverr {
+                        let e =
+                            libc::CMSG_DATA(c).cast::<libc::sock_extended_err>().read_unaligned();
+                        refused |= e.ee_errno == libc::ECONNREFUSED as u32;
+                    }
+                    c = libc::CMSG_NXTHDR(&raw const msg, c);
+                }
+            }
+            if refused && let Some(dst) = from_raw(&addr) {
+                out.push(dst);
+            }
+        }
     }
 
     /// One GSO send of `seg`-byte packets.
@@ -440,6 +511,18 @@ impl Port {
         if r >= 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
     }
 
+    /// A receive's error: an ICMP error reported on the socket (its
+    /// details wait in the error queue) is not the socket's failure.
+    fn icmp_error(&self, e: io::Error) -> io::Result<Option<(usize, usize, SocketAddr)>> {
+        match e.raw_os_error() {
+            Some(libc::ECONNREFUSED | libc::EHOSTUNREACH | libc::ENETUNREACH) => {
+                self.errors.set(true);
+                Ok(None)
+            }
+            _ => Err(e),
+        }
+    }
+
     /// Receives one datagram (with GRO, possibly a run of packets) into
     /// `buf`: `(bytes, segment size, sender)`, or `None` when none waits.
     fn recv(&self, buf: &mut [u8]) -> io::Result<Option<(usize, usize, SocketAddr)>> {
@@ -447,7 +530,7 @@ impl Port {
             return match self.sock.recv_from(buf) {
                 Ok((n, from)) => Ok(Some((n, n, from))),
                 Err(e) if e.kind() == io::ErrorKind::WouldBlock => Ok(None),
-                Err(e) => Err(e),
+                Err(e) => self.icmp_error(e),
             };
         }
         // SAFETY: all-zero is a valid value for these C structs.
@@ -467,7 +550,11 @@ impl Port {
         let n = unsafe { libc::recvmsg(self.sock.as_raw_fd(), &raw mut msg, libc::MSG_DONTWAIT) };
         if n < 0 {
             let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock { Ok(None) } else { Err(e) };
+            return if e.kind() == io::ErrorKind::WouldBlock {
+                Ok(None)
+            } else {
+                self.icmp_error(e)
+            };
         }
         let n = n as usize;
         let mut seg = n;
