@@ -10,6 +10,7 @@ use crate::abi::{
 };
 
 /// `RDMA_PS_*`.
+pub(crate) const RDMA_PS_IPOIB: c_int = 0x0002;
 pub(crate) const RDMA_PS_TCP: c_int = 0x0106;
 pub(crate) const RDMA_PS_UDP: c_int = 0x0111;
 pub(crate) const RDMA_PS_IB: c_int = 0x013f;

@@ -19,7 +19,11 @@
 //!
 //! Multicast joins are in `mcast`.
 //!
-//! Not yet: IPoIB ids, the rsocket calls (ENOSYS), ECE,
+//! IPoIB ids are made, and refused where they would need an InfiniBand
+//! link (binding to an address, resolving, listening), as the kernel's CM
+//! refuses them on RoCE.
+//!
+//! Not yet: the rsocket calls (ENOSYS), ECE,
 //! `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
 
 mod abi;
@@ -470,9 +474,8 @@ pub(crate) unsafe extern "C" fn rdma_create_id(
         if id.is_null() || (!channel.is_null() && live_channel(channel).is_none()) {
             return minus_one(libc::EINVAL);
         }
-        if !matches!(ps, RDMA_PS_TCP | RDMA_PS_IB | RDMA_PS_UDP) {
-            // IPoIB ids are not there.
-            return minus_one(libc::ENOSYS);
+        if !matches!(ps, RDMA_PS_TCP | RDMA_PS_IB | RDMA_PS_UDP | RDMA_PS_IPOIB) {
+            return minus_one(libc::EINVAL);
         }
         // Without a channel the id is synchronous, on a channel of its own.
         let sync = channel.is_null();
@@ -502,7 +505,7 @@ fn new_id(channel: *mut rdma_event_channel, context: *mut c_void, ps: c_int) -> 
     c.channel = channel;
     c.context = context;
     c.ps = ps;
-    c.qp_type = if ps == RDMA_PS_UDP { QPT_UD } else { QPT_RC };
+    c.qp_type = if matches!(ps, RDMA_PS_UDP | RDMA_PS_IPOIB) { QPT_UD } else { QPT_RC };
     let b = Box::into_raw(Box::new(IdBox {
         id: UnsafeCell::new(c),
         path: UnsafeCell::new([0; 64]),
@@ -607,6 +610,10 @@ pub(crate) unsafe extern "C" fn rdma_bind_addr(
             // Bound already (kernel: only an idle id binds).
             return minus_one(libc::EINVAL);
         }
+        if b.c().ps == RDMA_PS_IPOIB && !a.ip().is_unspecified() {
+            // As the kernel's CM on RoCE: IPoIB needs an InfiniBand link.
+            return minus_one(libc::EINVAL);
+        }
         let index = if a.ip().is_unspecified() {
             None
         } else {
@@ -635,6 +642,10 @@ unsafe extern "C" fn rdma_resolve_addr_start(
         let (Some(b), Some(dst)) = (live_id(id), read_sockaddr(dst)) else {
             return minus_one(libc::EINVAL);
         };
+        if b.c().ps == RDMA_PS_IPOIB {
+            // As the kernel's CM on RoCE: IPoIB needs an InfiniBand link.
+            return minus_one(libc::EINVAL);
+        }
         let mut st = lock(&b.st);
         let src = read_sockaddr(src).or(st.local);
         let Some(index) = device_for(src.map(|s| s.ip()), dst.ip()) else {
@@ -682,6 +693,10 @@ pub(crate) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int
         let Some(ch) = b.channel() else { return minus_one(libc::EINVAL) };
         let mut st = lock(&b.st);
         let Some(local) = st.local else { return minus_one(libc::EINVAL) };
+        if b.c().ps == RDMA_PS_IPOIB {
+            // No RoCE device serves the IPoIB port space.
+            return minus_one(libc::ENODEV);
+        }
         let space = space_of(b);
         let mut opts = st.opts;
         if let Err(e) = with_registry(|r| {

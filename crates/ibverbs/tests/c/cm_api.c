@@ -89,6 +89,23 @@ static void options(struct rdma_event_channel *ch)
 	rdma_destroy_id(id);
 }
 
+/* IPoIB ids are made, and refused where RoCE cannot serve them, as the
+ * kernel's CM does. */
+static void ipoib(struct rdma_event_channel *ch)
+{
+	struct rdma_cm_id *id = NULL;
+	struct sockaddr_in a = addr4("127.0.0.1", 7473), any = addr4("0.0.0.0", 7473);
+
+	CHECK(fails_with(rdma_create_id(ch, &id, NULL, 0x7777), EINVAL), "an unknown port space");
+	REQUIRE(rdma_create_id(ch, &id, NULL, RDMA_PS_IPOIB) == 0, "an IPoIB id");
+	CHECK(id->qp_type == IBV_QPT_UD, "IPoIB ids are UD");
+	CHECK(fails_with(rdma_bind_addr(id, SA(a)), EINVAL), "binding IPoIB to a RoCE address");
+	CHECK(fails_with(rdma_resolve_addr(id, NULL, SA(a), 100), EINVAL), "resolving over RoCE");
+	CHECK(rdma_bind_addr(id, SA(any)) == 0, "the wildcard");
+	CHECK(fails_with(rdma_listen(id, 1), ENODEV), "no RoCE device listens for IPoIB");
+	rdma_destroy_id(id);
+}
+
 static void ports(struct rdma_event_channel *ch)
 {
 	const uint16_t port = 7471;
@@ -278,6 +295,7 @@ int main(void)
 	struct rdma_event_channel *ch = rdma_create_event_channel();
 	REQUIRE(ch != NULL, "rdma_create_event_channel");
 	options(ch);
+	ipoib(ch);
 	ports(ch);
 	multicast(ch);
 	connection(ch);
