@@ -5,37 +5,12 @@
  * tests/c_api.rs with LD_LIBRARY_PATH pointing at uroce-lib. */
 #include <errno.h>
 #include <infiniband/verbs.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-
-/* Each condition is evaluated exactly once (they call verbs). */
-#define CHECK(cond, ...) check_at(!!(cond), __LINE__, #cond, __VA_ARGS__)
-#define REQUIRE(cond, ...)                                                \
-	do {                                                              \
-		if (!CHECK(cond, __VA_ARGS__))                            \
-			exit(1);                                          \
-	} while (0)
-
-__attribute__((format(printf, 4, 5)))
-static int check_at(int ok, int line, const char *what, const char *fmt, ...)
-{
-	if (ok)
-		return 1;
-	int e = errno;
-	va_list ap;
-	fprintf(stderr, "FAIL api.c:%d: %s: ", line, what);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, " (errno %d)\n", e);
-	failures++;
-	return 0;
-}
+#include "check.h"
 
 /* One extended completion, waited for. */
 static int poll_one(struct ibv_cq_ex *cq, uint64_t *wr_id, enum ibv_wc_opcode *op,

@@ -7,36 +7,12 @@
 #include <errno.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
-#include <stdarg.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-static int failures;
-
-#define CHECK(cond, ...) check_at(!!(cond), __LINE__, #cond, __VA_ARGS__)
-#define REQUIRE(cond, ...)                                                \
-	do {                                                              \
-		if (!CHECK(cond, __VA_ARGS__))                            \
-			exit(1);                                          \
-	} while (0)
-
-__attribute__((format(printf, 4, 5)))
-static int check_at(int ok, int line, const char *what, const char *fmt, ...)
-{
-	if (ok)
-		return 1;
-	int e = errno;
-	va_list ap;
-	fprintf(stderr, "FAIL cm_api.c:%d: %s: ", line, what);
-	va_start(ap, fmt);
-	vfprintf(stderr, fmt, ap);
-	va_end(ap);
-	fprintf(stderr, " (errno %d)\n", e);
-	failures++;
-	return 0;
-}
+#include "check.h"
 
 static struct sockaddr_in addr4(const char *ip, uint16_t port)
 {
