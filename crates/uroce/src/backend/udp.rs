@@ -280,9 +280,14 @@ impl UdpBackend {
             d => d,
         };
         if seg >= data.len() || !self.gso {
-            return port.sock.send_to(data, dst).map(|_| ());
+            let r = port.sock.send_to(data, dst).map(|_| ());
+            // A failed send may leave an entry in the error queue
+            // (`IP_RECVERR`), which keeps the socket readable until read.
+            port.errors.set(port.errors.get() || r.is_err());
+            return r;
         }
         let r = port.send_gso(dst, data, seg);
+        port.errors.set(port.errors.get() || r.is_err());
         if let Err(e) = &r
             && matches!(
                 e.raw_os_error(),
