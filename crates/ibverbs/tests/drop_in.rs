@@ -430,14 +430,7 @@ fn rdmacm_utils_connect_through_the_cm() {
     let udp = uroce::testing::free_port();
     let ps = tcp_port().to_string();
     let started = Instant::now();
-    let cli = cmd(
-        &tool("rping"),
-        &["-c", "-a", "127.0.0.1", "-p", &ps, "-C", "1", "-v"],
-        "127.0.0.2",
-        udp,
-    )
-    .spawn()
-    .unwrap();
+    let cli = rping_client(&ps, udp);
     let (out, timed_out) = finish(cli, started + Duration::from_secs(30));
     assert!(!timed_out && !out.status.success(), "{}", text(&out));
     assert!(text(&out).contains("RDMA_CM_EVENT_REJECTED, error 8"), "{}", text(&out));
@@ -736,6 +729,13 @@ fn layout_numbers_are_the_installed_headers() {
     assert_eq!(String::from_utf8_lossy(&out.stdout), include_str!("layout.txt"));
 }
 
+/// Debian's rping as a one-ping client of 127.0.0.1's rdma_cm port `ps`,
+/// on a device at 127.0.0.2:`udp`.
+fn rping_client(ps: &str, udp: u16) -> Child {
+    let args = ["-c", "-a", "127.0.0.1", "-p", ps, "-C", "1", "-v"];
+    cmd(&tool("rping"), &args, "127.0.0.2", udp).spawn().unwrap()
+}
+
 /// A peer process killed in the middle of a transfer: the survivor's
 /// outstanding WRITEs end in a retry-exceeded completion (status 12)
 /// within its retry budget, and it exits with an error; it neither hangs
@@ -857,14 +857,7 @@ fn malformed_cma_headers_are_refused() {
     }
     drop(me);
     // The server is unharmed: a real client connects and pings.
-    let cli = cmd(
-        &tool("rping"),
-        &["-c", "-a", "127.0.0.1", "-p", &ps, "-C", "1", "-v"],
-        "127.0.0.2",
-        udp,
-    )
-    .spawn()
-    .unwrap();
+    let cli = rping_client(&ps, udp);
     let deadline = Instant::now() + Duration::from_secs(30);
     let (co, ct) = finish(cli, deadline);
     let (so, st) = finish(srv, deadline);

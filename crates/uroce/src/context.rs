@@ -403,9 +403,7 @@ extern "C" fn send_held_acks_at_exit() {
         let Some(live) = try_lock_briefly(&LIVE) else { return };
         for inner in live.iter().filter_map(std::sync::Weak::upgrade) {
             if let Some(mut driver) = try_lock_briefly(&inner.driver) {
-                if driver.deferred_posts > 0 {
-                    driver.transmit_now();
-                }
+                driver.flush_posts();
                 driver.send_held_acks(None);
                 driver.cm_disconnect_all();
             }

@@ -303,6 +303,13 @@ impl Driver {
         work
     }
 
+    /// Sends the work a burst of posts left queued, if any.
+    pub(crate) fn flush_posts(&mut self) {
+        if self.deferred_posts > 0 {
+            self.transmit_now();
+        }
+    }
+
     /// Sends what is ready (after a post), without a receive pass.
     pub(crate) fn transmit_now(&mut self) {
         let now = self.now();
@@ -433,14 +440,16 @@ impl Driver {
         // requests to them end now (`CmAgent::peer_gone`). Read even
         // without a CM: a pending error would keep the sockets readable.
         self.backend.unreachable(&mut self.gone);
-        let port = self.backend.local().port();
-        if let Some(cm) = self.cm.as_mut() {
-            for a in self.gone.iter().filter(|a| a.port() == port) {
-                cm.agent.peer_gone(now, a.ip());
-                n += 1;
+        if !self.gone.is_empty() {
+            let port = self.backend.local().port();
+            if let Some(cm) = self.cm.as_mut() {
+                for a in self.gone.iter().filter(|a| a.port() == port) {
+                    cm.agent.peer_gone(now, a.ip());
+                    n += 1;
+                }
             }
+            self.gone.clear();
         }
-        self.gone.clear();
         n
     }
 
@@ -504,9 +513,7 @@ impl Driver {
     /// unsignaled UD sends and then destroys the QP (mckey's sender)
     /// expects them on the wire, as a NIC would have put them.
     pub(crate) fn destroy_qp(&mut self, qpn: u32) {
-        if self.deferred_posts > 0 {
-            self.transmit_now();
-        }
+        self.flush_posts();
         self.send_held_acks(Some(qpn));
         if let Some((_, groups)) = self.ep.remove_qp(qpn) {
             for g in groups {

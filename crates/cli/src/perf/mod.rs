@@ -381,10 +381,11 @@ fn connect_through_cm(res: &Res, oob: &mut Oob, a: &Args) -> Result<()> {
         Some(res.ctx.cm_listen(a.port).context("rdma_cm: listening for the test QPs")?)
     };
     oob.hs(&Dest::default())?;
+    let server = a.server.as_deref().map(ipv4_of).transpose()?;
     let mut conns = Vec::new();
     for qp in &res.qps {
-        let conn = match (&a.server, &listener) {
-            (Some(h), _) => oob::connect_retrying(&res.ctx, qp, ipv4_of(h)?, a.port)?,
+        let conn = match (server, &listener) {
+            (Some(ip), _) => oob::connect_retrying(&res.ctx, qp, ip, a.port)?,
             (None, Some(l)) => {
                 l.accept(qp, &[], oob::FOREVER).context("rdma_cm: accepting a test QP")?
             }
@@ -450,17 +451,7 @@ fn setup(ctx: uroce::Context, su: &Setup, a: &Args) -> Result<Res> {
                 srq: None,
             })
             .context("Couldn't create QP")?;
-        let attr = QpAttr {
-            state: QpState::Init,
-            access: access(verb),
-            port: a.ib_port,
-            ..QpAttr::default()
-        };
-        qp.modify(
-            &attr,
-            AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS,
-        )
-        .context("Failed to modify QP to INIT")?;
+        oob::init_qp(&qp, access(verb), a.ib_port)?;
         qps.push(qp);
     }
     Ok(Res { ctx, _pd: pd, mr, cq, qps })

@@ -1247,24 +1247,29 @@ pub(crate) unsafe extern "C" fn rdma_get_cm_event(
         if event.is_null() {
             return minus_one(libc::EINVAL);
         }
-        loop {
-            let raw = match ch.ch.get() {
-                Ok(e) => e,
-                Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
-            };
-            let ev = {
-                let _g = translating();
-                translate(channel, raw)
-            };
-            if let Some(ev) = ev {
+        match next_event(ch, channel) {
+            Ok(ev) => {
                 let p = Box::into_raw(ev);
                 register(p, Kind::CmEvent);
                 // SAFETY: the caller passes a writable pointer.
                 unsafe { *event = p.cast() };
-                return 0;
+                0
             }
+            Err(errno) => minus_one(errno),
         }
     })
+}
+
+/// The next event of `ch` the application sees (waiting for one if the
+/// channel blocks), or the errno of the wait.
+fn next_event(ch: &ChannelBox, channel: *mut rdma_event_channel) -> Result<Box<EventBox>, c_int> {
+    loop {
+        let raw = ch.ch.get().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let _g = translating();
+        if let Some(ev) = translate(channel, raw) {
+            return Ok(ev);
+        }
+    }
 }
 
 pub(crate) unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> c_int {

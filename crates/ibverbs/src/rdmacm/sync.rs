@@ -8,8 +8,8 @@ use std::ffi::c_int;
 
 use super::abi::*;
 use super::{
-    IdBox, event, live_id, lock, on_id, rdma_accept_start, rdma_connect_start,
-    rdma_resolve_addr_start, rdma_resolve_route_start, translate, translating,
+    IdBox, event, live_id, lock, next_event, on_id, rdma_accept_start, rdma_connect_start,
+    rdma_resolve_addr_start, rdma_resolve_route_start,
 };
 use crate::abi::*;
 use crate::ffi::{guard, minus_one, set_errno};
@@ -18,29 +18,21 @@ use crate::ffi::{guard, minus_one, set_errno};
 /// for one of `want`, else -1 with the errno the event means.
 fn complete(b: &IdBox, want: &[c_int]) -> c_int {
     let Some(ch) = b.channel() else { return minus_one(libc::EINVAL) };
-    let channel = b.c().channel;
-    loop {
-        let raw = match ch.ch.get() {
-            Ok(e) => e,
-            Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
-        };
-        let ev = {
-            let _g = translating();
-            translate(channel, raw)
-        };
-        let Some(ev) = ev else { continue };
-        let (kind, status) = (ev.ev.event, ev.ev.status);
-        if want.contains(&kind) && status == 0 {
-            return 0;
-        }
-        let errno = match kind {
-            event::REJECTED => libc::ECONNREFUSED,
-            event::UNREACHABLE => libc::ETIMEDOUT,
-            _ if status < 0 => -status,
-            _ => libc::EIO,
-        };
-        return minus_one(errno);
+    let ev = match next_event(ch, b.c().channel) {
+        Ok(ev) => ev,
+        Err(errno) => return minus_one(errno),
+    };
+    let (kind, status) = (ev.ev.event, ev.ev.status);
+    if want.contains(&kind) && status == 0 {
+        return 0;
     }
+    let errno = match kind {
+        event::REJECTED => libc::ECONNREFUSED,
+        event::UNREACHABLE => libc::ETIMEDOUT,
+        _ if status < 0 => -status,
+        _ => libc::EIO,
+    };
+    minus_one(errno)
 }
 
 /// Runs `start` and, for a synchronous id, waits for `want`.
@@ -195,17 +187,10 @@ pub(crate) unsafe extern "C" fn rdma_get_request(
         let Some(ch) = lb.channel() else { return minus_one(libc::EINVAL) };
         let channel = lb.c().channel;
         let child = loop {
-            let raw = match ch.ch.get() {
-                Ok(e) => e,
-                Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
-            };
-            let ev = {
-                let _g = translating();
-                translate(channel, raw)
-            };
-            match ev {
-                Some(ev) if ev.ev.event == event::CONNECT_REQUEST => break ev.ev.id,
-                _ => {}
+            match next_event(ch, channel) {
+                Ok(ev) if ev.ev.event == event::CONNECT_REQUEST => break ev.ev.id,
+                Ok(_) => {}
+                Err(errno) => return minus_one(errno),
             }
         };
         // The new id is synchronous too, on a channel of its own.
