@@ -323,16 +323,17 @@ pub(super) fn init_qp(qp: &Qp, access: Access, port: u8) -> Result<()> {
     .context("Failed to modify QP to INIT")
 }
 
-/// Connects `qp` to `peer`'s `port`, trying again for a second while
-/// nobody listens there yet (a perftest server opens its test listener
-/// only after answering the handshake that precedes the connections).
+/// Connects `qp` to `peer`'s `port`, trying again for a few seconds
+/// while nobody listens there yet (a perftest server opens its test
+/// listener only after answering the handshake that precedes the
+/// connections, later still on a loaded machine).
 pub(super) fn connect_retrying(
     ctx: &uroce::Context,
     qp: &Qp,
     peer: std::net::IpAddr,
     port: u16,
 ) -> Result<uroce::cm::CmConnection> {
-    let deadline = Instant::now() + Duration::from_secs(2);
+    let deadline = Instant::now() + Duration::from_secs(5);
     loop {
         match ctx.cm_connect(qp, peer, port, &[], Duration::from_secs(10)) {
             Ok(c) => return Ok(c),
