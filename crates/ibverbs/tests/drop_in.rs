@@ -424,9 +424,10 @@ fn rdmacm_utils_connect_through_the_cm() {
     );
     assert!(p.client_has("RDMA_CM_EVENT_REJECTED, error 8"), "{p}");
     // No uroce device at all at the server's address (nothing bound to
-    // its port: say, its process died): the REQ's ICMP port unreachable
-    // ends the connect at once, as a host's kernel CM with nobody
-    // listening would (REJECTED, 8), not after a minute of REQ retries.
+    // its port: say, its process died): each REQ's ICMP port unreachable
+    // brings the next try forward, and the connect ends as a host's
+    // kernel CM with nobody listening would end it (REJECTED, 8) in
+    // seconds, not after a minute of REQ retries.
     let udp = uroce::testing::free_port();
     let ps = tcp_port().to_string();
     let started = Instant::now();

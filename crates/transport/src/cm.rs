@@ -301,6 +301,10 @@ pub struct CmAgent {
 /// costs only a connect to a closed port its prompt answer.
 pub const ORPHAN_WAIT: Duration = Duration::from_millis(100);
 
+/// How soon a request is sent again after its peer's port answered
+/// "unreachable" (see `CmAgent::peer_gone`).
+pub const GONE_RETRY: Duration = Duration::from_millis(100);
+
 /// The service timeout our MRAs name (4.096 µs × 2^22 ≈ 17 s): how long
 /// a requester should wait for an application that has not answered.
 const MRA_SERVICE_TIMEOUT: u8 = 22;
@@ -814,17 +818,26 @@ impl CmAgent {
     }
 
     /// `peer` answered that nothing listens on its RoCE port (an ICMP
-    /// port unreachable): no CM agent is there any more, so what waits on
-    /// it ends now instead of after its retries (about a minute for a
-    /// REQ with rdma_cm's 15). A REQ ends refused for an invalid service
-    /// ID (what a host's kernel CM answers when nobody listens), a SIDR
-    /// request and an unanswered REP as unreachable, a DREQ as done.
+    /// port unreachable): no CM agent is there right now. A REQ or SIDR
+    /// request is sent again soon (`GONE_RETRY`, not its response
+    /// timeout: a server process may be about to open the port, as
+    /// qperf's server does for each test) and, once its retries are
+    /// spent, ends in a few seconds instead of about a minute: a REQ
+    /// refused for an invalid service ID (what a host's kernel CM answers
+    /// when nobody listens), a SIDR request as unreachable. An unanswered
+    /// REP ends as unreachable and a DREQ as done at once.
     pub fn peer_gone(&mut self, now: Instant, peer: IpAddr) {
         self.last_now = self.last_now.max(now);
         let ids: Vec<u32> =
             self.conns.iter().filter(|(_, c)| c.peer == peer).map(|(id, _)| *id).collect();
         for id in ids {
-            let Some(state) = self.conns.get(&id).map(|c| c.state) else { continue };
+            let Some(c) = self.conns.get_mut(&id) else { continue };
+            let state = c.state;
+            if matches!(state, State::ReqSent | State::SidrReqSent) && c.retries_left > 0 {
+                let soon = now.saturating_add(GONE_RETRY);
+                c.deadline = Some(c.deadline.map_or(soon, |d| d.min(soon)));
+                continue;
+            }
             match state {
                 State::ReqSent => {
                     self.conns.remove(&id);

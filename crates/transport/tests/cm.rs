@@ -7,7 +7,9 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use uroce_transport::Instant;
-use uroce_transport::cm::{CmAgent, CmEvent, ConnectArgs, ORPHAN_WAIT, QpOffer, cm_timeout};
+use uroce_transport::cm::{
+    CmAgent, CmEvent, ConnectArgs, GONE_RETRY, ORPHAN_WAIT, QpOffer, cm_timeout,
+};
 use uroce_wire::cm::{
     CmMad, CmMessage, CmPath, MAD_LEN, attr, port_space, rdma_cm_service_id, rej_reason,
 };
@@ -441,8 +443,9 @@ fn a_request_from_a_qp_still_connected_is_stale() {
 }
 
 /// A peer whose port answered "unreachable" (its process is gone): a
-/// pending REQ ends as refused for an invalid service ID, a DREQ as done,
-/// at once; an established connection is left alone.
+/// pending REQ is sent again every `GONE_RETRY` and, its retries spent,
+/// ends as refused for an invalid service ID; a DREQ ends at once; an
+/// established connection is left alone.
 #[test]
 fn a_gone_peer_ends_what_waits_on_it() {
     let mut p = Pair::new(|_, _| false);
@@ -450,16 +453,31 @@ fn a_gone_peer_ends_what_waits_on_it() {
     let b: IpAddr = B.parse().unwrap();
     p.a.peer_gone(p.now, b);
     assert_eq!(events(&mut p.a), [], "an established connection is left alone");
-    // A second connection, its REQ lost, then the peer is gone.
+    // A second connection whose every REQ meets a closed port.
+    let start = p.now;
     let id2 = p.a.connect(p.now, &connect_args(SVC));
-    while p.a.poll_transmit().is_some() {}
-    p.a.peer_gone(p.now, b);
-    match events(&mut p.a).as_slice() {
-        [CmEvent::Rejected { id, reason, .. }] => {
-            assert_eq!((*id, *reason), (id2, rej_reason::INVALID_SERVICE_ID));
+    let mut sent = 0;
+    let ev = loop {
+        while p.a.poll_transmit().is_some() {
+            sent += 1;
+            p.a.peer_gone(p.now, b);
+        }
+        if let Some(e) = p.a.poll_event() {
+            break e;
+        }
+        p.now = p.a.poll_timeout().expect("a resend is due");
+        p.a.handle_timeout(p.now);
+    };
+    match ev {
+        CmEvent::Rejected { id, reason, .. } => {
+            assert_eq!((id, reason), (id2, rej_reason::INVALID_SERVICE_ID));
         }
         other => panic!("{other:?}"),
     }
+    assert_eq!(sent, 4, "the REQ and its 3 retries");
+    // At most one GONE_RETRY apart (sooner when the response timeout,
+    // 16.8 ms here, is shorter).
+    assert!(p.now.saturating_since(start) <= GONE_RETRY * 3);
     // A DREQ to a gone peer ends at once.
     p.a.disconnect(p.now, ida).unwrap();
     while p.a.poll_transmit().is_some() {}
