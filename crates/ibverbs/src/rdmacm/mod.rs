@@ -449,13 +449,26 @@ pub(crate) unsafe extern "C" fn rdma_create_event_channel() -> *mut rdma_event_c
         let fd = ch.as_fd().as_raw_fd();
         let b = Box::into_raw(Box::new(ChannelBox { c: rdma_event_channel { fd }, ch }));
         register(b, Kind::CmChannel);
+        destroyed_channels().retain(|&a| a != b as usize);
         b.cast()
     })
+}
+
+/// The addresses of the channels destroyed last (see `rdma_get_cm_event`).
+fn destroyed_channels() -> MutexGuard<'static, VecDeque<usize>> {
+    static D: Mutex<VecDeque<usize>> = Mutex::new(VecDeque::new());
+    D.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 pub(crate) unsafe extern "C" fn rdma_destroy_event_channel(channel: *mut rdma_event_channel) {
     guard((), || {
         if unregister(channel.cast::<ChannelBox>(), Kind::CmChannel) {
+            let mut d = destroyed_channels();
+            if d.len() == 64 {
+                d.pop_front();
+            }
+            d.push_back(channel as usize);
+            drop(d);
             // SAFETY: allocated by rdma_create_event_channel, now forgotten.
             drop(unsafe { Box::from_raw(channel.cast::<ChannelBox>()) });
         }
@@ -1243,7 +1256,19 @@ pub(crate) unsafe extern "C" fn rdma_get_cm_event(
     event: *mut *mut rdma_cm_event,
 ) -> c_int {
     guard(-1, || {
-        let Some(ch) = live_channel(channel) else { return minus_one(libc::EINVAL) };
+        let Some(ch) = live_channel(channel) else {
+            if destroyed_channels().contains(&(channel as usize)) {
+                // Destroyed under a reader's feet: rdma-core 44's rping
+                // destroys its channel while its CM thread may still call
+                // in. Over the kernel that reader stays blocked in read(2)
+                // until the process ends; so does this one, rather than
+                // fail and make the program exit with an error.
+                loop {
+                    std::thread::park();
+                }
+            }
+            return minus_one(libc::EINVAL);
+        };
         if event.is_null() {
             return minus_one(libc::EINVAL);
         }
@@ -1263,8 +1288,11 @@ pub(crate) unsafe extern "C" fn rdma_get_cm_event(
 /// The next event of `ch` the application sees (waiting for one if the
 /// channel blocks), or the errno of the wait.
 fn next_event(ch: &ChannelBox, channel: *mut rdma_event_channel) -> Result<Box<EventBox>, c_int> {
+    // The queue itself, not the box: the channel may be destroyed while
+    // this waits (the box freed), and the wait must not touch it after.
+    let queue = ch.ch.clone();
     loop {
-        let raw = ch.ch.get().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
+        let raw = queue.get().map_err(|e| e.raw_os_error().unwrap_or(libc::EIO))?;
         let _g = translating();
         if let Some(ev) = translate(channel, raw) {
             return Ok(ev);

@@ -5,12 +5,14 @@
  * Run by tests/drop_in.rs with the device uroce0 on 127.0.0.1. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <pthread.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -266,6 +268,36 @@ static void connection(struct rdma_event_channel *ch)
 	rdma_destroy_id(l);
 }
 
+static volatile int late_reader_returned;
+
+static void *late_reader(void *arg)
+{
+	struct rdma_cm_event *ev;
+	rdma_get_cm_event(arg, &ev);
+	late_reader_returned = 1;
+	return NULL;
+}
+
+/* rdma-core 44's rping destroys its channel while its CM thread may still
+ * call rdma_get_cm_event: that reader stays blocked (as it would in read(2)
+ * over the kernel) instead of failing; a pointer that never was a channel
+ * is still EINVAL. */
+static void late_reader_on_a_destroyed_channel(void)
+{
+	struct rdma_event_channel *ch = rdma_create_event_channel();
+	struct rdma_cm_event *ev;
+	pthread_t t;
+	int never = 0;
+
+	REQUIRE(ch != NULL, "a channel");
+	rdma_destroy_event_channel(ch);
+	REQUIRE(pthread_create(&t, NULL, late_reader, ch) == 0, "a reader thread");
+	usleep(200000);
+	CHECK(!late_reader_returned, "the late reader stays blocked");
+	pthread_detach(t);
+	CHECK(fails_with(rdma_get_cm_event((void *)&never, &ev), EINVAL), "not a channel");
+}
+
 int main(void)
 {
 	struct rdma_event_channel *ch = rdma_create_event_channel();
@@ -276,6 +308,7 @@ int main(void)
 	multicast(ch);
 	connection(ch);
 	rdma_destroy_event_channel(ch);
+	late_reader_on_a_destroyed_channel();
 	if (failures) {
 		fprintf(stderr, "%d checks failed\n", failures);
 		return 1;
