@@ -576,6 +576,20 @@ fn post_chain<'a, C: ChainedWr + 'a, W: Copy>(
             Err((ptrs.get(i).copied().unwrap_or(wr), err.errno()))
         }
     };
+    // One WR (the usual post: perftest, UCX, MPI post one per call):
+    // no batch arrays to fill, which cost more than the post itself.
+    // SAFETY: the caller's WR chain is readable during the call.
+    if let Some(w) = unsafe { wr.as_ref() }
+        && w.next_wr().is_null()
+    {
+        return match convert(w) {
+            Ok(x) => match posted(&[wr], post(&[x])) {
+                Ok(()) => 0,
+                Err((bad, e)) => fail(bad, e),
+            },
+            Err(e) => fail(wr, e),
+        };
+    }
     let mut batch = [empty; POST_BATCH];
     let mut ptrs = [std::ptr::null_mut::<C>(); POST_BATCH];
     let mut next = wr;

@@ -8,6 +8,7 @@ use crate::device::Device;
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::progress::{Activity, Driven, Post, progress_thread};
+use uroce_transport::Instant;
 
 /// Who drives the protocol (retransmissions, serving a peer's READ, WRITE
 /// and atomics, ACKs).
@@ -73,10 +74,15 @@ impl Inner {
     /// pass (a system call that finds nothing, on most posts) and without
     /// the "application is polling" mark (a program that posts and then
     /// waits on memory needs the progress thread to keep receiving).
-    pub(crate) fn doorbell(&self, driver: &mut Driver) {
-        match self.activity.on_post(driver.deferred_posts) {
+    /// `awaited`: the post holds a WR whose completion the application
+    /// waits for (see `uroce_transport::AWAITED_RUN`): it leaves now, with
+    /// the burst queued before it.
+    /// `wall_ns` and `now`: the post's clock reading (see
+    /// `Inner::clock`).
+    pub(crate) fn doorbell(&self, driver: &mut Driver, awaited: bool, wall_ns: u64, now: Instant) {
+        match self.activity.on_post(wall_ns, driver.deferred_posts, awaited) {
             Post::Send => {
-                driver.transmit_now();
+                driver.transmit_at(now);
                 self.activity.post_sent();
             }
             Post::Queue { wake } => {
@@ -91,8 +97,17 @@ impl Inner {
     /// Called by application polls: run progress inline, and tell the
     /// background thread to keep out of the way for a while.
     pub(crate) fn app_progress(&self, driver: &mut Driver) {
-        self.activity.touch();
-        driver.progress();
+        let (wall_ns, now) = self.clock(driver);
+        self.activity.touch_at(wall_ns);
+        driver.progress_at(now);
+    }
+
+    /// One clock read for a post or poll: nanoseconds on the context's
+    /// clock (for the progress policy) and the protocol's time (the
+    /// virtual clock's under simulation).
+    pub(crate) fn clock(&self, driver: &Driver) -> (u64, Instant) {
+        let wall_ns = self.activity.wall_ns();
+        (wall_ns, driver.now_at(wall_ns))
     }
 
     /// Locks the driver. A poisoned lock (a panic while holding it) is
@@ -200,12 +215,13 @@ impl Device {
         let bell = crate::channel::EventQueue::new()
             .and_then(|b| b.set_nonblocking(true).map(|()| b))
             .map_err(|source| Error::Open { device: self.name().to_string(), addr, source })?;
+        let origin = std::time::Instant::now();
         let inner = Arc::new(Inner {
             bell,
             async_events: events.clone(),
             ah_count: std::sync::atomic::AtomicU32::new(0),
             driver: Mutex::new({
-                let mut e = Driver::new(backend, events);
+                let mut e = Driver::new(backend, events, origin);
                 if let Some(seed) = virtual_seed {
                     let gid = uroce_wire::grh::gid_of(addr.ip());
                     let a = u64::from_be_bytes(gid[8..].try_into().unwrap_or_default());
@@ -215,7 +231,7 @@ impl Device {
             }),
             device: self.clone(),
             options,
-            activity: Arc::new(Activity::new()),
+            activity: Arc::new(Activity::new(origin)),
             stop: AtomicBool::new(false),
             published: crate::published::path_for(self.name()),
         });

@@ -105,7 +105,13 @@ pub enum CmChannelEvent {
 }
 
 impl Driver {
-    pub(crate) fn new(backend: Box<dyn Backend>, events: Arc<EventQueue<AsyncEvent>>) -> Self {
+    /// `origin`: the context's clock (shared with its `Activity`, so that
+    /// one clock read serves both on the post and poll paths).
+    pub(crate) fn new(
+        backend: Box<dyn Backend>,
+        events: Arc<EventQueue<AsyncEvent>>,
+        origin: StdInstant,
+    ) -> Self {
         let primary = backend.local().ip();
         let gids = GidTable::for_device(primary, backend.on_host());
         Self {
@@ -115,7 +121,7 @@ impl Driver {
             port_up: true,
             port_checked: None,
             backend,
-            origin: StdInstant::now(),
+            origin,
             next_pd: 1,
             buf: vec![0; 65536],
             txbuf: vec![0; 65536 + 8192],
@@ -268,9 +274,14 @@ impl Driver {
     /// The clock: real time, or a simulated network's (possibly virtual)
     /// time.
     pub(crate) fn now(&self) -> Instant {
-        self.backend
-            .clock()
-            .unwrap_or_else(|| Instant::from_nanos(self.origin.elapsed().as_nanos() as u64 + 1))
+        self.now_at(self.origin.elapsed().as_nanos() as u64)
+    }
+
+    /// The protocol's time for `wall_ns` read on the context's clock
+    /// (nanoseconds since its origin): the backend's virtual clock if it
+    /// has one.
+    pub(crate) fn now_at(&self, wall_ns: u64) -> Instant {
+        self.backend.clock().unwrap_or_else(|| Instant::from_nanos(wall_ns + 1))
     }
 
     /// Creates a CQ of `cap` entries, notifying `channel` when armed.
@@ -291,7 +302,11 @@ impl Driver {
     /// Receives, runs timers, transmits and moves completions. Returns
     /// whether anything happened.
     pub(crate) fn progress(&mut self) -> bool {
-        let now = self.now();
+        self.progress_at(self.now())
+    }
+
+    /// [`Driver::progress`] at a time the caller read.
+    pub(crate) fn progress_at(&mut self, now: Instant) -> bool {
         self.check_port(now);
         let mut work = self.receive(now, 256) > 0;
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
@@ -312,7 +327,11 @@ impl Driver {
 
     /// Sends what is ready (after a post), without a receive pass.
     pub(crate) fn transmit_now(&mut self) {
-        let now = self.now();
+        self.transmit_at(self.now());
+    }
+
+    /// [`Driver::transmit_now`] at a time the caller read.
+    pub(crate) fn transmit_at(&mut self, now: Instant) {
         self.transmit(now);
         self.forward_events();
     }

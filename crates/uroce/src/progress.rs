@@ -29,9 +29,10 @@ pub(crate) struct Activity {
 }
 
 impl Activity {
-    pub(crate) fn new() -> Self {
+    /// `origin`: the context's clock (the driver's too).
+    pub(crate) fn new(origin: StdInstant) -> Self {
         Self {
-            origin: StdInstant::now(),
+            origin,
             app_poll_ns: AtomicU64::new(0),
             last_post_ns: AtomicU64::new(0),
             thread_state: AtomicU8::new(RUNNING),
@@ -40,8 +41,15 @@ impl Activity {
         }
     }
 
-    pub(crate) fn touch(&self) {
-        self.app_poll_ns.store(self.origin.elapsed().as_nanos() as u64, Ordering::Relaxed);
+    /// Nanoseconds since the context's origin (one clock read, which the
+    /// post and poll paths pass on instead of reading again).
+    pub(crate) fn wall_ns(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    /// An application poll at `wall_ns`.
+    pub(crate) fn touch_at(&self, wall_ns: u64) {
+        self.app_poll_ns.store(wall_ns, Ordering::Relaxed);
     }
 
     pub(crate) fn since_app(&self) -> Duration {
@@ -142,16 +150,12 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
             // (until it releases progress, which unparks us).
             let state = &inner.activity().thread_state;
             state.store(PARKED, Ordering::SeqCst);
-            if inner.deferred() {
-                state.store(RUNNING, Ordering::SeqCst);
-            } else {
-                drop(inner);
-                std::thread::park_timeout(STEP_ASIDE - since_app);
-                if let Some(i) = weak.upgrade() {
-                    i.activity().thread_state.store(RUNNING, Ordering::SeqCst);
-                }
-                continue;
+            drop(inner);
+            std::thread::park_timeout(STEP_ASIDE - since_app);
+            if let Some(i) = weak.upgrade() {
+                i.activity().thread_state.store(RUNNING, Ordering::SeqCst);
             }
+            continue;
         }
         let (worked, deadline) = inner.pass();
         if worked {
@@ -259,11 +263,10 @@ impl Activity {
     /// `BURST_POSTS`, when a progress thread runs: the batch leaves as GSO
     /// runs with the next poll, the burst's cap or the thread. An isolated
     /// post (a ping-pong) leaves at once.
-    pub(crate) fn on_post(&self, deferred: u32) -> Post {
-        let now = self.origin.elapsed().as_nanos() as u64;
+    pub(crate) fn on_post(&self, now: u64, deferred: u32, awaited: bool) -> Post {
         let last = self.last_post_ns.swap(now, Ordering::Relaxed);
         let bursty = now.saturating_sub(last) < BURST_GAP.as_nanos() as u64;
-        if !(bursty && deferred < BURST_POSTS && self.progress_thread.get().is_some()) {
+        if awaited || !(bursty && deferred < BURST_POSTS && self.progress_thread.get().is_some()) {
             return Post::Send;
         }
         // A thread stepping aside resumes within `STEP_ASIDE` (and the
@@ -290,26 +293,26 @@ mod tests {
     /// Posts in a tight loop: whether any of `n` was queued rather than
     /// sent (a preempted test thread can make one gap look isolated).
     fn any_queued(a: &Activity, n: usize) -> Option<Post> {
-        (0..n).map(|_| a.on_post(0)).find(|p| *p != Post::Send)
+        (0..n).map(|_| a.on_post(a.wall_ns(), 0, false)).find(|p| *p != Post::Send)
     }
 
     #[test]
     fn bursts_queue_only_with_a_thread_and_isolated_posts_send() {
-        let a = Activity::new();
+        let a = Activity::new(StdInstant::now());
         assert_eq!(any_queued(&a, 50), None, "no progress thread: every post sends");
         let _ = a.progress_thread.set(std::thread::current());
         a.post_sent();
         assert_eq!(any_queued(&a, 50), Some(Post::Queue { wake: false }));
         // An isolated post sends, and the gap counts from the last return.
         std::thread::sleep(Duration::from_millis(2));
-        assert_eq!(a.on_post(0), Post::Send);
+        assert_eq!(a.on_post(a.wall_ns(), 0, false), Post::Send);
         // A full burst sends whatever the gap.
-        assert_eq!(a.on_post(BURST_POSTS), Post::Send);
+        assert_eq!(a.on_post(a.wall_ns(), BURST_POSTS, false), Post::Send);
     }
 
     #[test]
     fn a_queued_post_wakes_a_sleeping_thread_once() {
-        let a = Activity::new();
+        let a = Activity::new(StdInstant::now());
         let _ = a.progress_thread.set(std::thread::current());
         a.post_sent();
         a.thread_state.store(SLEEPING, Ordering::SeqCst);

@@ -419,7 +419,7 @@ impl Cq {
         if e.ep.cq(self.inner.id).is_none_or(|c| c.len() < max) {
             ctx.app_progress(&mut e);
         } else {
-            ctx.activity.touch();
+            ctx.activity.touch_at(ctx.activity.wall_ns());
         }
         let cq = e.ep.cq_mut(self.inner.id).ok_or(Error::InvalidArgument("CQ destroyed"))?;
         if cq.overflowed() {
@@ -518,13 +518,14 @@ impl Qp {
     /// [`Error::Post`] naming the first WR that was not posted.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut e = self.ctx.lock();
-        let now = e.now();
+        let (wall_ns, now) = self.ctx.clock(&e);
         let eng = &mut *e;
         let qp = eng.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         // Inline WRs without their bytes take them from their gather list,
         // read now (ibv_post_send semantics).
         let r = qp.post_send_gather(now, wrs, &eng.mem);
-        self.ctx.doorbell(&mut e);
+        let awaited = qp.take_awaited_post();
+        self.ctx.doorbell(&mut e, awaited, wall_ns, now);
         r.map_err(|(index, error)| Error::Post { index, error })
     }
 
@@ -542,12 +543,13 @@ impl Qp {
     #[allow(unsafe_code)]
     pub unsafe fn post_send_unchecked_inline(&self, wrs: &[SendWr<'_>]) -> Result<()> {
         let mut e = self.ctx.lock();
-        let now = e.now();
+        let (wall_ns, now) = self.ctx.clock(&e);
         let eng = &mut *e;
         let qp = eng.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         let mem = crate::mr::UncheckedInline(&eng.mem);
         let r = qp.post_send_gather(now, wrs, &mem);
-        self.ctx.doorbell(&mut e);
+        let awaited = qp.take_awaited_post();
+        self.ctx.doorbell(&mut e, awaited, wall_ns, now);
         r.map_err(|(index, error)| Error::Post { index, error })
     }
 

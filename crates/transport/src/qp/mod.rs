@@ -148,7 +148,19 @@ pub(crate) struct ReqState {
     /// Ask for an ACK on the next packet (the first one after a go-back), so
     /// that recovery does not wait for the end of a long message.
     pub(crate) ack_next: bool,
+    /// Unsignaled WRs posted since the last signaled one.
+    pub(crate) unsignaled_run: u32,
+    /// A signaled WR ended a run of at least [`AWAITED_RUN`] unsignaled
+    /// ones since [`Qp::take_awaited_post`] last asked.
+    pub(crate) awaited_post: bool,
 }
+
+/// Unsignaled WRs in a row after which a signaled one is taken as awaited:
+/// an application that signals one WR in N (perftest's `-Q`, default 100;
+/// UCX's TX moderation) reposts only when that completion comes, so the WR
+/// should leave at once rather than wait for the rest of a burst of posts.
+/// A QP that signals every WR keeps batching.
+pub const AWAITED_RUN: u32 = 8;
 
 /// Completer state (rxe `qp->comp`).
 #[derive(Debug)]
@@ -209,6 +221,8 @@ impl Qp {
                 retry_left: 0,
                 rnr_left: 0,
                 ack_next: false,
+                unsignaled_run: 0,
+                awaited_post: false,
                 nak_streak: 0,
                 rec: recovery::Recovery::new(init.max_unacked_psns),
                 acked_psn: Psn::new(0),
@@ -535,12 +549,25 @@ impl Qp {
             self.gather_inline(wr, mem)?;
         }
         self.sq.push(wqe, if inline { &[] } else { wr.sgl }, data);
+        if wqe.signaled {
+            self.req.awaited_post |= self.req.unsignaled_run >= AWAITED_RUN;
+            self.req.unsignaled_run = 0;
+        } else {
+            self.req.unsignaled_run = self.req.unsignaled_run.saturating_add(1);
+        }
         if self.state == QpState::Error {
             self.flush_all();
         } else if self.init.qp_type == QpType::Rc {
             self.hold.on_post(now);
         }
         Ok(())
+    }
+
+    /// Whether a WR posted since the last call is one the application
+    /// waits for (a signaled WR after at least [`AWAITED_RUN`] unsignaled
+    /// ones): the I/O layer sends it now instead of batching it.
+    pub fn take_awaited_post(&mut self) -> bool {
+        std::mem::take(&mut self.req.awaited_post)
     }
 
     /// Posts receive WRs (`ibv_post_recv`).
