@@ -435,54 +435,72 @@ impl Port {
     /// "port unreachable" (`ECONNREFUSED`), appended to `out`.
     fn drain_errors(&self, out: &mut Vec<SocketAddr>) {
         for _ in 0..64 {
-            // SAFETY: all-zero is a valid value for these C structs.
-            let mut addr: RawAddr = unsafe { zeroed() };
             let mut byte = [0u8; 1];
-            let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
-            let mut cbuf = CmsgBuf([0; 64]);
-            // SAFETY: all-zero is a valid msghdr.
-            let mut msg: libc::msghdr = unsafe { zeroed() };
-            msg.msg_name = (&raw mut addr).cast();
-            msg.msg_namelen = size_of::<RawAddr>() as libc::socklen_t;
-            msg.msg_iov = &raw mut iov;
-            msg.msg_iovlen = 1;
-            msg.msg_control = cbuf.0.as_mut_ptr().cast();
-            msg.msg_controllen = cbuf.0.len() as _;
-            // SAFETY: every pointer in msg refers to a live buffer of the
-            // stated size; the kernel writes within them.
-            let n = unsafe {
-                libc::recvmsg(
-                    self.sock.as_raw_fd(),
-                    &raw mut msg,
-                    libc::MSG_ERRQUEUE | libc::MSG_DONTWAIT,
-                )
-            };
-            if n < 0 {
-                return;
-            }
             let mut refused = false;
-            // SAFETY: the kernel filled msg_control; the CMSG_* macros walk
-            // within it, and an IP(V6)_RECVERR payload starts with a
-            // `sock_extended_err` (read unaligned, by copy).
-            unsafe {
-                let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
-                while !c.is_null() {
-                    let recverr = ((*c).cmsg_level == libc::IPPROTO_IP
-                        && (*c).cmsg_type == libc::IP_RECVERR)
-                        || ((*c).cmsg_level == libc::IPPROTO_IPV6
-                            && (*c).cmsg_type == libc::IPV6_RECVERR);
-                    if recverr {
-                        let e =
-                            libc::CMSG_DATA(c).cast::<libc::sock_extended_err>().read_unaligned();
-                        refused |= e.ee_errno == libc::ECONNREFUSED as u32;
-                    }
-                    c = libc::CMSG_NXTHDR(&raw const msg, c);
+            let r = self.recv_msg(&mut byte, libc::MSG_ERRQUEUE, |level, kind, data| {
+                let recverr = (level == libc::IPPROTO_IP && kind == libc::IP_RECVERR)
+                    || (level == libc::IPPROTO_IPV6 && kind == libc::IPV6_RECVERR);
+                // A `sock_extended_err` starts with its `ee_errno` (u32).
+                if recverr && let Some(errno) = data.get(..4) {
+                    let errno = u32::from_ne_bytes(errno.try_into().unwrap_or_default());
+                    refused |= errno == libc::ECONNREFUSED as u32;
                 }
-            }
+            });
+            let Ok((_, addr)) = r else { return };
             if refused && let Some(dst) = from_raw(&addr) {
                 out.push(dst);
             }
         }
+    }
+
+    /// One non-blocking `recvmsg` into `buf` with room for control
+    /// messages: the byte count and the sender's raw address. Each control
+    /// message is handed to `each` as (level, type, payload).
+    fn recv_msg(
+        &self,
+        buf: &mut [u8],
+        flags: libc::c_int,
+        mut each: impl FnMut(libc::c_int, libc::c_int, &[u8]),
+    ) -> io::Result<(usize, RawAddr)> {
+        // SAFETY: all-zero is a valid value for these C structs.
+        let mut addr: RawAddr = unsafe { zeroed() };
+        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+        let mut cbuf = CmsgBuf([0; 64]);
+        // SAFETY: all-zero is a valid msghdr.
+        let mut msg: libc::msghdr = unsafe { zeroed() };
+        msg.msg_name = (&raw mut addr).cast();
+        msg.msg_namelen = size_of::<RawAddr>() as libc::socklen_t;
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        msg.msg_controllen = cbuf.0.len() as _;
+        // SAFETY: every pointer in msg refers to a live buffer of the stated
+        // size; the kernel writes within them.
+        let n = unsafe {
+            libc::recvmsg(self.sock.as_raw_fd(), &raw mut msg, flags | libc::MSG_DONTWAIT)
+        };
+        if n < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        let control_end =
+            cbuf.0.as_ptr() as usize + (msg.msg_controllen as usize).min(cbuf.0.len());
+        // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG_*
+        // macros walk within them, and each payload runs from CMSG_DATA to
+        // the end of its message (cmsg_len), cut at the control data's end.
+        unsafe {
+            let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+            while !c.is_null() {
+                let head = libc::CMSG_LEN(0) as usize;
+                let at = libc::CMSG_DATA(c);
+                let len = ((*c).cmsg_len as usize)
+                    .saturating_sub(head)
+                    .min(control_end.saturating_sub(at as usize));
+                let data = std::slice::from_raw_parts(at, len);
+                each((*c).cmsg_level, (*c).cmsg_type, data);
+                c = libc::CMSG_NXTHDR(&raw const msg, c);
+            }
+        }
+        Ok((n as usize, addr))
     }
 
     /// One GSO send of `seg`-byte packets.
@@ -538,45 +556,21 @@ impl Port {
                 Err(e) => self.icmp_error(e),
             };
         }
-        // SAFETY: all-zero is a valid value for these C structs.
-        let mut addr: RawAddr = unsafe { zeroed() };
-        let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
-        let mut cbuf = CmsgBuf([0; 64]);
-        // SAFETY: all-zero is a valid msghdr.
-        let mut msg: libc::msghdr = unsafe { zeroed() };
-        msg.msg_name = (&raw mut addr).cast();
-        msg.msg_namelen = size_of::<RawAddr>() as libc::socklen_t;
-        msg.msg_iov = &raw mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = cbuf.0.as_mut_ptr().cast();
-        msg.msg_controllen = cbuf.0.len() as _;
-        // SAFETY: every pointer in msg refers to a live buffer of the stated
-        // size; the kernel writes within them.
-        let n = unsafe { libc::recvmsg(self.sock.as_raw_fd(), &raw mut msg, libc::MSG_DONTWAIT) };
-        if n < 0 {
-            let e = io::Error::last_os_error();
-            return if e.kind() == io::ErrorKind::WouldBlock {
-                Ok(None)
-            } else {
-                self.icmp_error(e)
-            };
-        }
-        let n = n as usize;
-        let mut seg = n;
-        // SAFETY: the kernel filled msg_control/msg_controllen; the CMSG_*
-        // macros walk within them, and the UDP_GRO payload is an int.
-        unsafe {
-            let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
-            while !c.is_null() {
-                if (*c).cmsg_level == libc::SOL_UDP && (*c).cmsg_type == libc::UDP_GRO {
-                    let s = libc::CMSG_DATA(c).cast::<i32>().read_unaligned();
-                    if s > 0 {
-                        seg = s as usize;
-                    }
-                }
-                c = libc::CMSG_NXTHDR(&raw const msg, c);
+        let mut seg = 0;
+        let r = self.recv_msg(buf, 0, |level, kind, data| {
+            if level == libc::SOL_UDP
+                && kind == libc::UDP_GRO
+                && let Some(s) = data.get(..4)
+            {
+                seg = i32::from_ne_bytes(s.try_into().unwrap_or_default());
             }
-        }
+        });
+        let (n, addr) = match r {
+            Ok(x) => x,
+            Err(e) if e.kind() == io::ErrorKind::WouldBlock => return Ok(None),
+            Err(e) => return self.icmp_error(e),
+        };
+        let seg = if seg > 0 { seg as usize } else { n };
         let Some(from) = from_raw(&addr) else { return Ok(None) };
         Ok(Some((n, seg, from)))
     }
