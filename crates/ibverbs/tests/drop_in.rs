@@ -937,3 +937,83 @@ fn provider_stubs_satisfy_their_consumers() {
         "no consumer of the stubs found (perftest is installed by the test command)"
     );
 }
+
+/// One device address shared by many processes (issue 15): three
+/// unmodified `ib_write_bw` servers on one device address and port, their
+/// three clients on another; one server is SIGKILLed mid-run, its client
+/// ends in a retry-exceeded completion, and the two other pairs finish
+/// with every byte counted, as on a shared kernel device.
+#[test]
+fn processes_share_one_device() {
+    let _g = serial();
+    env();
+    let udp = uroce::testing::free_port();
+    let ports: Vec<String> = (0..3).map(|_| tcp_port().to_string()).collect();
+    let args = |p: &str| vec!["-p".to_string(), p.to_string(), "-D".into(), "3".into()];
+    let mut servers: Vec<Child> = ports
+        .iter()
+        .map(|p| {
+            let a = args(p);
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            cmd(&tool("ib_write_bw"), &a, "127.0.0.1", udp).spawn().unwrap()
+        })
+        .collect();
+    for p in &ports {
+        uroce::testing::wait_tcp_listening(p.parse().unwrap(), Duration::from_secs(20));
+    }
+    let clients: Vec<Child> = ports
+        .iter()
+        .map(|p| {
+            let mut a = args(p);
+            a.push("127.0.0.1".into());
+            let a: Vec<&str> = a.iter().map(String::as_str).collect();
+            cmd(&tool("ib_write_bw"), &a, "127.0.0.2", udp).spawn().unwrap()
+        })
+        .collect();
+    std::thread::sleep(Duration::from_millis(1500));
+    let _ = servers[0].kill();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let outs: Vec<(Output, bool)> = clients.into_iter().map(|c| finish(c, deadline)).collect();
+    let souts: Vec<(Output, bool)> = servers.into_iter().map(|s| finish(s, deadline)).collect();
+    let all = outs
+        .iter()
+        .chain(&souts)
+        .map(|(o, _)| text(o))
+        .collect::<Vec<_>>()
+        .join("\n--- next ---\n");
+    assert!(outs.iter().chain(&souts).all(|(_, t)| !t), "a process hung:\n{all}");
+    let (killed, _) = &outs[0];
+    assert!(
+        !killed.status.success() && text(killed).contains("Failed status 12"),
+        "the killed server's client ends in retry exceeded:\n{all}"
+    );
+    for (o, _) in outs[1..].iter().chain(&souts[1..]) {
+        assert!(o.status.success(), "a surviving pair failed:\n{all}");
+        let rows = perftest_rows(&text(o));
+        assert!(rows.iter().any(|r| r.len() >= 4 && r[3] > 0.0), "no bandwidth:\n{all}");
+    }
+}
+
+/// rping's server and client as two processes on one device address: the
+/// client's REQ reaches the server's listener and every later MAD the
+/// connection it belongs to (steered by port and communication ID).
+#[test]
+fn rping_server_and_client_on_one_device() {
+    let _g = serial();
+    env();
+    let udp = uroce::testing::free_port();
+    let ps = tcp_port().to_string();
+    let sargs = ["-s", "-a", "127.0.0.1", "-p", &ps, "-C", "10", "-V", "-v"];
+    let srv = cmd(&tool("rping"), &sargs, "127.0.0.1", udp).spawn().unwrap();
+    assert!(uroce::testing::wait_udp_bound(udp, Duration::from_secs(20)));
+    std::thread::sleep(Duration::from_millis(200));
+    let cargs = ["-c", "-a", "127.0.0.1", "-p", &ps, "-C", "10", "-V", "-v"];
+    let cli = cmd(&tool("rping"), &cargs, "127.0.0.1", udp).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let (co, ct) = finish(cli, deadline);
+    let (so, st) = finish(srv, deadline + Duration::from_secs(2));
+    let p = Pair { label: "rping on one device".into(), server: text(&so), client: text(&co) };
+    assert!(!ct && !st, "timed out: {p}");
+    assert!(so.status.success() && co.status.success(), "failed: {p}");
+    assert_eq!(p.client.matches("ping data: rdma-ping-").count(), 10, "{p}");
+}

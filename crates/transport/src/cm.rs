@@ -279,6 +279,9 @@ pub struct CmAgent {
     conns: BTreeMap<u32, Conn>,
     listening: Vec<u64>,
     next_id: u32,
+    /// Communication IDs are `id_prefix | (counter & id_mask)`.
+    id_prefix: u32,
+    id_mask: u32,
     next_tid: u64,
     out: VecDeque<(IpAddr, CmMad)>,
     events: VecDeque<CmEvent>,
@@ -357,6 +360,8 @@ impl CmAgent {
             conns: BTreeMap::new(),
             listening: Vec::new(),
             next_id: (mix as u32).max(1),
+            id_prefix: 0,
+            id_mask: u32::MAX,
             next_tid: mix >> 32 << 32,
             out: VecDeque::new(),
             events: VecDeque::new(),
@@ -398,11 +403,27 @@ impl CmAgent {
         self.listening.retain(|s| *s != service_id);
     }
 
+    /// Makes every communication ID this agent hands out start with the
+    /// `bits`-bit `prefix`: agents of contexts sharing one device address
+    /// take their slot as prefix, so that a peer's answers (which carry
+    /// our ID) can be steered to the agent that sent the request.
+    pub fn set_id_prefix(&mut self, prefix: u32, bits: u32) {
+        if (1..32).contains(&bits) {
+            self.id_mask = u32::MAX >> bits;
+            self.id_prefix = prefix << (32 - bits);
+        }
+    }
+
+    /// The service IDs listened on.
+    pub fn listened(&self) -> &[u64] {
+        &self.listening
+    }
+
     fn new_id(&mut self) -> u32 {
         loop {
-            let id = self.next_id;
-            self.next_id = self.next_id.wrapping_add(1).max(1);
-            if !self.conns.contains_key(&id) {
+            let id = self.id_prefix | (self.next_id & self.id_mask);
+            self.next_id = self.next_id.wrapping_add(1);
+            if id != 0 && !self.conns.contains_key(&id) {
                 return id;
             }
         }

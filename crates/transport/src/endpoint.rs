@@ -217,6 +217,8 @@ pub struct Endpoint {
     /// The next PSN of QPN 1's sends.
     gsi_psn: u32,
     next_qpn: u32,
+    /// QPNs handed out: `first .. end`.
+    qpn_range: (u32, u32),
     next_cq: u32,
     next_srq: u32,
     /// Device-wide counters: drops before a QP is found, and the counts of
@@ -248,6 +250,7 @@ impl Endpoint {
             gsi_out: VecDeque::new(),
             gsi_psn: 0,
             next_qpn: FIRST_QPN,
+            qpn_range: (FIRST_QPN, MULTICAST_QPN),
             next_cq: 1,
             next_srq: 1,
             stats: Stats::default(),
@@ -258,13 +261,29 @@ impl Endpoint {
 
     /// A QPN no live QP has (QPNs count up and wrap, as on rxe, so a
     /// destroyed QP's number is not reused at once).
+    ///
+    /// Within the range [`Endpoint::set_qpn_range`] gave (the whole QPN
+    /// space by default).
     pub fn alloc_qpn(&mut self) -> u32 {
+        let (first, end) = self.qpn_range;
         loop {
             let q = self.next_qpn;
-            self.next_qpn = if q >= 0xff_ffff { FIRST_QPN } else { q + 1 };
+            self.next_qpn = if q + 1 >= end { first } else { q + 1 };
             if !self.qps.contains_key(&q) {
                 return q;
             }
+        }
+    }
+
+    /// Hands out QPNs from `base .. base + len` only (past QPNs 0 and 1
+    /// and below the multicast QPN): contexts that share one device
+    /// address own disjoint ranges, so a QPN names one owner.
+    pub fn set_qpn_range(&mut self, base: u32, len: u32) {
+        let first = base.max(FIRST_QPN);
+        let end = base.saturating_add(len).min(MULTICAST_QPN);
+        if first < end {
+            self.qpn_range = (first, end);
+            self.next_qpn = first;
         }
     }
 

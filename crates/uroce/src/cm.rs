@@ -159,12 +159,12 @@ impl Context {
     /// [`Error::InUse`] when the port is already listened on.
     pub fn cm_listen(&self, port: u16) -> Result<CmListener> {
         let service_id = rdma_cm_service_id(port_space::TCP, port);
-        self.inner
-            .lock()
-            .cm()
+        let mut d = self.inner.lock();
+        d.cm()
             .agent
             .listen(service_id)
             .map_err(|_| Error::InUse("the port is already listened on"))?;
+        d.cm_listens_changed();
         Ok(CmListener { ctx: self.clone(), service_id })
     }
 
@@ -381,7 +381,9 @@ impl Drop for CmConnection {
 
 impl Drop for CmListener {
     fn drop(&mut self) {
-        self.ctx.inner.lock().cm().agent.unlisten(self.service_id);
+        let mut d = self.ctx.inner.lock();
+        d.cm().agent.unlisten(self.service_id);
+        d.cm_listens_changed();
     }
 }
 
@@ -509,6 +511,7 @@ impl Context {
         let cm = d.cm();
         cm.agent.listen(service_id).map_err(|_| Error::InUse("the port is already listened on"))?;
         cm.listeners.insert(service_id, channel.queue.clone());
+        d.cm_listens_changed();
         Ok(())
     }
 
@@ -518,6 +521,7 @@ impl Context {
         let cm = d.cm();
         cm.agent.unlisten(service_id);
         cm.listeners.remove(&service_id);
+        d.cm_listens_changed();
     }
 
     /// Sends a connection request; the connection's events go to

@@ -114,8 +114,10 @@ impl Driver {
     ) -> Self {
         let primary = backend.local().ip();
         let gids = GidTable::for_device(primary, backend.on_host());
+        let mut ep = Endpoint::new();
+        ep.set_qpn_range(backend.qpn_base(), 1 << crate::backend::QPN_RANGE_BITS);
         Self {
-            ep: Endpoint::new(),
+            ep,
             mem: MemTable::default(),
             channels: FastMap::default(),
             port_up: true,
@@ -146,8 +148,12 @@ impl Driver {
             self.ep.enable_gsi(256);
             let guid = crate::device::guid_of(self.backend.local().ip());
             let seed = self.origin.elapsed().as_nanos() as u64 ^ u64::from(std::process::id());
+            let mut agent = CmAgent::new(guid, seed);
+            if let Some((prefix, bits)) = self.backend.cm_id_prefix() {
+                agent.set_id_prefix(prefix, bits);
+            }
             self.cm = Some(CmDriver {
-                agent: CmAgent::new(guid, seed),
+                agent,
                 events: std::collections::VecDeque::new(),
                 routes: FastMap::default(),
                 listeners: FastMap::default(),
@@ -156,6 +162,17 @@ impl Driver {
             });
         }
         self.cm.as_mut().expect("just set")
+    }
+
+    /// Tells the backend which ports the CM listens on (after a listen or
+    /// an unlisten), so that a shared address steers their requests here.
+    pub(crate) fn cm_listens_changed(&mut self) {
+        let ports: Vec<u16> = self
+            .cm
+            .as_ref()
+            .map(|cm| cm.agent.listened().iter().map(|&s| s as u16).collect())
+            .unwrap_or_default();
+        self.backend.set_listening(&ports);
     }
 
     /// Feeds QP1's datagrams to the CM, runs its timers, and queues what
@@ -308,6 +325,7 @@ impl Driver {
     /// [`Driver::progress`] at a time the caller read.
     pub(crate) fn progress_at(&mut self, now: Instant) -> bool {
         self.check_port(now);
+        self.backend.tick(now.as_nanos());
         let mut work = self.receive(now, 256) > 0;
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             work |= self.ep.handle_timeout(now) > 0;
@@ -645,10 +663,14 @@ impl Driver {
             // a GSO send's segments to the group's sockets here (measured,
             // loopback), so a burst to a group would vanish whole.
             let single = limits.segments <= 1 || t.dst.is_multicast();
+            // A run goes to one QP: on a shared address the receiving
+            // kernel steers a GSO run whole, by its first packet's QPN.
+            let qpn = dest_qpn(&batch[run.off..run.off + t.len]);
             let joins = run.count > 0
                 && !single
                 && run.src == src
                 && run.dst == Some(dst)
+                && run.qpn == qpn
                 && t.len <= run.seg
                 && run.count < limits.segments
                 && run.off + t.len <= limits.bytes;
@@ -661,6 +683,7 @@ impl Driver {
                 run.seg = t.len;
                 run.src = src;
                 run.dst = Some(dst);
+                run.qpn = qpn;
             }
             let at = run.off;
             let udp = UdpRepr {
@@ -688,10 +711,16 @@ impl Driver {
     }
 }
 
+/// The destination QPN of a packet (BTH bytes 5..8).
+fn dest_qpn(pkt: &[u8]) -> u32 {
+    pkt.get(4..8).map_or(0, |b| u32::from_be_bytes([0, b[1], b[2], b[3]]))
+}
+
 /// Packets gathered for one (GSO) send.
 struct Run {
     src: IpAddr,
     dst: Option<SocketAddr>,
+    qpn: u32,
     seg: usize,
     off: usize,
     count: usize,
@@ -714,6 +743,7 @@ impl Default for Run {
         Self {
             src: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             dst: None,
+            qpn: 0,
             seg: 0,
             off: 0,
             count: 0,

@@ -716,15 +716,16 @@ fn ipv4_ids_of_a_counting_sender_are_recovered_from_the_icrc() {
 }
 
 /// `open_shared` gives every opener in the process the one engine of a
-/// device (one UDP port, one QPN space); when the last one closes, the
-/// device can be opened afresh.
+/// device (one QPN range); `open` makes a context of its own that shares
+/// the address (issue 15) with a range of its own; when they all close,
+/// their slots are free again.
 #[test]
 fn open_shared_gives_one_engine_per_device() {
     let port = uroce::testing::free_port();
     let addr: IpAddr = "127.0.0.1".parse().unwrap();
     let dev = uroce::Device::from_config(uroce::DeviceConfig { name: "shared".into(), addr, port });
     let (a, b) = (dev.open_shared().unwrap(), dev.open_shared().unwrap());
-    assert!(dev.open().is_err(), "the port belongs to the shared context");
+    let c = dev.open().expect("a context of its own on the shared address");
     let cap = QpCaps {
         max_send_wr: 1,
         max_recv_wr: 1,
@@ -732,18 +733,29 @@ fn open_shared_gives_one_engine_per_device() {
         max_recv_sge: 1,
         max_inline_data: 0,
     };
-    let (pa, pb) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap());
-    let (ca, cb) = (a.create_cq(4).unwrap(), b.create_cq(4).unwrap());
+    let (pa, pb, pc) = (a.alloc_pd().unwrap(), b.alloc_pd().unwrap(), c.alloc_pd().unwrap());
+    let (ca, cb, cc) = (a.create_cq(4).unwrap(), b.create_cq(4).unwrap(), c.create_cq(4).unwrap());
     let qa = uroce::testing::rc_qp(&pa, &ca, cap, true);
     let qb = uroce::testing::rc_qp(&pb, &cb, cap, true);
-    assert_ne!(qa.qpn(), qb.qpn(), "one QPN space");
-    drop((qa, qb, ca, cb, pa, pb, a, b));
-    // The port is released when the context goes, which the progress
+    let qc = uroce::testing::rc_qp(&pc, &cc, cap, true);
+    assert_ne!(qa.qpn(), qb.qpn());
+    let range = |q: &uroce::Qp| q.qpn() >> 18;
+    assert_eq!(range(&qa), range(&qb), "one engine, one QPN range");
+    assert_ne!(range(&qa), range(&qc), "another context, another range");
+    assert_eq!(range(&qa), 0, "the first context takes the first range");
+    drop((qa, qb, qc, ca, cb, cc, pa, pb, pc, a, b, c));
+    // The slots are released when the contexts go, which the progress
     // thread may finish a moment after the last handle (it holds the
-    // context only within one pass).
+    // context only within one pass): a new context takes the first again.
     let t = Instant::now();
-    while let Err(e) = dev.open() {
-        assert!(t.elapsed() < Duration::from_secs(2), "the port stays taken: {e}");
+    loop {
+        let d = dev.open().unwrap();
+        let pd = d.alloc_pd().unwrap();
+        let cq = d.create_cq(4).unwrap();
+        if range(&uroce::testing::rc_qp(&pd, &cq, cap, true)) == 0 {
+            break;
+        }
+        assert!(t.elapsed() < Duration::from_secs(2), "the first slot stays taken");
         std::thread::sleep(Duration::from_millis(1));
     }
 }

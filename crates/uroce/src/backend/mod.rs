@@ -2,6 +2,11 @@
 //! a context. The driver (`crate::driver`) sees only the [`Backend`]
 //! trait; what a backend is made of stays in its module.
 
+mod share;
+
+/// Bits of QPN each context owns on a shared address
+/// ([`Backend::qpn_base`]).
+pub(crate) const QPN_RANGE_BITS: u32 = share::QPN_SHIFT;
 #[cfg(feature = "sim")]
 pub(crate) mod sim;
 pub(crate) mod udp;
@@ -30,6 +35,26 @@ pub(crate) type Received = (usize, usize, SocketAddr, IpAddr);
 pub(crate) trait Backend: Send + std::fmt::Debug {
     /// The device's address and port.
     fn local(&self) -> SocketAddr;
+
+    /// The first QPN of this context's range: contexts sharing one
+    /// address own disjoint ranges (`share::QPN_SHIFT` bits each).
+    fn qpn_base(&self) -> u32 {
+        0
+    }
+
+    /// Housekeeping that needs the clock (sharing the address with other
+    /// contexts); called every progress pass, so cheap when nothing is due.
+    fn tick(&mut self, _now_ns: u64) {}
+
+    /// The prefix (value, bits) of the CM's communication IDs, when the
+    /// address is shared: peers' answers carry our ID and are steered by it.
+    fn cm_id_prefix(&self) -> Option<(u32, u32)> {
+        None
+    }
+
+    /// The ports (low 16 bits of the service IDs) this context's CM
+    /// listens on, so that requests for them are steered here.
+    fn set_listening(&mut self, _ports: &[u16]) {}
 
     /// How runs of equal-sized packets to one destination may leave
     /// together (what the driver gathers before [`Backend::send`]).

@@ -22,6 +22,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::AsRawFd;
 use std::time::Duration;
 
+use super::share;
+
 /// The most segments one GSO send carries.
 const MAX_SEGMENTS: usize = 64;
 /// The most bytes one GSO send carries (the IP payload limit).
@@ -40,6 +42,8 @@ pub(crate) struct UdpBackend {
     /// One socket per joined multicast group, bound to (group, port): a
     /// socket bound to a unicast address never sees multicast datagrams.
     groups: Vec<(IpAddr, UdpSocket)>,
+    /// The configured address shared with other contexts, if it is.
+    sharing: Option<Sharing>,
 }
 
 /// One bound unicast socket.
@@ -150,13 +154,166 @@ fn from_raw(r: &RawAddr) -> Option<SocketAddr> {
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 64]);
 
+/// A UDP socket bound to `addr` in its `SO_REUSEPORT` group.
+fn bind_reuseport(addr: SocketAddr) -> io::Result<UdpSocket> {
+    let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+    // SAFETY: socket() takes no pointers; the result is checked.
+    let fd = unsafe { libc::socket(domain, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
+    if fd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: `fd` is a fresh socket nobody else owns.
+    let sock = unsafe { <UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    let (raw, len) = to_raw(addr);
+    // SAFETY: binds to a live sockaddr of the stated length.
+    if unsafe { libc::bind(fd, (&raw const raw).cast(), len) } != 0 {
+        return Err(io::Error::last_os_error());
+    }
+    Ok(sock)
+}
+
+/// Replaces the steering program of `sock`'s `SO_REUSEPORT` group.
+fn attach_steering(sock: &UdpSocket, prog: &[share::Insn]) -> io::Result<()> {
+    let mut filter: Vec<libc::sock_filter> = prog
+        .iter()
+        .map(|i| libc::sock_filter { code: i.code, jt: i.jt, jf: i.jf, k: i.k })
+        .collect();
+    let fprog = libc::sock_fprog {
+        len: u16::try_from(filter.len()).map_err(|_| io::ErrorKind::InvalidInput)?,
+        filter: filter.as_mut_ptr(),
+    };
+    setsockopt_val(sock.as_raw_fd(), libc::SOL_SOCKET, libc::SO_ATTACH_REUSEPORT_CBPF, &fprog)
+}
+
+/// How often a member looks for contexts that joined, left or died.
+const CHECK_EVERY_NS: u64 = 100_000_000;
+/// How long a probe round waits for its answers (a member that does not
+/// read its socket meanwhile is left out of the table until the next).
+const ROUND_LIMIT_NS: u64 = 200_000_000;
+
+/// This context's part in sharing its address (see `share`).
+#[derive(Debug)]
+struct Sharing {
+    registry: share::Registry,
+    next_check_ns: u64,
+    /// This member's probe round, while it runs.
+    round: Option<Round>,
+}
+
+#[derive(Debug)]
+struct Round {
+    number: u32,
+    /// Indices probed: the live members when it began.
+    members: usize,
+    generation: u64,
+    /// When it began; `None` until the first tick sees the clock.
+    started_ns: Option<u64>,
+}
+
+impl Sharing {
+    /// A member that just bound its socket: alone, it steers its slot's
+    /// QPNs to index 0 at once; either way the group is measured at the
+    /// next check of any member.
+    fn new(registry: share::Registry, sock: &UdpSocket) -> Self {
+        let mut s = Self { registry, next_check_ns: 0, round: None };
+        let live = s.registry.live_slots();
+        s.steer_alone(&live, sock);
+        s
+    }
+
+    /// Alone in the group: index 0, nothing to probe.
+    fn steer_alone(&mut self, live: &[usize], sock: &UdpSocket) -> bool {
+        if live != [self.registry.slot()] {
+            return false;
+        }
+        let generation = self.registry.generation();
+        self.registry.set_table(&[(self.registry.slot(), 0)]);
+        let _ = attach_steering(sock, &self.registry.steering());
+        self.registry.set_measured(generation);
+        true
+    }
+
+    /// Publishes the ports this context's CM listens on and steers their
+    /// requests here.
+    fn set_listening(&mut self, ports: &[u16], sock: &UdpSocket) {
+        self.registry.set_listening(ports);
+        let _ = attach_steering(sock, &self.registry.steering());
+    }
+
+    /// Advances the membership check and this member's round (cheap when
+    /// neither is due).
+    fn tick(&mut self, now_ns: u64, sock: &UdpSocket, local: SocketAddr) {
+        if let Some(r) = &mut self.round {
+            let started = *r.started_ns.get_or_insert(now_ns);
+            let answered =
+                (0..r.members).filter(|&k| self.registry.answer_of(r.number, k).is_some()).count();
+            if answered == r.members || now_ns.saturating_sub(started) > ROUND_LIMIT_NS {
+                self.finish_round(sock);
+            }
+            return;
+        }
+        if now_ns < self.next_check_ns {
+            return;
+        }
+        self.next_check_ns = now_ns + CHECK_EVERY_NS;
+        // Dead members' slots are taken back here (which bumps the
+        // generation).
+        let live = self.registry.live_slots();
+        let generation = self.registry.generation();
+        if generation == self.registry.measured() || self.steer_alone(&live, sock) {
+            return;
+        }
+        // Whoever gets the round lock measures; the others look again at
+        // their next check.
+        let Some(number) = self.registry.begin_round() else { return };
+        self.round = Some(Round { number, members: live.len(), generation, started_ns: None });
+        // Each probe leaves through the group's current program, which
+        // sends it to the index it names.
+        for k in 0..live.len() as u32 {
+            let _ = sock.send_to(&share::probe(number, k), local);
+        }
+    }
+
+    /// Attaches the program the round's answers call for; the round
+    /// counts as the group's measure if every index answered, no slot
+    /// twice, and nobody joined or left meanwhile.
+    fn finish_round(&mut self, sock: &UdpSocket) {
+        let Some(r) = self.round.take() else { return };
+        let answers: Vec<(usize, u32)> = (0..r.members)
+            .filter_map(|k| self.registry.answer_of(r.number, k).map(|s| (s, k as u32)))
+            .collect();
+        let mut slots: Vec<usize> = answers.iter().map(|a| a.0).collect();
+        slots.sort_unstable();
+        slots.dedup();
+        let consistent = slots.len() == answers.len();
+        if consistent && !answers.is_empty() {
+            self.registry.set_table(&answers);
+            let _ = attach_steering(sock, &self.registry.steering());
+        }
+        if consistent && answers.len() == r.members && self.registry.generation() == r.generation {
+            self.registry.set_measured(r.generation);
+        }
+        self.registry.end_round();
+    }
+}
+
 impl UdpBackend {
-    /// Binds to `addr` and enables GRO where the kernel has it.
+    /// Binds to `addr` and enables GRO where the kernel has it. The
+    /// address is shared with other contexts (`share`) unless
+    /// `UROCE_EXCLUSIVE` is set or the run directory cannot hold the slot
+    /// table; then the bind fails if another context has the address.
     pub(crate) fn bind(addr: SocketAddr) -> io::Result<Self> {
-        let port = Port::bind(addr, 0)?;
+        let registry = if std::env::var_os("UROCE_EXCLUSIVE").is_none() && addr.port() != 0 {
+            share::Registry::join(addr).ok()
+        } else {
+            None
+        };
+        let port = Port::bind(addr, 0, registry.is_some())?;
         let local = port.sock.local_addr()?;
         let gso = std::env::var_os("UROCE_NO_GSO").is_none();
-        Ok(Self { ports: vec![port], local, gso, next_rx: 0, groups: Vec::new() })
+        let sharing = registry.map(|r| Sharing::new(r, &port.sock));
+        Ok(Self { ports: vec![port], local, gso, next_rx: 0, groups: Vec::new(), sharing })
     }
 
     /// Binds another local address of the device (a GID in use) on the
@@ -170,7 +327,7 @@ impl UdpBackend {
         } else {
             0
         };
-        let port = Port::bind(SocketAddr::new(ip, self.local.port()), scope)?;
+        let port = Port::bind(SocketAddr::new(ip, self.local.port()), scope, false)?;
         self.ports.push(port);
         Ok(())
     }
@@ -310,6 +467,16 @@ impl UdpBackend {
             let i = (self.next_rx + k) % n;
             let port = &self.ports[i];
             match port.recv(buf) {
+                Ok(Some((len, _, _)))
+                    if i == 0
+                        && let Some(sharing) = &self.sharing
+                        && let Some((round, index)) = share::parse_probe(&buf[..len]) =>
+                {
+                    // A probe of the group's steering: answered, not
+                    // delivered. The next datagram may wait behind it.
+                    sharing.registry.answer_probe(round, index);
+                    return self.recv_any(buf);
+                }
                 Ok(Some((len, seg, from))) => {
                     self.next_rx = (i + 1) % n;
                     return Ok(Some((len, seg, from, port.ip)));
@@ -328,6 +495,26 @@ impl UdpBackend {
 impl super::Backend for UdpBackend {
     fn local(&self) -> SocketAddr {
         self.local
+    }
+
+    fn qpn_base(&self) -> u32 {
+        self.sharing.as_ref().map_or(0, |s| (s.registry.slot() as u32) << share::QPN_SHIFT)
+    }
+
+    fn tick(&mut self, now_ns: u64) {
+        if let Some(sharing) = &mut self.sharing {
+            sharing.tick(now_ns, &self.ports[0].sock, self.local);
+        }
+    }
+
+    fn cm_id_prefix(&self) -> Option<(u32, u32)> {
+        self.sharing.as_ref().map(|s| (s.registry.slot() as u32, share::COMM_ID_SLOT_BITS))
+    }
+
+    fn set_listening(&mut self, ports: &[u16]) {
+        if let Some(sharing) = &mut self.sharing {
+            sharing.set_listening(ports, &self.ports[0].sock);
+        }
     }
 
     fn batch(&self) -> super::SendBatch {
@@ -382,14 +569,16 @@ impl super::Backend for UdpBackend {
 impl Port {
     /// A non-blocking socket bound to `addr` with the options the data
     /// path needs.
-    fn bind(addr: SocketAddr, scope: u32) -> io::Result<Self> {
+    /// With `shared`, the socket joins the address's `SO_REUSEPORT` group
+    /// (see `share`): other contexts may bind the address too.
+    fn bind(addr: SocketAddr, scope: u32, shared: bool) -> io::Result<Self> {
         let addr = match addr {
             SocketAddr::V6(a) if scope != 0 => {
                 SocketAddr::V6(SocketAddrV6::new(*a.ip(), a.port(), 0, scope))
             }
             a => a,
         };
-        let sock = UdpSocket::bind(addr)?;
+        let sock = if shared { bind_reuseport(addr)? } else { UdpSocket::bind(addr)? };
         sock.set_nonblocking(true)?;
         let fd = sock.as_raw_fd();
         match addr.ip() {

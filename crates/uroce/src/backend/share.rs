@@ -1,0 +1,628 @@
+//! One device address shared by many contexts, in one process or many
+//! (issue 15, `docs/sharing.md`).
+//!
+//! Every context binds the device's address and port with `SO_REUSEPORT`,
+//! so the kernel keeps their sockets in one group. A classic BPF program
+//! attached to the group (`SO_ATTACH_REUSEPORT_CBPF`, no privilege needed)
+//! picks each datagram's socket from the BTH destination QPN: every
+//! context owns a *slot*, and slot `s` owns QPNs `s << QPN_SHIFT ..`. The
+//! program returns a socket's *index* in the group, which the kernel
+//! assigns by join order and reshuffles when a socket closes (the last one
+//! moves into the hole), so the indices are measured, not assumed: a
+//! *probe round* sends one datagram per index through the group, each
+//! marked with the index the program is told to pick, and every member
+//! that receives one writes down "index k is my slot".
+//!
+//! What the members share is a small file per device address under the run
+//! directory (`registry`), with the slot table (owner pid and start time,
+//! so a slot whose process died, SIGKILL included, is taken back) and the
+//! probe answers. It is locked (`flock`) for membership changes only; the
+//! data path never touches it.
+//!
+//! A context alone in its group costs nothing more than before: the kernel
+//! hands every datagram to a group's only socket whatever the program says.
+
+#![deny(unsafe_code)]
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+
+/// Contexts that can share one device address.
+pub(crate) const SLOTS: usize = 64;
+/// Slot `s` owns the QPNs whose top bits are `s`: 2^18 QPNs each, more
+/// than a context may create (`limits::MAX_QP`).
+pub(crate) const QPN_SHIFT: u32 = 18;
+
+/// The first 8 bytes of a probe datagram. A RoCE packet never starts so:
+/// 0x75 is a reserved BTH opcode.
+pub(crate) const PROBE_MAGIC: [u8; 8] = *b"uroce-pr";
+/// Probe datagram: magic, round (u32 BE), index (u32 BE), then padding
+/// that makes each probe of a round a different size (so that receive
+/// offload never merges two).
+pub(crate) const PROBE_LEN: usize = 16;
+
+const FILE_MAGIC: u64 = u64::from_le_bytes(*b"UROCESH1");
+/// File layout, in 8-byte words: magic, membership generation, the round
+/// counter, then the slots (two words each: pid, start time), then one
+/// probe answer per index.
+const W_MAGIC: u64 = 0;
+const W_GENERATION: u64 = 1;
+const W_ROUND: u64 = 2;
+/// The membership generation the last complete round measured.
+const W_MEASURED: u64 = 3;
+const W_SLOTS: u64 = 8;
+const W_ANSWERS: u64 = W_SLOTS + 2 * SLOTS as u64;
+/// The last measured index of each slot, plus one (0: unknown).
+const W_TABLE: u64 = W_ANSWERS + SLOTS as u64;
+/// The ports each slot's connection manager listens on, four per word.
+const W_LISTEN: u64 = W_TABLE + SLOTS as u64;
+/// Ports a slot can have steered to it.
+pub(crate) const LISTEN_PER_SLOT: usize = 16;
+const FILE_WORDS: u64 = W_LISTEN + (SLOTS * LISTEN_PER_SLOT / 4) as u64;
+
+/// The process as the slot table names it: pid and start time (clock
+/// ticks since boot, field 22 of `/proc/PID/stat`), so that a reused pid
+/// is not mistaken for the slot's owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Owner {
+    pid: u32,
+    start: u64,
+}
+
+impl Owner {
+    fn me() -> Self {
+        let pid = std::process::id();
+        Self { pid, start: start_time(pid).unwrap_or(0) }
+    }
+
+    /// Whether the process still runs (a zombie has closed its sockets).
+    fn alive(self) -> bool {
+        self.pid != 0 && start_time(self.pid) == Some(self.start)
+    }
+}
+
+/// Field 22 of `/proc/PID/stat`, or `None` when the process is gone or a
+/// zombie.
+fn start_time(pid: u32) -> Option<u64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    // The command name (field 2) may hold spaces: fields count from the
+    // last ')'.
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace();
+    let state = fields.next()?;
+    if state == "Z" || state == "X" {
+        return None;
+    }
+    // `rest` starts at field 3; field 22 is 19 further.
+    fields.nth(18)?.parse().ok()
+}
+
+/// The shared slot table of one device address.
+#[derive(Debug)]
+pub(crate) struct Registry {
+    file: File,
+    /// Held while this member runs a probe round (a second file, so that
+    /// a round never blocks a context that opens or closes).
+    round_lock: File,
+    slot: usize,
+    owner: Owner,
+    path: PathBuf,
+}
+
+/// Whether `path` still names the open `file` (not removed or replaced).
+fn same_file(file: &File, path: &PathBuf) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+fn read_word(f: &File, w: u64) -> u64 {
+    let mut b = [0u8; 8];
+    match f.read_exact_at(&mut b, w * 8) {
+        Ok(()) => u64::from_le_bytes(b),
+        Err(_) => 0,
+    }
+}
+
+fn write_word(f: &File, w: u64, v: u64) -> io::Result<()> {
+    f.write_all_at(&v.to_le_bytes(), w * 8)
+}
+
+/// A probe answer: the round, the slot and a check, in one word (written
+/// whole by one `pwrite`; the check catches a torn read).
+fn answer(round: u32, slot: usize) -> u64 {
+    let s = slot as u64 & 0xffff;
+    (u64::from(round) << 32) | ((!s & 0xffff) << 16) | s
+}
+
+fn parse_answer(v: u64) -> Option<(u32, usize)> {
+    let s = v & 0xffff;
+    ((v >> 16) & 0xffff == !s & 0xffff).then_some(((v >> 32) as u32, s as usize))
+}
+
+fn path_of(addr: SocketAddr) -> PathBuf {
+    crate::published::run_dir().join(format!("share-{}-{}", addr.ip(), addr.port()))
+}
+
+/// The round lock beside the table (`with_extension` would cut an IPv4
+/// address at its last dot).
+fn round_path(path: &std::path::Path) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(".round");
+    PathBuf::from(p)
+}
+
+fn open_rw(path: &PathBuf) -> io::Result<File> {
+    use std::os::unix::fs::OpenOptionsExt;
+    OpenOptions::new().read(true).write(true).create(true).truncate(false).mode(0o600).open(path)
+}
+
+impl Registry {
+    /// Takes a free slot of the device at `addr` (after taking back the
+    /// slots of processes that are gone) and bumps the generation, so that
+    /// the members measure the group anew.
+    ///
+    /// # Errors
+    /// The run directory or the file cannot be used, or all slots are
+    /// taken (`AddrInUse`).
+    pub(crate) fn join(addr: SocketAddr) -> io::Result<Self> {
+        let path = path_of(addr);
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir)?;
+        }
+        // The last member to leave removes the file: a file locked after
+        // that is not the table any more, and is opened again.
+        let file = loop {
+            let file = open_rw(&path)?;
+            file.lock()?;
+            if same_file(&file, &path) {
+                break file;
+            }
+        };
+        let r = Self::take_slot(&file);
+        let round_lock = r.as_ref().ok().map(|_| open_rw(&round_path(&path)));
+        let _ = file.unlock();
+        let slot = r?;
+        let round_lock = round_lock.unwrap_or_else(|| Err(io::ErrorKind::NotFound.into()))?;
+        Ok(Self { file, round_lock, slot, owner: Owner::me(), path })
+    }
+
+    fn take_slot(file: &File) -> io::Result<usize> {
+        if read_word(file, W_MAGIC) != FILE_MAGIC {
+            for w in 0..FILE_WORDS {
+                write_word(file, w, 0)?;
+            }
+            write_word(file, W_MAGIC, FILE_MAGIC)?;
+        }
+        let me = Owner::me();
+        let mut free = None;
+        for s in 0..SLOTS {
+            let o = slot_owner(file, s);
+            if o.pid != 0 && !o.alive() {
+                clear_slot(file, s)?;
+            }
+            if free.is_none() && (o.pid == 0 || !o.alive()) {
+                free = Some(s);
+            }
+        }
+        let s = free.ok_or(io::ErrorKind::AddrInUse)?;
+        write_word(file, W_SLOTS + 2 * s as u64, u64::from(me.pid))?;
+        write_word(file, W_SLOTS + 2 * s as u64 + 1, me.start)?;
+        bump(file)?;
+        Ok(s)
+    }
+
+    /// This context's slot.
+    pub(crate) fn slot(&self) -> usize {
+        self.slot
+    }
+
+    /// The membership generation: changes whenever a context joins or
+    /// leaves, or a dead one's slot is taken back.
+    pub(crate) fn generation(&self) -> u64 {
+        read_word(&self.file, W_GENERATION)
+    }
+
+    /// The membership generation the indices in the file were measured
+    /// for.
+    pub(crate) fn measured(&self) -> u64 {
+        read_word(&self.file, W_MEASURED)
+    }
+
+    /// Records that the indices in the file are right for `generation`.
+    pub(crate) fn set_measured(&self, generation: u64) {
+        let _ = write_word(&self.file, W_MEASURED, generation);
+    }
+
+    /// The live members' slots, taking back (under the lock) those whose
+    /// process is gone. `None` if the lock could not be had.
+    pub(crate) fn live_slots(&self) -> Vec<usize> {
+        let mut live = Vec::new();
+        let mut dead = Vec::new();
+        for s in 0..SLOTS {
+            let o = slot_owner(&self.file, s);
+            if o.pid == 0 {
+                continue;
+            }
+            if s == self.slot || o.alive() {
+                live.push(s);
+            } else {
+                dead.push(s);
+            }
+        }
+        if !dead.is_empty() && self.file.lock().is_ok() {
+            for s in dead {
+                // Checked again under the lock: the slot may have been
+                // taken back and given to a new context meanwhile.
+                let o = slot_owner(&self.file, s);
+                if o.pid != 0 && !o.alive() {
+                    let _ = clear_slot(&self.file, s);
+                    let _ = bump(&self.file);
+                }
+            }
+            let _ = self.file.unlock();
+        }
+        live
+    }
+
+    /// Becomes the member that runs the next probe round, if no other
+    /// member runs one. Returns the round's number.
+    pub(crate) fn begin_round(&self) -> Option<u32> {
+        if self.round_lock.try_lock().is_err() {
+            return None;
+        }
+        let round = (read_word(&self.file, W_ROUND) as u32).wrapping_add(1).max(1);
+        if write_word(&self.file, W_ROUND, u64::from(round)).is_err() {
+            let _ = self.round_lock.unlock();
+            return None;
+        }
+        Some(round)
+    }
+
+    /// Ends this member's round.
+    pub(crate) fn end_round(&self) {
+        let _ = self.round_lock.unlock();
+    }
+
+    /// Records that this member's socket received the probe for `index`
+    /// of `round`.
+    pub(crate) fn answer_probe(&self, round: u32, index: u32) {
+        if (index as usize) < SLOTS {
+            let _ = write_word(&self.file, W_ANSWERS + u64::from(index), answer(round, self.slot));
+        }
+    }
+
+    /// The slot that answered `index` in `round`, if one did.
+    pub(crate) fn answer_of(&self, round: u32, index: usize) -> Option<usize> {
+        parse_answer(read_word(&self.file, W_ANSWERS + index as u64))
+            .and_then(|(r, s)| (r == round).then_some(s))
+    }
+}
+
+impl Registry {
+    /// Records the indices a round measured (`(slot, index)`); slots not
+    /// in it become unknown.
+    pub(crate) fn set_table(&self, table: &[(usize, u32)]) {
+        for s in 0..SLOTS {
+            let v = table.iter().find(|t| t.0 == s).map_or(0, |t| u64::from(t.1) + 1);
+            let _ = write_word(&self.file, W_TABLE + s as u64, v);
+        }
+    }
+
+    /// Records the ports this context's connection manager listens on
+    /// (the first [`LISTEN_PER_SLOT`]; 0 is no port).
+    pub(crate) fn set_listening(&self, ports: &[u16]) {
+        let mut p = [0u16; LISTEN_PER_SLOT];
+        for (d, s) in p.iter_mut().zip(ports) {
+            *d = *s;
+        }
+        for (w, chunk) in p.chunks(4).enumerate() {
+            let v = chunk.iter().enumerate().fold(0u64, |v, (i, &x)| v | u64::from(x) << (16 * i));
+            let at = W_LISTEN + (self.slot * LISTEN_PER_SLOT / 4 + w) as u64;
+            let _ = write_word(&self.file, at, v);
+        }
+    }
+
+    /// The steering program for the group as the file describes it: the
+    /// measured indices, and the ports each slot listens on. The lowest
+    /// slot with a known index takes the CM datagrams no other rule
+    /// places.
+    pub(crate) fn steering(&self) -> Vec<Insn> {
+        let table: Vec<(usize, u32)> = (0..SLOTS)
+            .filter_map(|s| {
+                let v = read_word(&self.file, W_TABLE + s as u64);
+                (v > 0 && v <= 1 << 16 && slot_owner(&self.file, s).pid != 0)
+                    .then(|| (s, (v - 1) as u32))
+            })
+            .collect();
+        let mut listens = Vec::new();
+        for &(s, index) in &table {
+            for w in 0..LISTEN_PER_SLOT / 4 {
+                let v = read_word(&self.file, W_LISTEN + (s * LISTEN_PER_SLOT / 4 + w) as u64);
+                for i in 0..4 {
+                    let port = (v >> (16 * i)) as u16;
+                    if port != 0 {
+                        listens.push((port, index));
+                    }
+                }
+            }
+        }
+        program(&table, &listens)
+    }
+}
+
+impl Drop for Registry {
+    fn drop(&mut self) {
+        if self.file.lock().is_ok() {
+            if slot_owner(&self.file, self.slot) == self.owner {
+                let _ = clear_slot(&self.file, self.slot);
+                let _ = bump(&self.file);
+            }
+            let others = (0..SLOTS).any(|s| slot_owner(&self.file, s).alive());
+            if !others && same_file(&self.file, &self.path) {
+                // Removed under the lock; a context that opened it and
+                // waits for the lock sees it gone and starts a new one.
+                let _ = std::fs::remove_file(round_path(&self.path));
+                let _ = std::fs::remove_file(&self.path);
+            }
+            let _ = self.file.unlock();
+        }
+    }
+}
+
+fn slot_owner(file: &File, s: usize) -> Owner {
+    Owner {
+        pid: read_word(file, W_SLOTS + 2 * s as u64) as u32,
+        start: read_word(file, W_SLOTS + 2 * s as u64 + 1),
+    }
+}
+
+fn clear_slot(file: &File, s: usize) -> io::Result<()> {
+    write_word(file, W_SLOTS + 2 * s as u64, 0)?;
+    write_word(file, W_SLOTS + 2 * s as u64 + 1, 0)
+}
+
+fn bump(file: &File) -> io::Result<()> {
+    write_word(file, W_GENERATION, read_word(file, W_GENERATION).wrapping_add(1))
+}
+
+/// A probe datagram for `index` of `round`.
+pub(crate) fn probe(round: u32, index: u32) -> Vec<u8> {
+    let mut p = Vec::with_capacity(PROBE_LEN + index as usize);
+    p.extend_from_slice(&PROBE_MAGIC);
+    p.extend_from_slice(&round.to_be_bytes());
+    p.extend_from_slice(&index.to_be_bytes());
+    p.resize(PROBE_LEN + index as usize, 0);
+    p
+}
+
+/// A received datagram's probe fields, if it is one.
+pub(crate) fn parse_probe(d: &[u8]) -> Option<(u32, u32)> {
+    if d.len() < PROBE_LEN || d[..8] != PROBE_MAGIC {
+        return None;
+    }
+    let round = u32::from_be_bytes(d[8..12].try_into().ok()?);
+    let index = u32::from_be_bytes(d[12..16].try_into().ok()?);
+    Some((round, index))
+}
+
+/// One classic BPF instruction (`struct sock_filter`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Insn {
+    pub(crate) code: u16,
+    pub(crate) jt: u8,
+    pub(crate) jf: u8,
+    pub(crate) k: u32,
+}
+
+const LD_W_ABS: u16 = 0x20;
+const LD_H_ABS: u16 = 0x28;
+const JA: u16 = 0x05;
+const JEQ_K: u16 = 0x15;
+const AND_K: u16 = 0x54;
+const RSH_K: u16 = 0x74;
+const RET_K: u16 = 0x06;
+const RET_A: u16 = 0x16;
+
+/// What the kernel does with an index past the group's sockets: picks one
+/// by its hash, as if there were no program.
+pub(crate) const ANY: u32 = u32::MAX;
+
+const fn insn(code: u16, jt: u8, jf: u8, k: u32) -> Insn {
+    Insn { code, jt, jf, k }
+}
+
+/// Where a CM MAD's fields are, from the start of the UDP payload (BTH
+/// 12 bytes, DETH 8, then the MAD): the attribute ID; the message's first
+/// two words (REQ, SIDR_REQ, SIDR_REP: the sender's or our request ID;
+/// the others: the sender's ID, then ours); the REQ's and SIDR_REQ's
+/// service ID ends with the port.
+const MAD_ATTR: u32 = 36;
+const MAD_ID0: u32 = 44;
+const MAD_ID1: u32 = 48;
+const MAD_SERVICE_PORT: u32 = 58;
+const ATTR_REQ: u32 = 0x0010;
+const ATTR_SIDR_REQ: u32 = 0x0017;
+const ATTR_SIDR_REP: u32 = 0x0018;
+/// Communication IDs carry the slot in their top bits (`CmAgent::set_id_prefix`).
+pub(crate) const COMM_ID_SLOT_BITS: u32 = 6;
+/// Ports steered by one program (its size stays far below the kernel's
+/// 4096 instructions).
+const MAX_LISTENS: usize = 1024;
+
+/// The steering program. Offsets are from the start of the UDP payload:
+/// - a probe (bytes 0..8 the magic) goes to the index in bytes 12..16;
+/// - a packet to a QPN other than 1 goes to the socket of the slot in the
+///   QPN's top bits, as `table` (`(slot, index)`) says, or anywhere;
+/// - a CM datagram (QPN 1): a REQ or SIDR_REQ to whoever listens on its
+///   service's port (`listens`: `(port, index)`), any other MAD to the slot
+///   in the top bits of the communication ID it carries for us; and what
+///   no rule places to the lowest slot's connection manager, which answers
+///   as a host with nobody listening does.
+pub(crate) fn program(table: &[(usize, u32)], listens: &[(u16, u32)]) -> Vec<Insn> {
+    let m0 = u32::from_be_bytes(PROBE_MAGIC[..4].try_into().unwrap_or_default());
+    let m1 = u32::from_be_bytes(PROBE_MAGIC[4..].try_into().unwrap_or_default());
+    let table = &table[..table.len().min(SLOTS)];
+    let listens = &listens[..listens.len().min(MAX_LISTENS)];
+    let leader = table.iter().min_by_key(|t| t.0).map_or(ANY, |t| t.1);
+    // `slot → index` comparisons, then `default`.
+    let lookup = |p: &mut Vec<Insn>, default: u32| {
+        for &(slot, index) in table {
+            p.push(insn(JEQ_K, 0, 1, slot as u32));
+            p.push(insn(RET_K, 0, 0, index));
+        }
+        p.push(insn(RET_K, 0, 0, default));
+    };
+    let lookup_len = (2 * table.len() + 1) as u8;
+    let mut p = vec![
+        insn(LD_W_ABS, 0, 0, 0),
+        insn(JEQ_K, 0, 4, m0), // not a probe: to 6
+        insn(LD_W_ABS, 0, 0, 4),
+        insn(JEQ_K, 0, 2, m1), // not a probe: to 6
+        insn(LD_W_ABS, 0, 0, 12),
+        insn(RET_A, 0, 0, 0),    // the probe's index
+        insn(LD_W_ABS, 0, 0, 4), // BTH bytes 4..8
+        insn(AND_K, 0, 0, 0x00ff_ffff),
+        insn(JEQ_K, 1 + lookup_len, 0, 1), // QPN 1: to the CM part
+        insn(RSH_K, 0, 0, QPN_SHIFT),
+    ];
+    lookup(&mut p, ANY);
+    // The CM part.
+    let to_req = 6 + lookup_len;
+    p.push(insn(LD_H_ABS, 0, 0, MAD_ATTR));
+    p.push(insn(JEQ_K, to_req, 0, ATTR_REQ));
+    p.push(insn(JEQ_K, to_req - 1, 0, ATTR_SIDR_REQ));
+    p.push(insn(JEQ_K, 0, 2, ATTR_SIDR_REP));
+    p.push(insn(LD_W_ABS, 0, 0, MAD_ID0));
+    p.push(insn(JA, 0, 0, 1));
+    p.push(insn(LD_W_ABS, 0, 0, MAD_ID1));
+    p.push(insn(RSH_K, 0, 0, 32 - COMM_ID_SLOT_BITS));
+    lookup(&mut p, leader);
+    p.push(insn(LD_H_ABS, 0, 0, MAD_SERVICE_PORT));
+    for &(port, index) in listens {
+        p.push(insn(JEQ_K, 0, 1, u32::from(port)));
+        p.push(insn(RET_K, 0, 0, index));
+    }
+    p.push(insn(RET_K, 0, 0, leader));
+    p
+}
+
+/// Runs `prog` over `packet` as the kernel's classic BPF would (for the
+/// instructions [`program`] uses); a load past the end returns 0.
+#[cfg(test)]
+pub(crate) fn run(prog: &[Insn], packet: &[u8]) -> u32 {
+    let mut a = 0u32;
+    let mut pc = 0usize;
+    while let Some(i) = prog.get(pc) {
+        pc += 1;
+        match i.code {
+            LD_W_ABS => {
+                let at = i.k as usize;
+                let Some(b) = packet.get(at..at + 4) else { return 0 };
+                a = u32::from_be_bytes(b.try_into().unwrap_or_default());
+            }
+            LD_H_ABS => {
+                let at = i.k as usize;
+                let Some(b) = packet.get(at..at + 2) else { return 0 };
+                a = u32::from(u16::from_be_bytes(b.try_into().unwrap_or_default()));
+            }
+            JA => pc += i.k as usize,
+            JEQ_K => pc += usize::from(if a == i.k { i.jt } else { i.jf }),
+            AND_K => a &= i.k,
+            RSH_K => a >>= i.k,
+            RET_K => return i.k,
+            RET_A => return a,
+            _ => return 0,
+        }
+    }
+    0
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn bth_to(qpn: u32) -> Vec<u8> {
+        let mut p = vec![0u8; 40];
+        p[0] = 0x04; // RC SEND Only
+        p[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        p
+    }
+
+    /// A CM MAD to QPN 1: attribute `attr`, its first two words.
+    fn mad(attr: u16, id0: u32, id1: u32, port: u16) -> Vec<u8> {
+        let mut p = bth_to(1);
+        p.resize(256, 0);
+        p[12] = 0x80; // DETH Q_Key 0x80010000
+        p[14] = 0x01;
+        p[20] = 1; // base version
+        p[21] = 7; // CM class
+        p[36..38].copy_from_slice(&attr.to_be_bytes());
+        p[44..48].copy_from_slice(&id0.to_be_bytes());
+        p[48..52].copy_from_slice(&id1.to_be_bytes());
+        p[58..60].copy_from_slice(&port.to_be_bytes());
+        p
+    }
+
+    fn id_of(slot: u32) -> u32 {
+        (slot << (32 - COMM_ID_SLOT_BITS)) | 0x1234
+    }
+
+    #[test]
+    fn the_program_steers_by_slot_probe_and_cm() {
+        let prog = program(&[(0, 2), (1, 0), (5, 1)], &[(7174, 1), (9999, 0)]);
+        assert_eq!(run(&prog, &bth_to(0x11)), 2, "slot 0");
+        assert_eq!(run(&prog, &bth_to((1 << QPN_SHIFT) | 7)), 0, "slot 1");
+        assert_eq!(run(&prog, &bth_to((5 << QPN_SHIFT) | 0x3ffff)), 1, "slot 5");
+        assert_eq!(run(&prog, &bth_to(3 << QPN_SHIFT)), ANY, "an unknown slot");
+        for k in [0, 3, 63] {
+            assert_eq!(run(&prog, &probe(9, k)), k, "probe {k}");
+        }
+        // A datagram that starts like a probe but is not one.
+        let mut p = probe(1, 3);
+        p[6] = b'x';
+        assert_eq!(run(&prog, &p), run(&prog, &bth_to(u32::from_be_bytes([0, b'-', b'x', b'r']))));
+        // CM: requests by port, the rest by our communication ID.
+        assert_eq!(run(&prog, &mad(0x10, 55, 0, 7174)), 1, "REQ to a listener");
+        assert_eq!(run(&prog, &mad(0x17, 55, 0, 9999)), 0, "SIDR_REQ to a listener");
+        assert_eq!(run(&prog, &mad(0x10, 55, 0, 1)), 2, "REQ nobody listens to: slot 0's");
+        assert_eq!(run(&prog, &mad(0x13, 55, id_of(5), 0)), 1, "REP for slot 5");
+        assert_eq!(run(&prog, &mad(0x15, 55, id_of(1), 0)), 0, "DREQ for slot 1");
+        assert_eq!(run(&prog, &mad(0x12, 55, id_of(0), 0)), 2, "REJ for slot 0");
+        assert_eq!(run(&prog, &mad(0x18, id_of(5), 0, 0)), 1, "SIDR_REP for slot 5");
+        assert_eq!(run(&prog, &mad(0x14, 55, id_of(9), 0)), 2, "RTU for a slot gone");
+        // With nothing measured, everything may go anywhere.
+        assert_eq!(run(&program(&[], &[]), &mad(0x10, 1, 0, 7174)), ANY);
+        assert_eq!(run(&program(&[], &[]), &bth_to(0x11)), ANY);
+        // The largest program stays within the kernel's limit and its jumps.
+        let table: Vec<(usize, u32)> = (0..SLOTS).map(|s| (s, s as u32)).collect();
+        let listens: Vec<(u16, u32)> = (1..5000).map(|p| (p as u16, 3)).collect();
+        let big = program(&table, &listens);
+        assert!(big.len() < 4096, "{}", big.len());
+        assert_eq!(run(&big, &mad(0x10, 1, 0, 1000)), 3);
+        assert_eq!(run(&big, &bth_to(63 << QPN_SHIFT)), 63);
+        assert_eq!(run(&big, &mad(0x16, 1, id_of(63), 0)), 63);
+    }
+
+    #[test]
+    fn probes_and_answers_round_trip() {
+        let p = probe(77, 5);
+        assert_eq!(p.len(), PROBE_LEN + 5);
+        assert_eq!(parse_probe(&p), Some((77, 5)));
+        assert_eq!(parse_probe(&bth_to(5)), None);
+        assert_eq!(parse_answer(answer(3, 17)), Some((3, 17)));
+        assert_eq!(parse_answer(answer(3, 17) ^ 1), None, "a torn word");
+    }
+
+    #[test]
+    fn start_time_tells_a_live_process() {
+        assert!(Owner::me().alive());
+        assert!(!Owner { pid: std::process::id(), start: 1 }.alive());
+        assert!(!Owner { pid: 0, start: 0 }.alive());
+    }
+}

@@ -1,0 +1,146 @@
+//! One device address shared by several contexts (issue 15): each binds
+//! the same address and port, owns its own QPN range, and receives exactly
+//! the packets of its own QPs, whoever sends them: a context on another
+//! address, or one sharing the address (loopback through the device).
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use uroce::{
+    Access, Completion, Context, Cq, Mr, Qp, QpCaps, RecvWr, SendWr, WcOpcode, WcStatus, WrOpcode,
+};
+
+const ALL: Access = Access(1 | 2 | 4 | 8);
+const LEN: usize = 1 << 20;
+
+struct End {
+    addr: IpAddr,
+    port: u16,
+    qp: Qp,
+    cq: Cq,
+    mr: Mr,
+}
+
+fn end(ctx: &Context, addr: &str, port: u16) -> End {
+    let pd = ctx.alloc_pd().unwrap();
+    let mr = pd.alloc_mr(2 * LEN, ALL).unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let cap = QpCaps {
+        max_send_wr: 32,
+        max_recv_wr: 32,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 64,
+    };
+    let qp = uroce::testing::rc_qp(&pd, &cq, cap, true);
+    End { addr: addr.parse().unwrap(), port, qp, cq, mr }
+}
+
+fn connect(a: &End, b: &End) {
+    uroce::connect(&a.qp, b.addr, b.port, b.qp.qpn(), 0x100, 0x200, ALL).unwrap();
+    uroce::connect(&b.qp, a.addr, a.port, a.qp.qpn(), 0x200, 0x100, ALL).unwrap();
+}
+
+fn wait(cq: &Cq) -> Completion {
+    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false)];
+    let t = Instant::now();
+    loop {
+        if cq.poll(&mut wc).unwrap() == 1 {
+            return wc[0];
+        }
+        assert!(t.elapsed() < Duration::from_secs(10), "no completion");
+    }
+}
+
+/// A 1 MiB WRITE from `a` to `b` and a SEND back, checked byte for byte.
+fn exchange(a: &End, b: &End, seed: u8) {
+    let data: Vec<u8> = (0..LEN).map(|i| (i as u8).wrapping_mul(seed)).collect();
+    a.mr.write(0, &data).unwrap();
+    let sge = [a.mr.sge(0, LEN as u32).unwrap()];
+    a.qp.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: WrOpcode::RdmaWrite,
+        sgl: &sge,
+        remote_addr: b.mr.addr() + LEN as u64,
+        rkey: b.mr.rkey(),
+        ..SendWr::default()
+    }])
+    .unwrap();
+    assert_eq!(wait(&a.cq).status, WcStatus::Success);
+    let mut got = vec![0u8; LEN];
+    b.mr.read(LEN, &mut got).unwrap();
+    assert!(got == data, "WRITE data");
+    a.qp.post_recv(&[RecvWr { wr_id: 2, sgl: &[a.mr.sge(LEN, 64).unwrap()] }]).unwrap();
+    b.mr.write(0, &[seed; 64]).unwrap();
+    b.qp.post_send(&[SendWr {
+        wr_id: 3,
+        opcode: WrOpcode::Send,
+        sgl: &[b.mr.sge(0, 64).unwrap()],
+        ..SendWr::default()
+    }])
+    .unwrap();
+    assert_eq!(wait(&b.cq).status, WcStatus::Success);
+    let r = wait(&a.cq);
+    assert_eq!((r.status, r.byte_len), (WcStatus::Success, 64));
+    let mut back = [0u8; 64];
+    a.mr.read(LEN, &mut back).unwrap();
+    assert_eq!(back, [seed; 64]);
+}
+
+/// Waits until every context sharing an address has measured the group
+/// (a probe round takes a progress pass or two on each).
+fn settle() {
+    std::thread::sleep(Duration::from_millis(300));
+}
+
+#[test]
+fn contexts_sharing_an_address_each_get_their_own_packets() {
+    let port = uroce::testing::free_port();
+    let a1 = uroce::testing::open("127.0.0.1", port);
+    let a2 = uroce::testing::open("127.0.0.1", port);
+    let a3 = uroce::testing::open("127.0.0.1", port);
+    let b = uroce::testing::open("127.0.0.2", port);
+    settle();
+    // Three QPs on 127.0.0.1 (one per context) talking to three on
+    // 127.0.0.2 (all in one context), and two on the shared address
+    // talking to each other.
+    let e1 = end(&a1, "127.0.0.1", port);
+    let e2 = end(&a2, "127.0.0.1", port);
+    let e3 = end(&a3, "127.0.0.1", port);
+    let qpns = [e1.qp.qpn(), e2.qp.qpn(), e3.qp.qpn()];
+    assert!(qpns[0] != qpns[1] && qpns[1] != qpns[2] && qpns[0] != qpns[2], "{qpns:x?}");
+    let f1 = end(&b, "127.0.0.2", port);
+    let f2 = end(&b, "127.0.0.2", port);
+    let f3 = end(&b, "127.0.0.2", port);
+    connect(&e1, &f1);
+    connect(&e2, &f2);
+    connect(&e3, &f3);
+    let g1 = end(&a1, "127.0.0.1", port);
+    let g2 = end(&a2, "127.0.0.1", port);
+    connect(&g1, &g2);
+    for round in 0..3u8 {
+        exchange(&e1, &f1, 3 + round);
+        exchange(&f2, &e2, 5 + round);
+        exchange(&e3, &f3, 7 + round);
+        exchange(&g1, &g2, 11 + round);
+        exchange(&g2, &g1, 13 + round);
+    }
+    // One context goes: the others keep their traffic.
+    drop((e2, g2));
+    drop(a2);
+    settle();
+    for round in 0..3u8 {
+        exchange(&e1, &f1, 17 + round);
+        exchange(&f3, &e3, 19 + round);
+    }
+    // A new one comes: it gets a QPN range of its own.
+    let a4 = uroce::testing::open("127.0.0.1", port);
+    settle();
+    let e4 = end(&a4, "127.0.0.1", port);
+    assert!(!qpns.contains(&e4.qp.qpn()) || e4.qp.qpn() == qpns[1], "{:x}", e4.qp.qpn());
+    let f4 = end(&b, "127.0.0.2", port);
+    connect(&e4, &f4);
+    exchange(&e4, &f4, 23);
+    exchange(&e1, &f1, 29);
+    exchange(&f3, &e3, 31);
+}
