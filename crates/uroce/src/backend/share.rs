@@ -145,8 +145,12 @@ fn parse_answer(v: u64) -> Option<(u32, usize)> {
     ((v >> 16) & 0xffff == !s & 0xffff).then_some(((v >> 32) as u32, s as usize))
 }
 
+/// The table's file: one per address, port and network namespace (the
+/// same address in two namespaces is two groups).
 fn path_of(addr: SocketAddr) -> PathBuf {
-    crate::published::run_dir().join(format!("share-{}-{}", addr.ip(), addr.port()))
+    use std::os::unix::fs::MetadataExt;
+    let netns = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
+    crate::published::run_dir().join(format!("share-{netns}-{}-{}", addr.ip(), addr.port()))
 }
 
 /// The round lock beside the table (`with_extension` would cut an IPv4
@@ -205,6 +209,7 @@ impl Registry {
             let o = slot_owner(file, s);
             if o.pid != 0 && !o.alive() {
                 clear_slot(file, s)?;
+                predict_leave(file, s);
             }
             if free.is_none() && (o.pid == 0 || !o.alive()) {
                 free = Some(s);
@@ -214,6 +219,12 @@ impl Registry {
         write_word(file, W_SLOTS + 2 * s as u64, u64::from(me.pid))?;
         write_word(file, W_SLOTS + 2 * s as u64 + 1, me.start)?;
         bump(file)?;
+        // The kernel appends the socket we are about to bind.
+        let mut table = read_table(file);
+        if is_permutation(&table) && !table.is_empty() {
+            table.push((s, table.len() as u32));
+            write_table(file, &table);
+        }
         Ok(s)
     }
 
@@ -263,6 +274,7 @@ impl Registry {
                 if o.pid != 0 && !o.alive() {
                     let _ = clear_slot(&self.file, s);
                     let _ = bump(&self.file);
+                    predict_leave(&self.file, s);
                 }
             }
             let _ = self.file.unlock();
@@ -308,9 +320,9 @@ impl Registry {
     /// Records the indices a round measured (`(slot, index)`); slots not
     /// in it become unknown.
     pub(crate) fn set_table(&self, table: &[(usize, u32)]) {
-        for s in 0..SLOTS {
-            let v = table.iter().find(|t| t.0 == s).map_or(0, |t| u64::from(t.1) + 1);
-            let _ = write_word(&self.file, W_TABLE + s as u64, v);
+        if self.file.lock().is_ok() {
+            write_table(&self.file, table);
+            let _ = self.file.unlock();
         }
     }
 
@@ -333,12 +345,9 @@ impl Registry {
     /// slot with a known index takes the CM datagrams no other rule
     /// places.
     pub(crate) fn steering(&self) -> Vec<Insn> {
-        let table: Vec<(usize, u32)> = (0..SLOTS)
-            .filter_map(|s| {
-                let v = read_word(&self.file, W_TABLE + s as u64);
-                (v > 0 && v <= 1 << 16 && slot_owner(&self.file, s).pid != 0)
-                    .then(|| (s, (v - 1) as u32))
-            })
+        let table: Vec<(usize, u32)> = read_table(&self.file)
+            .into_iter()
+            .filter(|t| slot_owner(&self.file, t.0).pid != 0)
             .collect();
         let mut listens = Vec::new();
         for &(s, index) in &table {
@@ -356,12 +365,68 @@ impl Registry {
     }
 }
 
+/// The indices as the file has them: `(slot, index)`.
+fn read_table(file: &File) -> Vec<(usize, u32)> {
+    (0..SLOTS)
+        .filter_map(|s| {
+            let v = read_word(file, W_TABLE + s as u64);
+            (v > 0 && v <= SLOTS as u64).then(|| (s, (v - 1) as u32))
+        })
+        .collect()
+}
+
+fn write_table(file: &File, table: &[(usize, u32)]) {
+    for s in 0..SLOTS {
+        let v = table.iter().find(|t| t.0 == s).map_or(0, |t| u64::from(t.1) + 1);
+        let _ = write_word(file, W_TABLE + s as u64, v);
+    }
+}
+
+/// Whether `table` gives indices `0..len` once each.
+fn is_permutation(table: &[(usize, u32)]) -> bool {
+    let mut seen = [false; SLOTS];
+    table.iter().all(|&(_, i)| {
+        (i as usize) < table.len() && !std::mem::replace(&mut seen[i as usize], true)
+    })
+}
+
+/// The indices after slot `gone`'s socket left the group, as the kernel
+/// reorders them: the last socket moves into the hole. `None` when the
+/// table was not whole (then only a probe round can tell).
+fn without(table: &[(usize, u32)], gone: usize) -> Option<Vec<(usize, u32)>> {
+    if !is_permutation(table) {
+        return None;
+    }
+    let hole = table.iter().find(|t| t.0 == gone)?.1;
+    let last = table.len() as u32 - 1;
+    Some(
+        table
+            .iter()
+            .filter(|t| t.0 != gone)
+            .map(|&(s, i)| (s, if i == last { hole } else { i }))
+            .collect(),
+    )
+}
+
+/// Updates the file's indices for a member that left (under the lock),
+/// or forgets them when they cannot be predicted.
+fn predict_leave(file: &File, gone: usize) {
+    let table = read_table(file);
+    if table.iter().all(|t| t.0 != gone) {
+        return;
+    }
+    write_table(file, &without(&table, gone).unwrap_or_default());
+}
+
 impl Drop for Registry {
     fn drop(&mut self) {
         if self.file.lock().is_ok() {
             if slot_owner(&self.file, self.slot) == self.owner {
                 let _ = clear_slot(&self.file, self.slot);
                 let _ = bump(&self.file);
+                // The socket closed before this (the backend's fields drop
+                // in order): the group already moved its last into our hole.
+                predict_leave(&self.file, self.slot);
             }
             let others = (0..SLOTS).any(|s| slot_owner(&self.file, s).alive());
             if !others && same_file(&self.file, &self.path) {
@@ -607,6 +672,16 @@ mod tests {
         assert_eq!(run(&big, &mad(0x10, 1, 0, 1000)), 3);
         assert_eq!(run(&big, &bth_to(63 << QPN_SHIFT)), 63);
         assert_eq!(run(&big, &mad(0x16, 1, id_of(63), 0)), 63);
+    }
+
+    #[test]
+    fn a_leaving_socket_is_replaced_by_the_last() {
+        let t = [(0, 0), (3, 1), (5, 2), (9, 3)];
+        assert_eq!(without(&t, 3), Some(vec![(0, 0), (5, 2), (9, 1)]));
+        assert_eq!(without(&t, 9), Some(vec![(0, 0), (3, 1), (5, 2)]));
+        assert_eq!(without(&[(4, 0)], 4), Some(vec![]));
+        assert_eq!(without(&[(0, 0), (1, 2)], 0), None, "not a whole table");
+        assert_eq!(without(&t, 7), None, "not a member");
     }
 
     #[test]

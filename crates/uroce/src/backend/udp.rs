@@ -188,6 +188,8 @@ fn attach_steering(sock: &UdpSocket, prog: &[share::Insn]) -> io::Result<()> {
 
 /// How often a member looks for contexts that joined, left or died.
 const CHECK_EVERY_NS: u64 = 100_000_000;
+/// How soon after the last check a misrouted packet brings the next.
+const SOON_NS: u64 = 5_000_000;
 /// How long a probe round waits for its answers (a member that does not
 /// read its socket meanwhile is left out of the table until the next).
 const ROUND_LIMIT_NS: u64 = 200_000_000;
@@ -197,6 +199,7 @@ const ROUND_LIMIT_NS: u64 = 200_000_000;
 struct Sharing {
     registry: share::Registry,
     next_check_ns: u64,
+    last_check_ns: u64,
     /// This member's probe round, while it runs.
     round: Option<Round>,
 }
@@ -216,7 +219,7 @@ impl Sharing {
     /// QPNs to index 0 at once; either way the group is measured at the
     /// next check of any member.
     fn new(registry: share::Registry, sock: &UdpSocket) -> Self {
-        let mut s = Self { registry, next_check_ns: 0, round: None };
+        let mut s = Self { registry, next_check_ns: 0, last_check_ns: 0, round: None };
         let live = s.registry.live_slots();
         s.steer_alone(&live, sock);
         s
@@ -232,6 +235,20 @@ impl Sharing {
         let _ = attach_steering(sock, &self.registry.steering());
         self.registry.set_measured(generation);
         true
+    }
+
+    /// A packet for another member's QPN came here: the group changed
+    /// (a member died or left) and the steering is stale, so look now
+    /// rather than at the next periodic check.
+    fn check_owner(&mut self, packet: &[u8]) {
+        if let Some(b) = packet.get(4..8) {
+            let qpn = u32::from_be_bytes([0, b[1], b[2], b[3]]);
+            if qpn > 1 && (qpn >> share::QPN_SHIFT) as usize != self.registry.slot() {
+                // Not every pass: a peer may keep sending to a QP whose
+                // process is gone, and a check reads /proc.
+                self.next_check_ns = self.next_check_ns.min(self.last_check_ns + SOON_NS);
+            }
+        }
     }
 
     /// Publishes the ports this context's CM listens on and steers their
@@ -257,6 +274,7 @@ impl Sharing {
             return;
         }
         self.next_check_ns = now_ns + CHECK_EVERY_NS;
+        self.last_check_ns = now_ns;
         // Dead members' slots are taken back here (which bumps the
         // generation).
         let live = self.registry.live_slots();
@@ -264,6 +282,10 @@ impl Sharing {
         if generation == self.registry.measured() || self.steer_alone(&live, sock) {
             return;
         }
+        // The file's indices as predicted for the change (a socket that
+        // left is replaced by the last one; a new one is appended) steer
+        // at once; the round then checks them.
+        let _ = attach_steering(sock, &self.registry.steering());
         // Whoever gets the round lock measures; the others look again at
         // their next check.
         let Some(number) = self.registry.begin_round() else { return };
@@ -478,6 +500,11 @@ impl UdpBackend {
                     return self.recv_any(buf);
                 }
                 Ok(Some((len, seg, from))) => {
+                    if i == 0
+                        && let Some(sharing) = &mut self.sharing
+                    {
+                        sharing.check_owner(&buf[..len]);
+                    }
                     self.next_rx = (i + 1) % n;
                     return Ok(Some((len, seg, from, port.ip)));
                 }
