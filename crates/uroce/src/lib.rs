@@ -294,6 +294,20 @@ pub mod testing {
         }
     }
 
+    /// The next completion of `cq`, busy-polling (test code: panics after
+    /// 10 s without one).
+    pub fn wait_completion(cq: &crate::Cq) -> crate::Completion {
+        use crate::{Completion, WcOpcode, WcStatus};
+        let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false)];
+        let t = std::time::Instant::now();
+        loop {
+            if cq.poll(&mut wc).expect("polling the CQ") == 1 {
+                return wc[0];
+            }
+            assert!(t.elapsed() < std::time::Duration::from_secs(10), "no completion");
+        }
+    }
+
     /// Opens a device on `addr:port` (test code: panics on failure).
     pub fn open(addr: &str, port: u16) -> crate::Context {
         let addr = addr.parse().expect("an IP address");

@@ -3,11 +3,10 @@
 //! with invalidate, LOCAL_INV, and binds beyond the region.
 
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
 
 use uroce::{
-    Access, Completion, Context, Cq, Mr, MwType, Pd, Qp, QpCaps, RecvWr, SendFlags, SendWr,
-    WcFlags, WcOpcode, WcStatus, WrOpcode,
+    Access, Context, Cq, Mr, MwType, Pd, Qp, QpCaps, RecvWr, SendFlags, SendWr, WcFlags, WcOpcode,
+    WcStatus, WrOpcode,
 };
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
@@ -47,16 +46,7 @@ fn pair(k: u16) -> (End, End) {
     (a, b)
 }
 
-fn wait(cq: &Cq) -> Completion {
-    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false)];
-    let t = Instant::now();
-    loop {
-        if cq.poll(&mut wc).unwrap() == 1 {
-            return wc[0];
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "no completion");
-    }
-}
+use uroce::testing::wait_completion as wait;
 
 fn write(a: &End, addr: u64, rkey: u32) -> WcStatus {
     let sge = [a.mr.sge(0, 64).unwrap()];

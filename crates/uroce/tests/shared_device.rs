@@ -4,11 +4,9 @@
 //! address, or one sharing the address (loopback through the device).
 
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use uroce::{
-    Access, Completion, Context, Cq, Mr, Qp, QpCaps, RecvWr, SendWr, WcOpcode, WcStatus, WrOpcode,
-};
+use uroce::{Access, Context, Cq, Mr, Qp, QpCaps, RecvWr, SendWr, WcStatus, WrOpcode};
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 const LEN: usize = 1 << 20;
@@ -41,16 +39,7 @@ fn connect(a: &End, b: &End) {
     uroce::connect(&b.qp, a.addr, a.port, a.qp.qpn(), 0x200, 0x100, ALL).unwrap();
 }
 
-fn wait(cq: &Cq) -> Completion {
-    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false)];
-    let t = Instant::now();
-    loop {
-        if cq.poll(&mut wc).unwrap() == 1 {
-            return wc[0];
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "no completion");
-    }
-}
+use uroce::testing::wait_completion as wait;
 
 /// A 1 MiB WRITE from `a` to `b` and a SEND back, checked byte for byte.
 fn exchange(a: &End, b: &End, seed: u8) {

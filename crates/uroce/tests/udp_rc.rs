@@ -62,16 +62,7 @@ fn pair(a_addr: &str, b_addr: &str, port_a: u16, port_b: u16) -> (End, End) {
     (a, b)
 }
 
-fn wait(cq: &Cq) -> Completion {
-    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false)];
-    let t = Instant::now();
-    loop {
-        if cq.poll(&mut wc).unwrap() == 1 {
-            return wc[0];
-        }
-        assert!(t.elapsed() < Duration::from_secs(10), "no completion");
-    }
-}
+use uroce::testing::wait_completion as wait;
 
 fn every_operation(a: &End, b: &End) {
     let pattern: Vec<u8> = (0..2 * MB).map(|i| (i % 251) as u8).collect();

@@ -154,8 +154,10 @@ fn from_raw(r: &RawAddr) -> Option<SocketAddr> {
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 64]);
 
-/// A UDP socket bound to `addr` in its `SO_REUSEPORT` group.
-fn bind_reuseport(addr: SocketAddr) -> io::Result<UdpSocket> {
+/// A UDP socket bound to `addr` with socket option `reuse`
+/// (`SO_REUSEPORT`: in the address's steered group; `SO_REUSEADDR`: one of
+/// a multicast group's listeners) set before the bind.
+fn bind_with(addr: SocketAddr, reuse: libc::c_int) -> io::Result<UdpSocket> {
     let domain = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
     // SAFETY: socket() takes no pointers; the result is checked.
     let fd = unsafe { libc::socket(domain, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
@@ -164,7 +166,7 @@ fn bind_reuseport(addr: SocketAddr) -> io::Result<UdpSocket> {
     }
     // SAFETY: `fd` is a fresh socket nobody else owns.
     let sock = unsafe { <UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-    setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEPORT, 1)?;
+    setsockopt_int(fd, libc::SOL_SOCKET, reuse, 1)?;
     let (raw, len) = to_raw(addr);
     // SAFETY: binds to a live sockaddr of the stated length.
     if unsafe { libc::bind(fd, (&raw const raw).cast(), len) } != 0 {
@@ -370,20 +372,8 @@ impl UdpBackend {
         }
         // SO_REUSEADDR before bind, so that several contexts (and
         // processes) on this host can listen to one group.
-        let domain = if group.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
-        // SAFETY: socket() takes no pointers; the result is checked.
-        let fd = unsafe { libc::socket(domain, libc::SOCK_DGRAM | libc::SOCK_CLOEXEC, 0) };
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        // SAFETY: `fd` is a fresh socket nobody else owns.
-        let sock = unsafe { <UdpSocket as std::os::fd::FromRawFd>::from_raw_fd(fd) };
-        setsockopt_int(fd, libc::SOL_SOCKET, libc::SO_REUSEADDR, 1)?;
-        let (raw, len) = to_raw(SocketAddr::new(group, self.local.port()));
-        // SAFETY: binds to a live sockaddr of the stated length.
-        if unsafe { libc::bind(fd, (&raw const raw).cast(), len) } != 0 {
-            return Err(io::Error::last_os_error());
-        }
+        let sock = bind_with(SocketAddr::new(group, self.local.port()), libc::SO_REUSEADDR)?;
+        let fd = sock.as_raw_fd();
         match (group, self.local.ip()) {
             (IpAddr::V4(g), IpAddr::V4(local)) => {
                 let mreq = libc::ip_mreq {
@@ -605,7 +595,8 @@ impl Port {
             }
             a => a,
         };
-        let sock = if shared { bind_reuseport(addr)? } else { UdpSocket::bind(addr)? };
+        let sock =
+            if shared { bind_with(addr, libc::SO_REUSEPORT)? } else { UdpSocket::bind(addr)? };
         sock.set_nonblocking(true)?;
         let fd = sock.as_raw_fd();
         match addr.ip() {
