@@ -276,14 +276,18 @@ impl Endpoint {
     }
 
     /// Hands out QPNs from `base .. base + len` only (past QPNs 0 and 1
-    /// and below the multicast QPN): contexts that share one device
-    /// address own disjoint ranges, so a QPN names one owner.
-    pub fn set_qpn_range(&mut self, base: u32, len: u32) {
+    /// and below the multicast QPN), the first at `base + start` (or the
+    /// range's first): contexts that share one device address own
+    /// disjoint ranges, so a QPN names one owner, and a context that
+    /// takes over a dead one's range starts elsewhere in it, so a peer
+    /// still sending to the dead one's QPs does not find new ones.
+    pub fn set_qpn_range(&mut self, base: u32, len: u32, start: u32) {
         let first = base.max(FIRST_QPN);
         let end = base.saturating_add(len).min(MULTICAST_QPN);
         if first < end {
             self.qpn_range = (first, end);
-            self.next_qpn = first;
+            let at = base.saturating_add(start);
+            self.next_qpn = if (first..end).contains(&at) { at } else { first };
         }
     }
 

@@ -115,7 +115,8 @@ impl Driver {
         let primary = backend.local().ip();
         let gids = GidTable::for_device(primary, backend.on_host());
         let mut ep = Endpoint::new();
-        ep.set_qpn_range(backend.qpn_base(), 1 << crate::backend::QPN_RANGE_BITS);
+        let (base, start) = backend.qpn_range();
+        ep.set_qpn_range(base, 1 << crate::backend::QPN_RANGE_BITS, start);
         Self {
             ep,
             mem: MemTable::default(),

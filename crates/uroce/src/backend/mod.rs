@@ -5,7 +5,7 @@
 mod share;
 
 /// Bits of QPN each context owns on a shared address
-/// ([`Backend::qpn_base`]).
+/// ([`Backend::qpn_range`]).
 pub(crate) const QPN_RANGE_BITS: u32 = share::QPN_SHIFT;
 #[cfg(feature = "sim")]
 pub(crate) mod sim;
@@ -36,10 +36,11 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
     /// The device's address and port.
     fn local(&self) -> SocketAddr;
 
-    /// The first QPN of this context's range: contexts sharing one
-    /// address own disjoint ranges (`share::QPN_SHIFT` bits each).
-    fn qpn_base(&self) -> u32 {
-        0
+    /// This context's QPN range: its first QPN and where in it to start
+    /// counting. Contexts sharing one address own disjoint ranges
+    /// (`share::QPN_SHIFT` bits each).
+    fn qpn_range(&self) -> (u32, u32) {
+        (0, 0)
     }
 
     /// Housekeeping that needs the clock (sharing the address with other

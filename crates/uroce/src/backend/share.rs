@@ -61,7 +61,12 @@ const W_TABLE: u64 = W_ANSWERS + SLOTS as u64;
 const W_LISTEN: u64 = W_TABLE + SLOTS as u64;
 /// Ports a slot can have steered to it.
 pub(crate) const LISTEN_PER_SLOT: usize = 16;
-const FILE_WORDS: u64 = W_LISTEN + (SLOTS * LISTEN_PER_SLOT / 4) as u64;
+/// How many times each slot was taken (while the file lived).
+const W_USES: u64 = W_LISTEN + (SLOTS * LISTEN_PER_SLOT / 4) as u64;
+const FILE_WORDS: u64 = W_USES + SLOTS as u64;
+/// A slot's range is cut in blocks of this many QPNs (a context's most,
+/// `limits::MAX_QP`); each new owner of the slot starts in the next.
+const QPN_BLOCK: u32 = 1 << 14;
 
 /// The process as the slot table names it: pid and start time (clock
 /// ticks since boot, field 22 of `/proc/PID/stat`), so that a reused pid
@@ -218,6 +223,7 @@ impl Registry {
         let s = free.ok_or(io::ErrorKind::AddrInUse)?;
         write_word(file, W_SLOTS + 2 * s as u64, u64::from(me.pid))?;
         write_word(file, W_SLOTS + 2 * s as u64 + 1, me.start)?;
+        write_word(file, W_USES + s as u64, read_word(file, W_USES + s as u64).wrapping_add(1))?;
         bump(file)?;
         // The kernel appends the socket we are about to bind.
         let mut table = read_table(file);
@@ -231,6 +237,17 @@ impl Registry {
     /// This context's slot.
     pub(crate) fn slot(&self) -> usize {
         self.slot
+    }
+
+    /// Where in its slot's range this context starts numbering QPs: the
+    /// first owner of a slot at its start (QPN 0x11 for a context alone,
+    /// as before sharing), each later one a block further, so the QPNs a
+    /// dead owner's peers may still send to are not handed out again at
+    /// once.
+    pub(crate) fn qpn_start(&self) -> u32 {
+        let uses = read_word(&self.file, W_USES + self.slot as u64).max(1) - 1;
+        let blocks = (1u32 << QPN_SHIFT) / QPN_BLOCK;
+        (uses % u64::from(blocks)) as u32 * QPN_BLOCK
     }
 
     /// The membership generation: changes whenever a context joins or

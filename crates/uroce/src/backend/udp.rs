@@ -514,8 +514,10 @@ impl super::Backend for UdpBackend {
         self.local
     }
 
-    fn qpn_base(&self) -> u32 {
-        self.sharing.as_ref().map_or(0, |s| (s.registry.slot() as u32) << share::QPN_SHIFT)
+    fn qpn_range(&self) -> (u32, u32) {
+        self.sharing.as_ref().map_or((0, 0), |s| {
+            ((s.registry.slot() as u32) << share::QPN_SHIFT, s.registry.qpn_start())
+        })
     }
 
     fn tick(&mut self, now_ns: u64) {
