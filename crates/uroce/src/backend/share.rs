@@ -180,7 +180,11 @@ impl Registry {
     /// The run directory or the file cannot be used, or all slots are
     /// taken (`AddrInUse`).
     pub(crate) fn join(addr: SocketAddr) -> io::Result<Self> {
-        let path = path_of(addr);
+        Self::join_at(path_of(addr))
+    }
+
+    /// [`Registry::join`] with the table at `path`.
+    fn join_at(path: PathBuf) -> io::Result<Self> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
@@ -699,6 +703,42 @@ mod tests {
         assert_eq!(without(&[(4, 0)], 4), Some(vec![]));
         assert_eq!(without(&[(0, 0), (1, 2)], 0), None, "not a whole table");
         assert_eq!(without(&t, 7), None, "not a member");
+    }
+
+    /// A slot whose process is gone is taken back by the next member that
+    /// looks, the indices are predicted as the kernel reorders them, and
+    /// the slot's next owner is appended and starts a QPN block further.
+    #[test]
+    fn a_dead_members_slot_is_taken_back() {
+        let dir = std::env::temp_dir().join(format!("uroce-share-test-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("share-table");
+        let a = Registry::join_at(path.clone()).unwrap();
+        let b = Registry::join_at(path.clone()).unwrap();
+        let c = Registry::join_at(path.clone()).unwrap();
+        assert_eq!((a.slot(), b.slot(), c.slot()), (0, 1, 2));
+        assert_eq!(read_table(&a.file), vec![], "nothing measured yet");
+        a.set_table(&[(0, 0), (1, 1), (2, 2)]);
+        // Slot 1 passes to a process that has exited.
+        let mut child = std::process::Command::new("true").spawn().unwrap();
+        let dead = child.id();
+        child.wait().unwrap();
+        write_word(&a.file, W_SLOTS + 2, u64::from(dead)).unwrap();
+        let generation = a.generation();
+        assert_eq!(a.live_slots(), vec![0, 2]);
+        assert!(a.generation() > generation, "a change the members measure");
+        assert_eq!(read_table(&a.file), vec![(0, 0), (2, 1)], "the last moved into the hole");
+        let d = Registry::join_at(path.clone()).unwrap();
+        assert_eq!(d.slot(), 1, "the slot taken back");
+        assert_eq!(read_table(&a.file), vec![(0, 0), (1, 2), (2, 1)], "appended");
+        assert_eq!(a.qpn_start(), 0);
+        assert_eq!(d.qpn_start(), QPN_BLOCK, "its second owner starts a block further");
+        // A member that leaves: the last index fills its place.
+        drop(c);
+        assert_eq!(read_table(&a.file), vec![(0, 0), (1, 1)]);
+        drop((a, b, d));
+        assert!(!path.exists(), "the last member removes the table");
+        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]
