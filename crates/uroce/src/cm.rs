@@ -159,12 +159,7 @@ impl Context {
     /// [`Error::InUse`] when the port is already listened on.
     pub fn cm_listen(&self, port: u16) -> Result<CmListener> {
         let service_id = rdma_cm_service_id(port_space::TCP, port);
-        let mut d = self.inner.lock();
-        d.cm()
-            .agent
-            .listen(service_id)
-            .map_err(|_| Error::InUse("the port is already listened on"))?;
-        d.cm_listens_changed();
+        self.inner.lock().cm_listen(service_id)?;
         Ok(CmListener { ctx: self.clone(), service_id })
     }
 
@@ -508,10 +503,8 @@ impl Context {
     /// [`Error::InUse`] when the service is already listened on.
     pub fn cm_listen_on(&self, service_id: u64, channel: &CmChannel) -> Result<()> {
         let mut d = self.inner.lock();
-        let cm = d.cm();
-        cm.agent.listen(service_id).map_err(|_| Error::InUse("the port is already listened on"))?;
-        cm.listeners.insert(service_id, channel.queue.clone());
-        d.cm_listens_changed();
+        d.cm_listen(service_id)?;
+        d.cm().listeners.insert(service_id, channel.queue.clone());
         Ok(())
     }
 

@@ -167,13 +167,26 @@ impl Driver {
 
     /// Tells the backend which ports the CM listens on (after a listen or
     /// an unlisten), so that a shared address steers their requests here.
-    pub(crate) fn cm_listens_changed(&mut self) {
+    /// `false` when another context on the address listens on one of them.
+    pub(crate) fn cm_listens_changed(&mut self) -> bool {
         let ports: Vec<u16> = self
             .cm
             .as_ref()
             .map(|cm| cm.agent.listened().iter().map(|&s| s as u16).collect())
             .unwrap_or_default();
-        self.backend.set_listening(&ports);
+        self.backend.set_listening(&ports)
+    }
+
+    /// Starts listening on `service_id`, unless this context or another
+    /// one sharing the address already does.
+    pub(crate) fn cm_listen(&mut self, service_id: u64) -> crate::Result<()> {
+        let in_use = || crate::Error::InUse("the port is already listened on");
+        self.cm().agent.listen(service_id).map_err(|_| in_use())?;
+        if !self.cm_listens_changed() {
+            self.cm().agent.unlisten(service_id);
+            return Err(in_use());
+        }
+        Ok(())
     }
 
     /// Feeds QP1's datagrams to the CM, runs its timers, and queues what

@@ -135,3 +135,65 @@ fn contexts_sharing_an_address_each_get_their_own_packets() {
     exchange(&e1, &f1, 29);
     exchange(&f3, &e3, 31);
 }
+
+fn cm_qp(ctx: &Context) -> (uroce::Pd, Cq, Qp) {
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    let cap = QpCaps {
+        max_send_wr: 8,
+        max_recv_wr: 8,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = uroce::testing::rc_qp(&pd, &cq, cap, true);
+    (pd, cq, qp)
+}
+
+/// Connects from `client` to whoever listens on `port` at 127.0.0.1 and
+/// returns what the listener's side saw as the private data.
+fn cm_round(listener: uroce::cm::CmListener, on: Context, client: &Context, port: u16) -> Vec<u8> {
+    const T: Duration = Duration::from_secs(10);
+    let srv = std::thread::spawn(move || {
+        let (_pd, _cq, qp) = cm_qp(&on);
+        let conn = listener.accept(&qp, b"ok", T).unwrap();
+        let got = conn.private_data()[..5].to_vec();
+        assert!(conn.wait_disconnect(T).unwrap(), "the client disconnects");
+        got
+    });
+    let (_pd, _cq, qp) = cm_qp(client);
+    let conn = client.cm_connect(&qp, "127.0.0.1".parse().unwrap(), port, b"hello", T).unwrap();
+    assert_eq!(&conn.private_data()[..2], b"ok");
+    conn.disconnect(T).unwrap();
+    srv.join().unwrap()
+}
+
+/// The connection manager on a shared address: a port has one listener
+/// among the contexts (EADDRINUSE for a second, as on a host), a request
+/// reaches the context that listens, and the answers reach the context
+/// that asked, by the communication ID they carry, though every context
+/// on both addresses runs a CM.
+#[test]
+fn the_cm_steers_requests_to_the_listener_and_answers_to_the_asker() {
+    let udp = uroce::testing::free_port();
+    let s1 = uroce::testing::open("127.0.0.1", udp);
+    let s2 = uroce::testing::open("127.0.0.1", udp);
+    let c1 = uroce::testing::open("127.0.0.2", udp);
+    let c2 = uroce::testing::open("127.0.0.2", udp);
+    for c in [&s1, &s2, &c1, &c2] {
+        // Every context runs a CM agent (its own QP1 user).
+        drop(c.cm_listen(1000 + c.device().socket_addr().port() % 1000).ok());
+    }
+    settle();
+    let port = 7400 + (udp % 500);
+    let l1 = s1.cm_listen(port).unwrap();
+    assert!(
+        matches!(s2.cm_listen(port), Err(uroce::Error::InUse(_))),
+        "one listener per port on a shared address"
+    );
+    assert_eq!(cm_round(l1, s1.clone(), &c2, port), b"hello");
+    // The port is free again once its listener goes; now the other
+    // context serves it, and the other client asks.
+    let l2 = s2.cm_listen(port).unwrap();
+    assert_eq!(cm_round(l2, s2.clone(), &c1, port), b"hello");
+}

@@ -54,8 +54,12 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
     }
 
     /// The ports (low 16 bits of the service IDs) this context's CM
-    /// listens on, so that requests for them are steered here.
-    fn set_listening(&mut self, _ports: &[u16]) {}
+    /// listens on, so that requests for them are steered here. `false`
+    /// (and nothing changed) when another context sharing the address
+    /// listens on one of them.
+    fn set_listening(&mut self, _ports: &[u16]) -> bool {
+        true
+    }
 
     /// How runs of equal-sized packets to one destination may leave
     /// together (what the driver gathers before [`Backend::send`]).

@@ -348,8 +348,35 @@ impl Registry {
     }
 
     /// Records the ports this context's connection manager listens on
-    /// (the first [`LISTEN_PER_SLOT`]; 0 is no port).
-    pub(crate) fn set_listening(&self, ports: &[u16]) {
+    /// (the first [`LISTEN_PER_SLOT`]; 0 is no port), unless another live
+    /// context listens on one of them: then nothing changes and the answer
+    /// is `false` (a port has one listener per address, as on a host).
+    pub(crate) fn set_listening(&self, ports: &[u16]) -> bool {
+        if self.file.lock().is_err() {
+            return false;
+        }
+        let taken = (0..SLOTS).filter(|&s| s != self.slot).any(|s| {
+            slot_owner(&self.file, s).alive()
+                && self.listens_of(s).iter().any(|p| ports.contains(p))
+        });
+        if !taken {
+            self.write_listens(ports);
+        }
+        let _ = self.file.unlock();
+        !taken
+    }
+
+    /// The ports slot `s` listens on.
+    fn listens_of(&self, s: usize) -> Vec<u16> {
+        let mut out = Vec::new();
+        for w in 0..LISTEN_PER_SLOT / 4 {
+            let v = read_word(&self.file, W_LISTEN + (s * LISTEN_PER_SLOT / 4 + w) as u64);
+            out.extend((0..4).map(|i| (v >> (16 * i)) as u16).filter(|&p| p != 0));
+        }
+        out
+    }
+
+    fn write_listens(&self, ports: &[u16]) {
         let mut p = [0u16; LISTEN_PER_SLOT];
         for (d, s) in p.iter_mut().zip(ports) {
             *d = *s;
@@ -370,18 +397,10 @@ impl Registry {
             .into_iter()
             .filter(|t| slot_owner(&self.file, t.0).pid != 0)
             .collect();
-        let mut listens = Vec::new();
-        for &(s, index) in &table {
-            for w in 0..LISTEN_PER_SLOT / 4 {
-                let v = read_word(&self.file, W_LISTEN + (s * LISTEN_PER_SLOT / 4 + w) as u64);
-                for i in 0..4 {
-                    let port = (v >> (16 * i)) as u16;
-                    if port != 0 {
-                        listens.push((port, index));
-                    }
-                }
-            }
-        }
+        let listens: Vec<(u16, u32)> = table
+            .iter()
+            .flat_map(|&(s, index)| self.listens_of(s).into_iter().map(move |p| (p, index)))
+            .collect();
         program(&table, &listens)
     }
 }
@@ -469,6 +488,9 @@ fn slot_owner(file: &File, s: usize) -> Owner {
 }
 
 fn clear_slot(file: &File, s: usize) -> io::Result<()> {
+    for w in 0..LISTEN_PER_SLOT / 4 {
+        write_word(file, W_LISTEN + (s * LISTEN_PER_SLOT / 4 + w) as u64, 0)?;
+    }
     write_word(file, W_SLOTS + 2 * s as u64, 0)?;
     write_word(file, W_SLOTS + 2 * s as u64 + 1, 0)
 }

@@ -255,9 +255,12 @@ impl Sharing {
 
     /// Publishes the ports this context's CM listens on and steers their
     /// requests here.
-    fn set_listening(&mut self, ports: &[u16], sock: &UdpSocket) {
-        self.registry.set_listening(ports);
+    fn set_listening(&mut self, ports: &[u16], sock: &UdpSocket) -> bool {
+        if !self.registry.set_listening(ports) {
+            return false;
+        }
         let _ = attach_steering(sock, &self.registry.steering());
+        true
     }
 
     /// Advances the membership check and this member's round (cheap when
@@ -530,9 +533,10 @@ impl super::Backend for UdpBackend {
         self.sharing.as_ref().map(|s| (s.registry.slot() as u32, share::COMM_ID_SLOT_BITS))
     }
 
-    fn set_listening(&mut self, ports: &[u16]) {
-        if let Some(sharing) = &mut self.sharing {
-            sharing.set_listening(ports, &self.ports[0].sock);
+    fn set_listening(&mut self, ports: &[u16]) -> bool {
+        match &mut self.sharing {
+            Some(sharing) => sharing.set_listening(ports, &self.ports[0].sock),
+            None => true,
         }
     }
 
