@@ -19,9 +19,9 @@ struct End {
     mr: Mr,
 }
 
-fn end(ctx: &Context, addr: &str, port: u16) -> End {
+/// An RC QP of `ctx` with a CQ of its own.
+fn rc_qp(ctx: &Context) -> (uroce::Pd, Cq, Qp) {
     let pd = ctx.alloc_pd().unwrap();
-    let mr = pd.alloc_mr(2 * LEN, ALL).unwrap();
     let cq = ctx.create_cq(64).unwrap();
     let cap = QpCaps {
         max_send_wr: 32,
@@ -31,6 +31,12 @@ fn end(ctx: &Context, addr: &str, port: u16) -> End {
         max_inline_data: 64,
     };
     let qp = uroce::testing::rc_qp(&pd, &cq, cap, true);
+    (pd, cq, qp)
+}
+
+fn end(ctx: &Context, addr: &str, port: u16) -> End {
+    let (pd, cq, qp) = rc_qp(ctx);
+    let mr = pd.alloc_mr(2 * LEN, ALL).unwrap();
     End { addr: addr.parse().unwrap(), port, qp, cq, mr }
 }
 
@@ -136,32 +142,18 @@ fn contexts_sharing_an_address_each_get_their_own_packets() {
     exchange(&f3, &e3, 31);
 }
 
-fn cm_qp(ctx: &Context) -> (uroce::Pd, Cq, Qp) {
-    let pd = ctx.alloc_pd().unwrap();
-    let cq = ctx.create_cq(16).unwrap();
-    let cap = QpCaps {
-        max_send_wr: 8,
-        max_recv_wr: 8,
-        max_send_sge: 1,
-        max_recv_sge: 1,
-        max_inline_data: 0,
-    };
-    let qp = uroce::testing::rc_qp(&pd, &cq, cap, true);
-    (pd, cq, qp)
-}
-
 /// Connects from `client` to whoever listens on `port` at 127.0.0.1 and
 /// returns what the listener's side saw as the private data.
 fn cm_round(listener: uroce::cm::CmListener, on: Context, client: &Context, port: u16) -> Vec<u8> {
     const T: Duration = Duration::from_secs(10);
     let srv = std::thread::spawn(move || {
-        let (_pd, _cq, qp) = cm_qp(&on);
+        let (_pd, _cq, qp) = rc_qp(&on);
         let conn = listener.accept(&qp, b"ok", T).unwrap();
         let got = conn.private_data()[..5].to_vec();
         assert!(conn.wait_disconnect(T).unwrap(), "the client disconnects");
         got
     });
-    let (_pd, _cq, qp) = cm_qp(client);
+    let (_pd, _cq, qp) = rc_qp(client);
     let conn = client.cm_connect(&qp, "127.0.0.1".parse().unwrap(), port, b"hello", T).unwrap();
     assert_eq!(&conn.private_data()[..2], b"ok");
     conn.disconnect(T).unwrap();
@@ -196,4 +188,29 @@ fn the_cm_steers_requests_to_the_listener_and_answers_to_the_asker() {
     // context serves it, and the other client asks.
     let l2 = s2.cm_listen(port).unwrap();
     assert_eq!(cm_round(l2, s2.clone(), &c1, port), b"hello");
+}
+
+/// Datagrams that look like steering probes, thousands of them and from
+/// the device's own address (which a probe comes from), do not stop the
+/// device: each receive call answers a bounded number and goes on.
+#[test]
+fn a_flood_of_probe_lookalikes_is_harmless() {
+    let port = uroce::testing::free_port();
+    let a1 = uroce::testing::open("127.0.0.1", port);
+    let a2 = uroce::testing::open("127.0.0.1", port);
+    let b = uroce::testing::open("127.0.0.2", port);
+    settle();
+    let e1 = end(&a1, "127.0.0.1", port);
+    let f1 = end(&b, "127.0.0.2", port);
+    connect(&e1, &f1);
+    let flood = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+    for i in 0..5000u32 {
+        let mut p = b"uroce-pr".to_vec();
+        p.extend_from_slice(&(i % 7).to_be_bytes());
+        p.extend_from_slice(&(i % 100).to_be_bytes());
+        let _ = flood.send_to(&p, ("127.0.0.1", port));
+    }
+    exchange(&e1, &f1, 37);
+    exchange(&f1, &e1, 41);
+    drop(a2);
 }

@@ -475,29 +475,41 @@ impl UdpBackend {
 
     /// Receives one datagram (with GRO, possibly a run of packets) into
     /// `buf`: `(bytes, segment size, sender, local address it came to)`, or
-    /// `None` when none waits on any socket.
+    /// `None` when none waits on any socket. Probes of the shared group's
+    /// steering (sent by a member, so from the device's own address) are
+    /// answered here, not delivered; at most `MAX_PROBES` per call, so
+    /// that a flood of datagrams that look like probes cannot hold it.
     fn recv_any(&mut self, buf: &mut [u8]) -> io::Result<Option<super::Received>> {
+        const MAX_PROBES: usize = 2 * share::SLOTS;
+        for _ in 0..MAX_PROBES {
+            let Some((len, seg, from, ip)) = self.recv_datagram(buf)? else {
+                return Ok(None);
+            };
+            let Some(sharing) = &mut self.sharing else {
+                return Ok(Some((len, seg, from, ip)));
+            };
+            if ip == self.local.ip() {
+                if from.ip() == ip
+                    && let Some((round, index)) = share::parse_probe(&buf[..len])
+                {
+                    sharing.registry.answer_probe(round, index);
+                    continue;
+                }
+                sharing.check_owner(&buf[..len]);
+            }
+            return Ok(Some((len, seg, from, ip)));
+        }
+        Ok(None)
+    }
+
+    /// The next datagram of any socket, taking them in turn.
+    fn recv_datagram(&mut self, buf: &mut [u8]) -> io::Result<Option<super::Received>> {
         let n = self.ports.len();
         for k in 0..n {
             let i = (self.next_rx + k) % n;
             let port = &self.ports[i];
             match port.recv(buf) {
-                Ok(Some((len, _, _)))
-                    if i == 0
-                        && let Some(sharing) = &self.sharing
-                        && let Some((round, index)) = share::parse_probe(&buf[..len]) =>
-                {
-                    // A probe of the group's steering: answered, not
-                    // delivered. The next datagram may wait behind it.
-                    sharing.registry.answer_probe(round, index);
-                    return self.recv_any(buf);
-                }
                 Ok(Some((len, seg, from))) => {
-                    if i == 0
-                        && let Some(sharing) = &mut self.sharing
-                    {
-                        sharing.check_owner(&buf[..len]);
-                    }
                     self.next_rx = (i + 1) % n;
                     return Ok(Some((len, seg, from, port.ip)));
                 }
