@@ -1,5 +1,7 @@
 //! The `uroce` command.
 
+#![deny(unsafe_code)]
+
 mod bench;
 mod common;
 mod decode;
@@ -11,6 +13,7 @@ mod perf;
 mod pingpong;
 mod plot;
 mod rping;
+mod run;
 mod stat;
 mod udp_floor;
 
@@ -50,6 +53,10 @@ enum Command {
     /// librdmacm's rping: SEND of buffer advertisements, RDMA READ of the
     /// pattern, RDMA WRITE back, verify (connected over TCP for now).
     Rping(rping::Args),
+    /// Run a program on the drop-in libibverbs/librdmacm, with
+    /// /dev/infiniband and /sys/class/infiniband entries for uroce's devices
+    /// (a private mount namespace; no root needed).
+    Run(run::Args),
     /// Counters of every process using a device (rxe's hw_counters set,
     /// then uroce's own), read while they run.
     Stat(stat::Args),
@@ -66,6 +73,7 @@ fn main() -> ExitCode {
         Command::Bench(a) => bench::run(&a),
         Command::Perf(a) => perf::run(&a),
         Command::Rping(a) => rping::run(&a),
+        Command::Run(a) => run::run(&a),
         Command::Stat(a) => stat::run(&a),
     };
     match result {
