@@ -5,45 +5,25 @@
 //! packages. Runs are serialised: perftest busy-polls, and two pairs at
 //! once on two cores would measure the scheduler.
 
-use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
-use std::sync::{Mutex, MutexGuard, OnceLock};
+use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-/// Where the library and the `uroce` binary are, built once per run.
-struct Env {
-    lib_dir: PathBuf,
-    uroce: PathBuf,
-}
+mod common;
+use common::{env, finish, text};
 
-fn env() -> &'static Env {
-    static ENV: OnceLock<Env> = OnceLock::new();
-    ENV.get_or_init(|| {
+/// The Debian tools the suite runs, checked once.
+fn tools_present() {
+    static CHECKED: std::sync::Once = std::sync::Once::new();
+    CHECKED.call_once(|| {
         for tool in ["ibv_devinfo", "ibv_rc_pingpong", "ib_write_bw"] {
-            let found = Command::new("sh")
-                .args(["-c", &format!("command -v {tool}")])
-                .output()
-                .is_ok_and(|o| o.status.success());
             assert!(
-                found,
+                common::have(tool),
                 "{tool} is missing: install ibverbs-utils and perftest (scripts/test does)"
             );
         }
-        // The cdylib and the CLI as this test profile builds them
-        // (target/debug/uroce-lib, target/debug/uroce).
-        let status = Command::new(env!("CARGO"))
-            .args(["build", "--profile", "test", "-p", "uroce-ibverbs", "-p", "uroce-cli"])
-            .current_dir(env!("CARGO_MANIFEST_DIR"))
-            .status()
-            .expect("running cargo");
-        assert!(status.success(), "building the library and the CLI failed");
-        let exe = std::env::current_exe().unwrap();
-        let profile_dir = exe.ancestors().nth(2).unwrap().to_path_buf();
-        let e = Env { lib_dir: profile_dir.join("uroce-lib"), uroce: profile_dir.join("uroce") };
-        assert!(e.lib_dir.join("libibverbs.so.1").exists(), "{} not built", e.lib_dir.display());
-        e
-    })
+    });
 }
 
 fn serial() -> MutexGuard<'static, ()> {
@@ -61,6 +41,7 @@ static EXTRA_ENV: Mutex<Vec<(&'static str, &'static str)>> = Mutex::new(Vec::new
 
 /// A command for `prog` on the drop-in library with device uroce0 on `ip`.
 fn cmd(prog: &Path, args: &[&str], ip: &str, udp: u16) -> Command {
+    tools_present();
     let mut c = Command::new(prog);
     for (k, v) in EXTRA_ENV.lock().unwrap_or_else(|e| e.into_inner()).iter() {
         c.env(k, v);
@@ -76,31 +57,6 @@ fn cmd(prog: &Path, args: &[&str], ip: &str, udp: u16) -> Command {
 
 fn tool(name: &str) -> PathBuf {
     PathBuf::from(name)
-}
-
-/// Waits for `child` up to `deadline`, killing it after.
-fn finish(mut child: Child, deadline: Instant) -> (Output, bool) {
-    let timed_out = loop {
-        match child.try_wait().unwrap() {
-            Some(_) => break false,
-            None if Instant::now() >= deadline => {
-                let _ = child.kill();
-                break true;
-            }
-            None => std::thread::sleep(Duration::from_millis(20)),
-        }
-    };
-    let status = child.wait().unwrap();
-    let mut stdout = Vec::new();
-    let mut stderr = Vec::new();
-    // A caller may have taken a pipe to read it as the child runs.
-    if let Some(mut o) = child.stdout.take() {
-        o.read_to_end(&mut stdout).unwrap();
-    }
-    if let Some(mut e) = child.stderr.take() {
-        e.read_to_end(&mut stderr).unwrap();
-    }
-    (Output { status, stdout, stderr }, timed_out)
 }
 
 /// The text of both sides of a run, for assertions and failure messages.
@@ -124,10 +80,6 @@ impl std::fmt::Display for Pair {
             self.label, self.server, self.client
         )
     }
-}
-
-fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
 
 /// Runs `server` and then `client` (which gets `-p PORT 127.0.0.1`) and

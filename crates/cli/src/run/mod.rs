@@ -137,11 +137,10 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
         path.push(old);
     }
     mount::block_signals()?;
-    let mut child = Command::new(&a.command[0])
-        .args(&a.command[1..])
-        .env("LD_LIBRARY_PATH", path)
-        .spawn()
-        .with_context(|| format!("starting {}", a.command[0]))?;
+    let mut cmd = Command::new(&a.command[0]);
+    cmd.args(&a.command[1..]).env("LD_LIBRARY_PATH", path);
+    mount::unblock_in_child(&mut cmd);
+    let mut child = cmd.spawn().with_context(|| format!("starting {}", a.command[0]))?;
     loop {
         if let Some(signal) = mount::wait_signal(REFRESH) {
             mount::kill(child.id(), signal);

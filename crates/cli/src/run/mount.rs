@@ -123,13 +123,28 @@ fn signal_set(extra: libc::c_int) -> libc::sigset_t {
 }
 
 /// Blocks the forwarded signals and SIGCHLD in this process, so that the
-/// supervisor takes them with [`wait_signal`] (a spawned child starts with
-/// an empty mask: the standard library resets it).
+/// supervisor takes them with [`wait_signal`]; a child spawned with
+/// [`unblock_in_child`] gets them back.
 pub(crate) fn block_signals() -> io::Result<()> {
     let set = signal_set(libc::SIGCHLD);
     // SAFETY: a valid set; the old mask is not wanted.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
+}
+
+/// Makes `cmd`'s process start with the signals [`block_signals`] blocks
+/// unblocked (a spawned child inherits the mask).
+pub(crate) fn unblock_in_child(cmd: &mut std::process::Command) {
+    use std::os::unix::process::CommandExt;
+    let set = signal_set(libc::SIGCHLD);
+    // SAFETY: between fork and exec the closure calls only
+    // pthread_sigmask, which is async-signal-safe, on a set it owns.
+    unsafe {
+        cmd.pre_exec(move || {
+            let rc = libc::pthread_sigmask(libc::SIG_UNBLOCK, &set, std::ptr::null_mut());
+            if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
+        });
+    }
 }
 
 /// Waits up to `timeout` for a blocked signal; returns it if one came and

@@ -1,0 +1,79 @@
+//! What the drop-in test binaries share: the library and the `uroce`
+//! binary as this test profile builds them, and waiting for a child with a
+//! deadline.
+
+#![allow(dead_code)] // each test binary uses its own subset
+
+use std::io::Read;
+use std::path::PathBuf;
+use std::process::{Child, Command, Output};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+/// Where the library and the `uroce` binary are, built once per run.
+pub(crate) struct Env {
+    pub(crate) lib_dir: PathBuf,
+    pub(crate) uroce: PathBuf,
+}
+
+/// Builds (once) and locates the cdylib and the CLI of this test profile
+/// (`target/debug/uroce-lib`, `target/debug/uroce`).
+pub(crate) fn env() -> &'static Env {
+    static ENV: OnceLock<Env> = OnceLock::new();
+    ENV.get_or_init(|| {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "--profile", "test", "-p", "uroce-ibverbs", "-p", "uroce-cli"])
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("running cargo");
+        assert!(status.success(), "building the library and the CLI failed");
+        let exe = std::env::current_exe().unwrap();
+        let profile_dir = exe.ancestors().nth(2).unwrap().to_path_buf();
+        let e = Env { lib_dir: profile_dir.join("uroce-lib"), uroce: profile_dir.join("uroce") };
+        assert!(e.lib_dir.join("libibverbs.so.1").exists(), "{} not built", e.lib_dir.display());
+        e
+    })
+}
+
+/// Whether `tool` is on the `PATH`.
+pub(crate) fn have(tool: &str) -> bool {
+    Command::new("sh")
+        .args(["-c", &format!("command -v {tool}")])
+        .output()
+        .is_ok_and(|o| o.status.success())
+}
+
+/// Waits for `child` up to `deadline`, killing it after (its whole
+/// process group when it leads one).
+pub(crate) fn finish(mut child: Child, deadline: Instant) -> (Output, bool) {
+    let timed_out = loop {
+        match child.try_wait().unwrap() {
+            Some(_) => break false,
+            None if Instant::now() >= deadline => {
+                let _ = Command::new("kill")
+                    .args(["-KILL", "--", &format!("-{}", child.id())])
+                    .stderr(std::process::Stdio::null())
+                    .status();
+                let _ = child.kill();
+                break true;
+            }
+            None => std::thread::sleep(Duration::from_millis(20)),
+        }
+    };
+    let status = child.wait().unwrap();
+    let mut stdout = Vec::new();
+    let mut stderr = Vec::new();
+    // A caller may have taken a pipe to read it as the child runs.
+    if let Some(mut o) = child.stdout.take() {
+        o.read_to_end(&mut stdout).unwrap();
+    }
+    if let Some(mut e) = child.stderr.take() {
+        e.read_to_end(&mut stderr).unwrap();
+    }
+    (Output { status, stdout, stderr }, timed_out)
+}
+
+/// Both output streams of a run.
+pub(crate) fn text(o: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+}

@@ -1,0 +1,292 @@
+//! Engines that find RDMA devices where the kernel puts them, run
+//! unmodified under `uroce run` between two "hosts": network namespaces
+//! joined by a veth pair, each with its own IPC and PID namespaces so that
+//! UCX sees two machines (its shared-memory transports are reachable only
+//! within one IPC and PID namespace) and must use the uroce device.
+//! UCX 1.13 (`ucx-utils`, installed by `scripts/test`): `ucx_info -d`
+//! lists the device's transports; `ucx_perftest` runs UCP and UCT tests on
+//! it with `UCX_NET_DEVICES` as its only setting, one pair at a time and
+//! two pairs sharing each host's device.
+
+mod common;
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{env, finish, have, text};
+
+/// Two namespaces and a veth pair, removed on drop. One set at a time:
+/// UCX busy-polls, and two tests at once on two cores would measure the
+/// scheduler.
+struct Hosts {
+    a: String,
+    b: String,
+    _serial: std::sync::MutexGuard<'static, ()>,
+}
+
+const ADDR_A: &str = "10.232.0.1";
+const ADDR_B: &str = "10.232.0.2";
+
+fn sh(args: &[&str]) -> bool {
+    Command::new(args[0]).args(&args[1..]).status().is_ok_and(|s| s.success())
+}
+
+impl Hosts {
+    fn new() -> Self {
+        static SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let serial = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+        let id = std::process::id() % 100_000;
+        let hosts =
+            Self { a: format!("uroce-ea{id}"), b: format!("uroce-eb{id}"), _serial: serial };
+        let (va, vb) = (format!("uea{id}"), format!("ueb{id}"));
+        let ok = sh(&["ip", "netns", "add", &hosts.a])
+            && sh(&["ip", "netns", "add", &hosts.b])
+            && sh(&["ip", "link", "add", &va, "type", "veth", "peer", "name", &vb])
+            && sh(&["ip", "link", "set", &va, "netns", &hosts.a])
+            && sh(&["ip", "link", "set", &vb, "netns", &hosts.b])
+            && sh(&["ip", "-n", &hosts.a, "addr", "add", &format!("{ADDR_A}/24"), "dev", &va])
+            && sh(&["ip", "-n", &hosts.b, "addr", "add", &format!("{ADDR_B}/24"), "dev", &vb])
+            && sh(&["ip", "-n", &hosts.a, "link", "set", &va, "up"])
+            && sh(&["ip", "-n", &hosts.b, "link", "set", &vb, "up"])
+            && sh(&["ip", "-n", &hosts.a, "link", "set", "lo", "up"])
+            && sh(&["ip", "-n", &hosts.b, "link", "set", "lo", "up"]);
+        assert!(ok, "creating namespaces and a veth pair failed");
+        hosts
+    }
+
+    /// `args` under `uroce run` on host `a` (or `b`), device uroce0 on its
+    /// veth address; its own process group, so a deadline kills it whole.
+    fn cmd(&self, on_a: bool, args: &[&str]) -> Command {
+        let (ns, addr) = if on_a { (&self.a, ADDR_A) } else { (&self.b, ADDR_B) };
+        let mut c = Command::new("ip");
+        c.args(["netns", "exec", ns, "unshare", "--ipc", "--pid", "--fork", "--mount-proc"])
+            .arg(&env().uroce)
+            .args(["run", "--"])
+            .args(args)
+            .env("UROCE_DEVICES", format!("uroce0={addr}"))
+            .env("UCX_NET_DEVICES", "uroce0:1")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        std::os::unix::process::CommandExt::process_group(&mut c, 0);
+        c
+    }
+
+    /// Waits until something listens on TCP `port` in host a.
+    fn wait_listening(&self, port: u16, deadline: Instant) {
+        while Instant::now() < deadline {
+            let out = Command::new("ip")
+                .args(["netns", "exec", &self.a, "ss", "-Hltn", &format!("sport = :{port}")])
+                .output()
+                .unwrap();
+            if !out.stdout.is_empty() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Hosts {
+    fn drop(&mut self) {
+        // (the veth pair goes with its namespaces)
+        sh(&["ip", "netns", "del", &self.a]);
+        sh(&["ip", "netns", "del", &self.b]);
+    }
+}
+
+fn can_run() -> bool {
+    use std::os::unix::fs::MetadataExt;
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    let ok = root && have("ucx_perftest") && have("unshare");
+    if !ok {
+        assert!(std::env::var_os("CI").is_none(), "the engine tests need root and ucx-utils in CI");
+        eprintln!("not root or no ucx_perftest: skipped");
+    }
+    ok
+}
+
+/// A started `ucx_perftest` pair: server on host a, client on host b.
+struct Run {
+    label: String,
+    server: Child,
+    client: Child,
+}
+
+fn start(hosts: &Hosts, args: &[&str], extra_client_env: &[(&str, &str)]) -> Run {
+    let port = uroce::testing::free_tcp_port().to_string();
+    let mut sargs = vec!["ucx_perftest", "-p", &port];
+    sargs.extend(args);
+    let server = hosts.cmd(true, &sargs).spawn().unwrap();
+    hosts.wait_listening(port.parse().unwrap(), Instant::now() + Duration::from_secs(20));
+    let mut cargs = vec!["ucx_perftest", ADDR_A, "-p", &port];
+    cargs.extend(args);
+    let mut c = hosts.cmd(false, &cargs);
+    for (k, v) in extra_client_env {
+        c.env(k, v);
+    }
+    Run { label: args.join(" "), server, client: c.spawn().unwrap() }
+}
+
+/// Waits for both sides; both must exit 0 with a `Final:` line. Returns
+/// the client's output.
+fn complete(run: Run, limit: Duration) -> String {
+    let deadline = Instant::now() + limit;
+    let (co, ct) = finish(run.client, deadline);
+    let (so, st) = finish(run.server, deadline + Duration::from_secs(5));
+    let (c, s) = (text(&co), text(&so));
+    let all = format!("{}\n--- server ---\n{s}\n--- client ---\n{c}", run.label);
+    assert!(!ct && !st, "timed out after {limit:?}: {all}");
+    assert!(co.status.success() && so.status.success(), "failed: {all}");
+    assert!(c.contains("Final:"), "no result: {all}");
+    let fin = c.lines().find(|l| l.starts_with("Final:")).unwrap_or_default();
+    eprintln!("{:<45} {fin}", run.label);
+    c
+}
+
+#[test]
+fn ucx_lists_the_uroce_transports() {
+    if !can_run() {
+        return;
+    }
+    let hosts = Hosts::new();
+    let (out, timed_out) = finish(
+        hosts.cmd(true, &["ucx_info", "-d"]).spawn().unwrap(),
+        Instant::now() + Duration::from_secs(60),
+    );
+    let t = text(&out);
+    assert!(!timed_out && out.status.success(), "ucx_info -d failed:\n{t}");
+    let domain =
+        t.split("# Memory domain: ").find(|d| d.starts_with("uroce0")).unwrap_or_else(|| {
+            panic!("no uroce0 memory domain in ucx_info -d:\n{t}");
+        });
+    for tl in ["rc_verbs", "ud_verbs"] {
+        assert!(domain.contains(&format!("Transport: {tl}")), "no {tl} on uroce0:\n{domain}");
+    }
+    assert!(domain.contains("Device: uroce0:1"), "{domain}");
+    assert!(domain.contains("atomic_fadd: 64 bit"), "rc_verbs without device atomics:\n{domain}");
+}
+
+#[test]
+fn ucx_perftest_runs_over_the_uroce_device() {
+    if !can_run() {
+        return;
+    }
+    let hosts = Hosts::new();
+    let limit = Duration::from_secs(90);
+    // UCP picks its transports; the client's log shows which.
+    let out = complete(
+        start(&hosts, &["-t", "tag_lat", "-s", "8", "-n", "2000"], &[("UCX_LOG_LEVEL", "info")]),
+        limit,
+    );
+    let cfg = out.lines().find(|l| l.contains("ep_cfg[")).unwrap_or_default();
+    assert!(cfg.contains("rc_verbs/uroce0:1"), "UCP did not pick rc_verbs on uroce0: {out}");
+    for args in [
+        &["-t", "tag_bw", "-s", "1048576", "-n", "200"][..],
+        &["-t", "ucp_put_bw", "-s", "1048576", "-n", "200"],
+        &["-t", "ucp_get", "-s", "65536", "-n", "500"],
+        &["-t", "ucp_fadd", "-n", "1000"],
+        &[
+            "-t", "put_bw", "-x", "rc_verbs", "-d", "uroce0:1", "-D", "zcopy", "-s", "65536", "-n",
+            "500",
+        ],
+        &["-t", "put_bw", "-x", "rc_verbs", "-d", "uroce0:1", "-s", "8", "-n", "5000"],
+        &["-t", "fadd", "-x", "rc_verbs", "-d", "uroce0:1", "-n", "1000"],
+        &["-t", "am_lat", "-x", "ud_verbs", "-d", "uroce0:1", "-n", "1000"],
+    ] {
+        complete(start(&hosts, args, &[]), limit);
+    }
+}
+
+#[test]
+fn two_ucx_pairs_share_each_hosts_device() {
+    if !can_run() {
+        return;
+    }
+    let hosts = Hosts::new();
+    let limit = Duration::from_secs(120);
+    let lat = start(&hosts, &["-t", "tag_lat", "-s", "8", "-n", "500"], &[]);
+    let bw = start(&hosts, &["-t", "ucp_put_bw", "-s", "65536", "-n", "500"], &[]);
+    complete(lat, limit);
+    complete(bw, limit);
+}
+
+/// What a program under `uroce run` sees, as root and as an unprivileged
+/// user (a user namespace then), and that the host sees none of it.
+#[test]
+fn uroce_run_shows_device_files_to_root_and_to_users() {
+    use std::os::unix::fs::PermissionsExt;
+    if !can_run() {
+        return;
+    }
+    let probe = "test -c /dev/infiniband/uverbs0 && test -w /dev/infiniband/uverbs0 \
+                 && test -c /dev/null && test -d /dev/shm && test -e /sys/class/net/lo \
+                 && cat /sys/class/infiniband_verbs/uverbs0/ibdev \
+                 /sys/class/infiniband/uroce0/ports/1/gids/0 \
+                 /sys/class/infiniband/uroce0/ports/1/gid_attrs/types/0 \
+                 /sys/class/infiniband/uroce0/ports/1/state \
+                 /sys/class/infiniband/uroce0/ports/1/hw_counters/sent_pkts \
+                 && ls /sys/class/infiniband/uroce0/device/net && ibv_devices";
+    let expect = [
+        "uroce0\n0000:0000:0000:0000:0000:ffff:7f00:0001\nRoCE v2\n4: ACTIVE\n",
+        "\nlo\n",
+        "0275ffff7f000001",
+    ];
+    // A copy anyone may read and run: the build tree may sit where an
+    // unprivileged user cannot reach.
+    let dir = std::env::temp_dir().join(format!("uroce-run-test-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(dir.join("uroce-lib")).unwrap();
+    std::fs::copy(&env().uroce, dir.join("uroce")).unwrap();
+    for e in std::fs::read_dir(&env().lib_dir).unwrap() {
+        let e = e.unwrap();
+        std::fs::copy(e.path(), dir.join("uroce-lib").join(e.file_name())).unwrap();
+    }
+    for p in [&dir, &dir.join("uroce-lib")] {
+        std::fs::set_permissions(p, std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+    let uroce = dir.join("uroce").to_string_lossy().into_owned();
+    for as_user in [false, true] {
+        let mut c = Command::new("setpriv");
+        if as_user {
+            c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
+        }
+        let out = c
+            .args([&uroce, "run", "--", "sh", "-c", probe])
+            .env("UROCE_DEVICES", "uroce0=127.0.0.1")
+            .env("UROCE_RUN_DIR", &dir)
+            .current_dir(&dir)
+            .output()
+            .unwrap();
+        let t = text(&out);
+        assert!(out.status.success(), "as {}: {t}", if as_user { "nobody" } else { "root" });
+        for e in expect {
+            assert!(
+                t.contains(e),
+                "as {}: no {e:?} in:\n{t}",
+                if as_user { "nobody" } else { "root" }
+            );
+        }
+    }
+    // The program's status comes back, signals included.
+    let out = Command::new(&uroce).args(["run", "--", "sh", "-c", "exit 7"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(7));
+    let out =
+        Command::new(&uroce).args(["run", "--", "sh", "-c", "kill -TERM $$"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(128 + 15));
+    // A SIGTERM to `uroce run` reaches the program.
+    let started = Instant::now();
+    let child = Command::new(&uroce).args(["run", "--", "sleep", "30"]).spawn().unwrap();
+    std::thread::sleep(Duration::from_millis(300));
+    sh(&["kill", "-TERM", &child.id().to_string()]);
+    let (out, timed_out) = finish(child, started + Duration::from_secs(10));
+    assert!(!timed_out, "SIGTERM was not passed on");
+    assert_eq!(out.status.code(), Some(128 + 15));
+    assert!(
+        !std::path::Path::new("/sys/class/infiniband_verbs/uverbs0/ibdev").exists()
+            || std::fs::read_to_string("/sys/class/infiniband_verbs/uverbs0/ibdev")
+                .is_ok_and(|s| !s.starts_with("uroce")),
+        "the host got device files"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
