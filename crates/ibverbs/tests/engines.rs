@@ -6,7 +6,8 @@
 //! UCX 1.13 (`ucx-utils`, installed by `scripts/test`): `ucx_info -d`
 //! lists the device's transports; `ucx_perftest` runs UCP and UCT tests on
 //! it with `UCX_NET_DEVICES` as its only setting, one pair at a time and
-//! two pairs sharing each host's device.
+//! two pairs sharing each host's device. Open MPI 4.1 (`openmpi-bin`,
+//! `libopenmpi-dev`): 8 ranks, 4 per host, with `--mca pml ucx`.
 
 mod common;
 
@@ -25,6 +26,19 @@ struct Hosts {
 }
 
 const ADDR_A: &str = "10.232.0.1";
+/// Inside a network namespace, what makes a host of it: its own UTS, IPC,
+/// PID namespaces and `/proc`, and a host name (the argument after).
+const HOST_PREFIX: [&str; 9] = [
+    "unshare",
+    "--uts",
+    "--ipc",
+    "--pid",
+    "--fork",
+    "--mount-proc",
+    "sh",
+    "-c",
+    "hostname \"$0\" && exec \"$@\"",
+];
 const ADDR_B: &str = "10.232.0.2";
 
 fn sh(args: &[&str]) -> bool {
@@ -59,7 +73,9 @@ impl Hosts {
     fn cmd(&self, on_a: bool, args: &[&str]) -> Command {
         let (ns, addr) = if on_a { (&self.a, ADDR_A) } else { (&self.b, ADDR_B) };
         let mut c = Command::new("ip");
-        c.args(["netns", "exec", ns, "unshare", "--ipc", "--pid", "--fork", "--mount-proc"])
+        c.args(["netns", "exec", ns])
+            .args(HOST_PREFIX)
+            .arg(ns)
             .arg(&env().uroce)
             .args(["run", "--"])
             .args(args)
@@ -289,4 +305,93 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
         "the host got device files"
     );
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Open MPI 4.1 with `--mca pml ucx`: 8 ranks, 4 per host, ping-pong
+/// across the hosts, `MPI_Allreduce` and `MPI_Alltoall`, every result
+/// checked by the program; the remote daemons start through an rsh agent
+/// that enters the other host's namespaces.
+#[test]
+fn open_mpi_runs_eight_ranks_across_two_hosts() {
+    use std::os::unix::fs::PermissionsExt;
+    if !can_run() {
+        return;
+    }
+    if !(have("mpirun") && have("mpicc")) {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "Open MPI missing in CI (scripts/test installs it)"
+        );
+        eprintln!("no mpirun/mpicc: skipped");
+        return;
+    }
+    let hosts = Hosts::new();
+    let dir = std::env::temp_dir().join(format!("uroce-mpi-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    let prog = dir.join("mpi_check");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/mpi_check.c");
+    let cc = Command::new("mpicc").arg("-O2").arg("-o").arg(&prog).arg(&src).output().unwrap();
+    assert!(cc.status.success(), "mpicc: {}", text(&cc));
+    // ssh's stand-in: `agent HOST CMD…` runs CMD on the host that owns
+    // address HOST, under `uroce run`.
+    let agent = dir.join("agent");
+    let prefix: Vec<String> = HOST_PREFIX.iter().map(|w| format!("'{w}'")).collect();
+    let script = format!(
+        "#!/bin/sh\nhost=$1; shift\ncase $host in {ADDR_A}) ns={a};; {ADDR_B}) ns={b};; *) exit 1;; esac\n\
+         UROCE_DEVICES=uroce0=$host exec ip netns exec $ns {prefix} $ns '{uroce}' run -- sh -c \"$*\"\n",
+        a = hosts.a,
+        b = hosts.b,
+        prefix = prefix.join(" "),
+        uroce = env().uroce.display(),
+    );
+    std::fs::write(&agent, script).unwrap();
+    std::fs::set_permissions(&agent, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let hostfile = dir.join("hosts");
+    std::fs::write(&hostfile, format!("{ADDR_A} slots=4\n{ADDR_B} slots=4\n")).unwrap();
+    let (a, h, p) = (agent.to_string_lossy(), hostfile.to_string_lossy(), prog.to_string_lossy());
+    let mut c = hosts.cmd(
+        true,
+        &[
+            "mpirun",
+            "--allow-run-as-root",
+            "--hostfile",
+            &h,
+            "-np",
+            "8",
+            "--mca",
+            "plm_rsh_agent",
+            &a,
+            "--mca",
+            "pml",
+            "ucx",
+            "-x",
+            "UCX_NET_DEVICES",
+            "-x",
+            "UCX_LOG_LEVEL=info",
+            &p,
+        ],
+    );
+    let (out, timed_out) = finish(c.spawn().unwrap(), Instant::now() + Duration::from_secs(240));
+    let t = text(&out);
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(!timed_out && out.status.success(), "mpirun failed:\n{t}");
+    for want in [
+        "pingpong 8 B",
+        "pingpong 1048576 B",
+        "allreduce 131072 longs on 8 ranks: ok",
+        "alltoall 4096 ints per pair on 8 ranks: ok (8 ranks checked)",
+    ] {
+        assert!(t.contains(want), "no {want:?} in:\n{t}");
+    }
+    // Ranks on different hosts reach each other over uroce only.
+    let cfgs: Vec<&str> = t.lines().filter(|l| l.contains("ep_cfg[")).collect();
+    assert!(
+        cfgs.iter().any(|l| l.ends_with("tag(rc_verbs/uroce0:1)")),
+        "no rank pair on uroce alone:\n{t}"
+    );
+    assert!(!cfgs.iter().any(|l| l.contains("tcp")), "tcp in use:\n{t}");
+    for l in t.lines().filter(|l| l.starts_with("pingpong")) {
+        eprintln!("{l} (8 busy-polling ranks on this machine's cores)");
+    }
 }
