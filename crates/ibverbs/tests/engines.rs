@@ -395,3 +395,35 @@ fn open_mpi_runs_eight_ranks_across_two_hosts() {
         eprintln!("{l} (8 busy-polling ranks on this machine's cores)");
     }
 }
+
+/// libfabric 1.17's verbs provider (`libfabric-bin`): `fi_info -p verbs`
+/// lists the device's MSG and DGRAM domains, and `fi_pingpong` runs over
+/// its DGRAM endpoints (UD), which need no connection manager.
+#[test]
+fn libfabric_verbs_lists_the_device_and_runs_dgram() {
+    if !can_run() {
+        return;
+    }
+    let hosts = Hosts::new();
+    let (out, timed_out) = finish(
+        hosts.cmd(true, &["fi_info", "-p", "verbs"]).spawn().unwrap(),
+        Instant::now() + Duration::from_secs(60),
+    );
+    let t = text(&out);
+    assert!(!timed_out && out.status.success(), "fi_info failed:\n{t}");
+    for want in ["domain: uroce0\n", "type: FI_EP_MSG", "domain: uroce0-dgram", "type: FI_EP_DGRAM"]
+    {
+        assert!(t.contains(want), "no {want:?} in fi_info -p verbs:\n{t}");
+    }
+    let port = uroce::testing::free_tcp_port().to_string();
+    let args = ["fi_pingpong", "-p", "verbs", "-e", "dgram", "-I", "1000", "-S", "64"];
+    let server = hosts.cmd(true, &[&args[..], &["-B", &port]].concat()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    hosts.wait_listening(port.parse().unwrap(), deadline);
+    let cargs = [&args[..], &["-P", &port, ADDR_A]].concat();
+    let (co, ct) = finish(hosts.cmd(false, &cargs).spawn().unwrap(), deadline);
+    let (so, st) = finish(server, deadline + Duration::from_secs(5));
+    let all = format!("--- server ---\n{}\n--- client ---\n{}", text(&so), text(&co));
+    assert!(!ct && !st && co.status.success() && so.status.success(), "fi_pingpong dgram: {all}");
+    assert!(text(&co).contains("Mxfers/sec"), "no result: {all}");
+}
