@@ -44,6 +44,8 @@ mod objects;
 #[allow(unsafe_code)]
 mod pd;
 #[allow(unsafe_code)]
+mod provider;
+#[allow(unsafe_code)]
 mod qp;
 #[allow(unsafe_code)]
 mod qp_ex;

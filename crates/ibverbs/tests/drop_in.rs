@@ -664,6 +664,44 @@ fn exports_are_exactly_the_versioned_table() {
     assert!(text(&soname).contains("Library soname: [libibverbs.so.1]"), "{}", text(&soname));
 }
 
+/// The defined functions of a shared library with their default version
+/// nodes (compat `name@NODE` entries are left out: no Debian 12 binary
+/// references the 2006 ABI).
+fn defined_names(lib: &Path) -> Vec<(String, String)> {
+    let out = Command::new("readelf").args(["--dyn-syms", "-W"]).arg(lib).output().unwrap();
+    assert!(out.status.success(), "readelf: {}", text(&out));
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .filter_map(|l| {
+            let w: Vec<&str> = l.split_whitespace().collect();
+            if w.len() < 8 || w[6] == "UND" || w[6] == "Ndx" || w[3] != "FUNC" {
+                return None;
+            }
+            let (name, node) = w[7].split_once("@@")?;
+            Some((name.to_string(), node.to_string()))
+        })
+        .collect()
+}
+
+/// Every function Debian 12's own libibverbs.so.1 exports is there, under
+/// the same node, so that nothing linked against it (pyverbs, provider
+/// libraries) fails to load on the drop-in.
+#[test]
+fn every_function_of_debians_libibverbs_is_exported() {
+    let real = Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
+    if !real.exists() {
+        assert!(std::env::var_os("CI").is_none(), "no Debian libibverbs1 in CI");
+        return;
+    }
+    let ours = defined_names(&env().lib_dir.join("libibverbs.so.1"));
+    let missing: Vec<String> = defined_names(real)
+        .into_iter()
+        .filter(|nv| !ours.contains(nv))
+        .map(|(n, v)| format!("{n}@{v}"))
+        .collect();
+    assert!(missing.is_empty(), "not exported: {missing:?}");
+}
+
 /// The layout numbers the Rust mirrors are tested against (src/abi.rs)
 /// are those of the headers installed here (libibverbs-dev and
 /// librdmacm-dev 44).

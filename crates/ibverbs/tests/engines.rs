@@ -427,3 +427,26 @@ fn libfabric_verbs_lists_the_device_and_runs_dgram() {
     assert!(!ct && !st && co.status.success() && so.status.success(), "fi_pingpong dgram: {all}");
     assert!(text(&co).contains("Mxfers/sec"), "no result: {all}");
 }
+
+/// `tests/c/more_names.c` under `uroce run`: `ibv_read_ibdev_sysfs_file`
+/// reads the device's files, the import family says EOPNOTSUPP.
+#[test]
+fn sysfs_reads_and_imports_through_the_drop_in() {
+    if !can_run() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uroce-names-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("more_names");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/more_names.c");
+    let cc = Command::new("cc").arg("-o").arg(&exe).arg(&src).arg("-libverbs").output().unwrap();
+    assert!(cc.status.success(), "cc: {}", text(&cc));
+    let out = Command::new(&env().uroce)
+        .args(["run", "--"])
+        .arg(&exe)
+        .env("UROCE_DEVICES", "uroce0=127.0.0.1")
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(out.status.success() && text(&out).contains("all checks passed"), "{}", text(&out));
+}

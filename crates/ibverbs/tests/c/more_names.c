@@ -1,0 +1,44 @@
+/* The names beyond the verbs a program usually calls, run under
+ * `uroce run`: ibv_read_ibdev_sysfs_file reads the device's sysfs files
+ * (printf-style path), the import family fails with EOPNOTSUPP. */
+#include <infiniband/verbs.h>
+#include <errno.h>
+#include <stdio.h>
+#include <string.h>
+
+/* <infiniband/driver.h> (not installed by libibverbs-dev) declares it. */
+int ibv_read_ibdev_sysfs_file(char *buf, size_t size, const char *ibdev,
+                              const char *fnfmt, ...);
+
+#define CHECK(c) do { if (!(c)) { fprintf(stderr, "FAILED: %s (line %d, errno %d)\n", #c, __LINE__, errno); return 1; } } while (0)
+
+int main(void) {
+    char buf[64];
+    int n = ibv_read_ibdev_sysfs_file(buf, sizeof buf, "uroce0", "ports/%u/gid_attrs/types/%u", 1, 0);
+    CHECK(n == 7 && strcmp(buf, "RoCE v2") == 0);
+    n = ibv_read_ibdev_sysfs_file(buf, sizeof buf, "uroce0", "node_type");
+    CHECK(n == 5 && strcmp(buf, "1: CA") == 0);
+    n = ibv_read_ibdev_sysfs_file(buf, 3, "uroce0", "node_type");
+    CHECK(n == 2 && strcmp(buf, "1:") == 0);
+    errno = 0;
+    CHECK(ibv_read_ibdev_sysfs_file(buf, sizeof buf, "uroce0", "no_such_file") == -1 && errno == ENOENT);
+
+    int num;
+    struct ibv_device **list = ibv_get_device_list(&num);
+    CHECK(list && num >= 1);
+    struct ibv_context *ctx = ibv_open_device(list[0]);
+    CHECK(ctx);
+    errno = 0;
+    CHECK(ibv_import_device(ctx->async_fd) == NULL && errno == EOPNOTSUPP);
+    struct ibv_pd *pd = ibv_alloc_pd(ctx);
+    CHECK(pd);
+    errno = 0;
+    CHECK(ibv_import_pd(ctx, pd->handle) == NULL && errno == EOPNOTSUPP);
+    errno = 0;
+    CHECK(ibv_import_mr(pd, 1) == NULL && errno == EOPNOTSUPP);
+    CHECK(ibv_dealloc_pd(pd) == 0);
+    CHECK(ibv_close_device(ctx) == 0);
+    ibv_free_device_list(list);
+    printf("all checks passed\n");
+    return 0;
+}
