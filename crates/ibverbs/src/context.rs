@@ -63,7 +63,8 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         c.ops.alloc_mw = Some(crate::mw::alloc_mw);
         c.ops.bind_mw = Some(crate::mw::bind_mw);
         c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
-        c.cmd_fd = -1;
+        let cmd_fd = command_fd(index);
+        c.cmd_fd = cmd_fd.as_ref().map_or(-1, |f| f.as_raw_fd());
         c.async_fd = async_fd;
         c.num_comp_vectors = 1;
         c.abi_compat = VERBS_ABI_IS_EXTENDED as *mut c_void;
@@ -73,12 +74,30 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
                 vctx: UnsafeCell::new(vctx),
                 dev: shared,
                 dev_index: index,
+                cmd_fd,
             },
             Kind::Context,
         );
         // SAFETY: just allocated, live.
         unsafe { (*b).ibv() }
     })
+}
+
+/// A descriptor for `ibv_context.cmd_fd`, where programs expect a real
+/// one (pyverbs dups it): the device's `/dev/infiniband/uverbs<N>` when
+/// `uroce run` provides it, else an empty memory file named after it (so
+/// `/proc/self/fd` says which device). uroce takes no commands through it.
+fn command_fd(index: usize) -> Option<std::os::fd::OwnedFd> {
+    use std::os::fd::{FromRawFd, OwnedFd};
+    let path = format!("/dev/infiniband/uverbs{index}");
+    if let Ok(f) = std::fs::OpenOptions::new().read(true).write(true).open(&path) {
+        return Some(f.into());
+    }
+    let name = std::ffi::CString::new(format!("uroce-uverbs{index}")).ok()?;
+    // SAFETY: a NUL-terminated name; the result is a new descriptor or -1.
+    let fd = unsafe { libc::memfd_create(name.as_ptr(), libc::MFD_CLOEXEC) };
+    // SAFETY: a descriptor just created and owned by nobody else.
+    (fd >= 0).then(|| unsafe { OwnedFd::from_raw_fd(fd) })
 }
 
 pub(crate) unsafe extern "C" fn ibv_close_device(context: *mut ibv_context) -> c_int {

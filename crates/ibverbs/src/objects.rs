@@ -42,6 +42,8 @@ pub(crate) struct CtxBox {
     pub(crate) vctx: UnsafeCell<verbs_context>,
     pub(crate) dev: Arc<DevShared>,
     pub(crate) dev_index: usize,
+    /// `ibv_context.cmd_fd`, closed with the context.
+    pub(crate) cmd_fd: Option<std::os::fd::OwnedFd>,
 }
 
 impl CtxBox {

@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 
@@ -101,6 +102,9 @@ int main(void)
 	struct ibv_context *ctx = ibv_open_device(list[0]);
 	REQUIRE(ctx, "open");
 	ibv_free_device_list(list);
+	/* cmd_fd is a real descriptor (pyverbs dups it). */
+	int cmd_copy = dup(ctx->cmd_fd);
+	CHECK(ctx->cmd_fd >= 0 && cmd_copy >= 0 && close(cmd_copy) == 0, "cmd_fd dup");
 
 	/* Queries, through the exported functions and the inline wrappers. */
 	struct ibv_device_attr_ex dx;

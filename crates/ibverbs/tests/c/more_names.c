@@ -1,10 +1,12 @@
 /* The names beyond the verbs a program usually calls, run under
  * `uroce run`: ibv_read_ibdev_sysfs_file reads the device's sysfs files
- * (printf-style path), the import family fails with EOPNOTSUPP. */
+ * (printf-style path), the import family fails with EOPNOTSUPP, cmd_fd is
+ * a descriptor that survives dup. */
 #include <infiniband/verbs.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 
 /* <infiniband/driver.h> (not installed by libibverbs-dev) declares it. */
 int ibv_read_ibdev_sysfs_file(char *buf, size_t size, const char *ibdev,
@@ -28,6 +30,14 @@ int main(void) {
     CHECK(list && num >= 1);
     struct ibv_context *ctx = ibv_open_device(list[0]);
     CHECK(ctx);
+    /* A real cmd_fd: dup'able, naming the device's char device. */
+    CHECK(ctx->cmd_fd >= 0);
+    int copy = dup(ctx->cmd_fd);
+    CHECK(copy >= 0 && close(copy) == 0);
+    char link[64], target[128] = {0};
+    snprintf(link, sizeof link, "/proc/self/fd/%d", ctx->cmd_fd);
+    CHECK(readlink(link, target, sizeof target - 1) > 0);
+    CHECK(strcmp(target, "/dev/infiniband/uverbs0") == 0);
     errno = 0;
     CHECK(ibv_import_device(ctx->async_fd) == NULL && errno == EOPNOTSUPP);
     struct ibv_pd *pd = ibv_alloc_pd(ctx);
