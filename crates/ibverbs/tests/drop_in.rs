@@ -683,23 +683,26 @@ fn defined_names(lib: &Path) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Every function Debian 12's own libibverbs.so.1 exports is there, under
-/// the same node, so that nothing linked against it (pyverbs, provider
-/// libraries) fails to load on the drop-in.
+/// Every function Debian 12's own libibverbs.so.1, libmlx5.so.1 and
+/// libefa.so.1 export is in the drop-in library or its stubs, under the
+/// same node, so that nothing linked against them (pyverbs, provider
+/// libraries, perftest, UCX, libfabric) fails to load.
 #[test]
-fn every_function_of_debians_libibverbs_is_exported() {
-    let real = Path::new("/usr/lib/x86_64-linux-gnu/libibverbs.so.1");
-    if !real.exists() {
-        assert!(std::env::var_os("CI").is_none(), "no Debian libibverbs1 in CI");
-        return;
+fn every_function_of_debians_libraries_is_exported() {
+    for name in ["libibverbs.so.1", "libmlx5.so.1", "libefa.so.1"] {
+        let real = Path::new("/usr/lib/x86_64-linux-gnu").join(name);
+        if !real.exists() {
+            assert!(std::env::var_os("CI").is_none(), "no Debian {name} in CI");
+            continue;
+        }
+        let ours = defined_names(&env().lib_dir.join(name));
+        let missing: Vec<String> = defined_names(&real)
+            .into_iter()
+            .filter(|nv| !ours.contains(nv))
+            .map(|(n, v)| format!("{n}@{v}"))
+            .collect();
+        assert!(missing.is_empty(), "{name}: not exported: {missing:?}");
     }
-    let ours = defined_names(&env().lib_dir.join("libibverbs.so.1"));
-    let missing: Vec<String> = defined_names(real)
-        .into_iter()
-        .filter(|nv| !ours.contains(nv))
-        .map(|(n, v)| format!("{n}@{v}"))
-        .collect();
-    assert!(missing.is_empty(), "not exported: {missing:?}");
 }
 
 /// The layout numbers the Rust mirrors are tested against (src/abi.rs)
