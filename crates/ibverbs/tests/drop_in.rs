@@ -683,13 +683,13 @@ fn defined_names(lib: &Path) -> Vec<(String, String)> {
         .collect()
 }
 
-/// Every function Debian 12's own libibverbs.so.1, libmlx5.so.1 and
-/// libefa.so.1 export is in the drop-in library or its stubs, under the
+/// Every function Debian 12's own libibverbs.so.1, librdmacm.so.1,
+/// libmlx5.so.1 and libefa.so.1 export is in the drop-in library or its stubs, under the
 /// same node, so that nothing linked against them (pyverbs, provider
 /// libraries, perftest, UCX, libfabric) fails to load.
 #[test]
 fn every_function_of_debians_libraries_is_exported() {
-    for name in ["libibverbs.so.1", "libmlx5.so.1", "libefa.so.1"] {
+    for name in ["libibverbs.so.1", "librdmacm.so.1", "libmlx5.so.1", "libefa.so.1"] {
         let real = Path::new("/usr/lib/x86_64-linux-gnu").join(name);
         if !real.exists() {
             assert!(std::env::var_os("CI").is_none(), "no Debian {name} in CI");

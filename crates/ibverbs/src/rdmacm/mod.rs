@@ -23,16 +23,18 @@
 //! link (binding to an address, resolving, listening), as the kernel's CM
 //! refuses them on RoCE.
 //!
-//! Not yet: the rsocket calls (ENOSYS), ECE,
+//! Not yet: the rsocket calls (ENOSYS, `rsocket`), ECE,
 //! `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
 
 mod abi;
 mod mcast;
 mod options;
+mod rsocket;
 mod sync;
 
 pub(crate) use mcast::{rdma_join_multicast, rdma_join_multicast_ex, rdma_leave_multicast};
 pub(crate) use options::rdma_set_option;
+pub(crate) use rsocket::*;
 pub(crate) use sync::{
     rdma_accept, rdma_connect, rdma_create_ep, rdma_destroy_ep, rdma_get_request,
     rdma_resolve_addr, rdma_resolve_route,
@@ -1667,11 +1669,6 @@ pub(crate) unsafe extern "C" fn rdma_freeaddrinfo(res: *mut rdma_addrinfo) {
             p = next;
         }
     }
-}
-
-/// `rpoll` (rsockets) is not there.
-pub(crate) unsafe extern "C" fn rpoll(_fds: *mut c_void, _nfds: u64, _timeout: c_int) -> c_int {
-    minus_one(libc::ENOSYS)
 }
 
 pub(crate) unsafe extern "C" fn rdma_event_str(event: c_int) -> *const c_char {
