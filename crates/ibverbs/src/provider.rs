@@ -17,7 +17,7 @@
 
 use std::ffi::{CStr, c_char, c_int, c_void};
 
-use crate::ffi::{guard, null_errno};
+use crate::ffi::{guard, minus_one, null_errno};
 
 /// Integer-returning stubs: rdma-core's commands return an errno value.
 macro_rules! eopnotsupp {
@@ -99,7 +99,7 @@ pub(crate) unsafe extern "C" fn ibv_read_ibdev_sysfs_file(
 ) -> c_int {
     guard(-1, || {
         if buf.is_null() || size == 0 || ibdev.is_null() || fnfmt.is_null() {
-            return crate::ffi::minus_one(libc::EINVAL);
+            return minus_one(libc::EINVAL);
         }
         // SAFETY: NUL-terminated strings from the caller.
         let (dev, fmt) = unsafe { (CStr::from_ptr(ibdev), CStr::from_ptr(fnfmt)) };
@@ -107,12 +107,12 @@ pub(crate) unsafe extern "C" fn ibv_read_ibdev_sysfs_file(
         let Some(file) = format_path(fmt.to_bytes(), [arg0, arg1], |p| unsafe {
             CStr::from_ptr(p as *const c_char).to_string_lossy().into_owned()
         }) else {
-            return crate::ffi::minus_one(libc::EINVAL);
+            return minus_one(libc::EINVAL);
         };
         let path = format!("/sys/class/infiniband/{}/{file}", dev.to_string_lossy());
         let text = match std::fs::read(&path) {
             Ok(t) => t,
-            Err(e) => return crate::ffi::minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
+            Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
         };
         let text = text.strip_suffix(b"\n").unwrap_or(&text);
         let n = text.len().min(size - 1);

@@ -88,6 +88,15 @@ impl Hosts {
         c
     }
 
+    /// Runs `args` on host a to the end (within a minute); its output.
+    fn output_on_a(&self, args: &[&str]) -> String {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let (out, timed_out) = finish(self.cmd(true, args).spawn().unwrap(), deadline);
+        let t = text(&out);
+        assert!(!timed_out && out.status.success(), "{} failed:\n{t}", args.join(" "));
+        t
+    }
+
     /// Waits until something listens on TCP `port` in host a.
     fn wait_listening(&self, port: u16, deadline: Instant) {
         while Instant::now() < deadline {
@@ -166,12 +175,7 @@ fn ucx_lists_the_uroce_transports() {
         return;
     }
     let hosts = Hosts::new();
-    let (out, timed_out) = finish(
-        hosts.cmd(true, &["ucx_info", "-d"]).spawn().unwrap(),
-        Instant::now() + Duration::from_secs(60),
-    );
-    let t = text(&out);
-    assert!(!timed_out && out.status.success(), "ucx_info -d failed:\n{t}");
+    let t = hosts.output_on_a(&["ucx_info", "-d"]);
     let domain =
         t.split("# Memory domain: ").find(|d| d.starts_with("uroce0")).unwrap_or_else(|| {
             panic!("no uroce0 memory domain in ucx_info -d:\n{t}");
@@ -293,8 +297,14 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
     // A SIGTERM to `uroce run` reaches the program.
     let started = Instant::now();
     let child = Command::new(&uroce).args(["run", "--", "sleep", "30"]).spawn().unwrap();
-    std::thread::sleep(Duration::from_millis(300));
-    sh(&["kill", "-TERM", &child.id().to_string()]);
+    // Once the program runs, `uroce run` has its signals blocked for
+    // forwarding (a SIGTERM before that would end it by default).
+    let children = format!("/proc/{0}/task/{0}/children", child.id());
+    while std::fs::read_to_string(&children).unwrap_or_default().trim().is_empty() {
+        assert!(started.elapsed() < Duration::from_secs(10), "uroce run started nothing");
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    sh(&["sh", "-c", &format!("kill -TERM {}", child.id())]);
     let (out, timed_out) = finish(child, started + Duration::from_secs(10));
     assert!(!timed_out, "SIGTERM was not passed on");
     assert_eq!(out.status.code(), Some(128 + 15));
@@ -405,12 +415,7 @@ fn libfabric_verbs_lists_the_device_and_runs_dgram() {
         return;
     }
     let hosts = Hosts::new();
-    let (out, timed_out) = finish(
-        hosts.cmd(true, &["fi_info", "-p", "verbs"]).spawn().unwrap(),
-        Instant::now() + Duration::from_secs(60),
-    );
-    let t = text(&out);
-    assert!(!timed_out && out.status.success(), "fi_info failed:\n{t}");
+    let t = hosts.output_on_a(&["fi_info", "-p", "verbs"]);
     for want in ["domain: uroce0\n", "type: FI_EP_MSG", "domain: uroce0-dgram", "type: FI_EP_DGRAM"]
     {
         assert!(t.contains(want), "no {want:?} in fi_info -p verbs:\n{t}");

@@ -64,25 +64,26 @@ fn lib_dir() -> Result<PathBuf> {
 /// so a reader never sees half a value.
 fn apply(root: &Path, nodes: &[Node]) -> std::io::Result<()> {
     for n in nodes {
+        let (Node::Dir(p) | Node::File(p, _) | Node::Link(p, _)) = n;
+        let path = root.join(p);
+        if let Node::Dir(_) = n {
+            std::fs::create_dir_all(&path)?;
+            continue;
+        }
+        if let Some(parent) = path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
         match n {
-            Node::Dir(p) => std::fs::create_dir_all(root.join(p))?,
-            Node::File(p, text) => {
-                let path = root.join(p);
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
+            Node::File(_, text) => {
                 let tmp = path.with_extension("uroce-tmp");
                 std::fs::write(&tmp, text)?;
                 std::fs::rename(&tmp, &path)?;
             }
-            Node::Link(p, target) => {
-                let path = root.join(p);
-                if let Some(parent) = path.parent() {
-                    std::fs::create_dir_all(parent)?;
-                }
+            Node::Link(_, target) => {
                 let _ = std::fs::remove_file(&path);
                 std::os::unix::fs::symlink(target, &path)?;
             }
+            Node::Dir(_) => {}
         }
     }
     Ok(())

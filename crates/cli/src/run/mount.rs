@@ -109,13 +109,14 @@ fn with_path(e: io::Error, p: &Path) -> io::Error {
 /// The signals the supervisor passes on to its program.
 const FORWARDED: [libc::c_int; 4] = [libc::SIGINT, libc::SIGTERM, libc::SIGHUP, libc::SIGQUIT];
 
-fn signal_set(extra: libc::c_int) -> libc::sigset_t {
+/// The forwarded signals and SIGCHLD (which ends the supervisor's wait).
+fn signal_set() -> libc::sigset_t {
     // SAFETY: sigemptyset/sigaddset write only into the set we own, which
     // sigemptyset initialises first.
     unsafe {
         let mut set: libc::sigset_t = std::mem::zeroed();
         libc::sigemptyset(&mut set);
-        for s in FORWARDED.into_iter().chain([extra]) {
+        for s in FORWARDED.into_iter().chain([libc::SIGCHLD]) {
             libc::sigaddset(&mut set, s);
         }
         set
@@ -126,7 +127,7 @@ fn signal_set(extra: libc::c_int) -> libc::sigset_t {
 /// supervisor takes them with [`wait_signal`]; a child spawned with
 /// [`unblock_in_child`] gets them back.
 pub(crate) fn block_signals() -> io::Result<()> {
-    let set = signal_set(libc::SIGCHLD);
+    let set = signal_set();
     // SAFETY: a valid set; the old mask is not wanted.
     let rc = unsafe { libc::pthread_sigmask(libc::SIG_BLOCK, &set, std::ptr::null_mut()) };
     if rc == 0 { Ok(()) } else { Err(io::Error::from_raw_os_error(rc)) }
@@ -136,7 +137,7 @@ pub(crate) fn block_signals() -> io::Result<()> {
 /// unblocked (a spawned child inherits the mask).
 pub(crate) fn unblock_in_child(cmd: &mut std::process::Command) {
     use std::os::unix::process::CommandExt;
-    let set = signal_set(libc::SIGCHLD);
+    let set = signal_set();
     // SAFETY: between fork and exec the closure calls only
     // pthread_sigmask, which is async-signal-safe, on a set it owns.
     unsafe {
@@ -150,7 +151,7 @@ pub(crate) fn unblock_in_child(cmd: &mut std::process::Command) {
 /// Waits up to `timeout` for a blocked signal; returns it if one came and
 /// is to be forwarded (SIGCHLD and timeouts return `None`).
 pub(crate) fn wait_signal(timeout: std::time::Duration) -> Option<libc::c_int> {
-    let set = signal_set(libc::SIGCHLD);
+    let set = signal_set();
     let ts = libc::timespec {
         tv_sec: timeout.as_secs() as libc::time_t,
         tv_nsec: libc::c_long::from(timeout.subsec_nanos() as i32),

@@ -27,16 +27,10 @@ fn dev_number(index: usize) -> String {
 /// SDR), as sysfs spells its rate.
 const RATE: &str = "2.5 Gb/sec (1X SDR)";
 
-/// A GID as sysfs prints it: eight groups of four hex digits.
+/// A GID as sysfs prints it: eight groups of four hex digits (GUIDs are
+/// printed as ibv_devinfo prints them: `devinfo::guid_str`).
 pub(crate) fn gid_text(gid: [u8; 16]) -> String {
     let groups: Vec<String> = gid.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect();
-    groups.join(":")
-}
-
-/// A GUID as sysfs prints it: four groups of four hex digits.
-pub(crate) fn guid_text(guid: u64) -> String {
-    let b = guid.to_be_bytes();
-    let groups: Vec<String> = b.chunks(2).map(|c| format!("{:02x}{:02x}", c[0], c[1])).collect();
     groups.join(":")
 }
 
@@ -85,8 +79,8 @@ pub(crate) fn device_nodes(index: usize, dev: &Device) -> Vec<Node> {
         Node::Dir(root.join("device/infiniband_verbs").join(&uverbs)),
         Node::Dir(PathBuf::from("infiniband_verbs").join(&uverbs)),
         file(root.join("node_type"), "1: CA"),
-        file(root.join("node_guid"), &guid_text(attr.node_guid)),
-        file(root.join("sys_image_guid"), &guid_text(attr.sys_image_guid)),
+        file(root.join("node_guid"), &crate::devinfo::guid_str(attr.node_guid)),
+        file(root.join("sys_image_guid"), &crate::devinfo::guid_str(attr.sys_image_guid)),
         file(root.join("fw_ver"), attr.fw_ver),
         file(root.join("hca_type"), "uroce"),
         file(root.join("hw_rev"), &attr.hw_ver.to_string()),
@@ -140,10 +134,9 @@ mod tests {
     use super::*;
 
     #[test]
-    fn gids_and_guids_are_spelled_as_sysfs_spells_them() {
+    fn gids_are_spelled_as_sysfs_spells_them() {
         let gid = uroce::wire::grh::gid_of("192.168.1.2".parse().unwrap());
         assert_eq!(gid_text(gid), "0000:0000:0000:0000:0000:ffff:c0a8:0102");
-        assert_eq!(guid_text(0x0275_c0a8_0102_0000), "0275:c0a8:0102:0000");
     }
 
     #[test]
@@ -170,7 +163,7 @@ mod tests {
         assert_eq!(file("infiniband_verbs/uverbs3/dev").unwrap(), "231:195\n");
         assert_eq!(
             file("infiniband/uroce7/node_guid").unwrap(),
-            format!("{}\n", guid_text(dev.guid()))
+            format!("{}\n", crate::devinfo::guid_str(dev.guid()))
         );
         assert!(file("infiniband/uroce7/ports/1/hw_counters/sent_pkts").is_some());
         assert!(nodes.iter().any(|n| matches!(n, Node::Link(p, t)

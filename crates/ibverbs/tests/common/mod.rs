@@ -50,10 +50,13 @@ pub(crate) fn finish(mut child: Child, deadline: Instant) -> (Output, bool) {
         match child.try_wait().unwrap() {
             Some(_) => break false,
             None if Instant::now() >= deadline => {
-                let _ = Command::new("kill")
-                    .args(["-KILL", "--", &format!("-{}", child.id())])
-                    .stderr(std::process::Stdio::null())
-                    .status();
+                if leads_group(child.id()) {
+                    // bash's own kill (bash is essential; /bin/kill is procps).
+                    let _ = Command::new("bash")
+                        .args(["-c", &format!("kill -KILL -- -{}", child.id())])
+                        .stderr(std::process::Stdio::null())
+                        .status();
+                }
                 let _ = child.kill();
                 break true;
             }
@@ -71,6 +74,13 @@ pub(crate) fn finish(mut child: Child, deadline: Instant) -> (Output, bool) {
         e.read_to_end(&mut stderr).unwrap();
     }
     (Output { status, stdout, stderr }, timed_out)
+}
+
+/// Whether process `pid` leads its process group (field 5 of its stat).
+fn leads_group(pid: u32) -> bool {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).unwrap_or_default();
+    let after_name = stat.rsplit_once(')').map_or("", |(_, rest)| rest);
+    after_name.split_whitespace().nth(2) == Some(&pid.to_string())
 }
 
 /// Both output streams of a run.
