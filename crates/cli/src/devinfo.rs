@@ -171,8 +171,8 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
             println!("\t\t\tgid_tbl_len:\t\t{}", p.gid_tbl_len);
             println!("\t\t\tsubnet_timeout:\t\t0");
             println!("\t\t\tinit_type_reply:\t0");
-            println!("\t\t\tactive_width:\t\t1X (1)");
-            println!("\t\t\tactive_speed:\t\t2.5 Gbps (1)");
+            println!("\t\t\tactive_width:\t\t{}", p.link.width_str());
+            println!("\t\t\tactive_speed:\t\t{}", p.link.speed_str());
             let phys = if p.active { "LINK_UP (5)" } else { "DISABLED (3)" };
             println!("\t\t\tphys_state:\t\t{phys}");
             for (i, a) in d.gid_table() {

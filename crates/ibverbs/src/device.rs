@@ -234,8 +234,8 @@ fn port_attr(c: &uroce::Context) -> Option<ibv_port_attr> {
         max_msg_sz: uroce::limits::MAX_MSG_SZ,
         pkey_tbl_len: p.pkey_tbl_len,
         max_vl_num: 1,
-        active_width: 1,
-        active_speed: 1,
+        active_width: p.link.width,
+        active_speed: p.link.speed,
         // LinkUp / Disabled.
         phys_state: if p.active { 5 } else { 3 },
         link_layer: IBV_LINK_LAYER_ETHERNET,

@@ -455,3 +455,24 @@ fn sysfs_reads_and_imports_through_the_drop_in() {
     let _ = std::fs::remove_dir_all(&dir);
     assert!(out.status.success() && text(&out).contains("all checks passed"), "{}", text(&out));
 }
+
+/// A 10 Gb/s veth is a 1X FDR10 port, as the kernel maps it for rxe: in
+/// `ibv_query_port` (Debian's `ibv_devinfo`), in sysfs, in `uroce devinfo`.
+#[test]
+fn the_port_rate_follows_the_interface_speed() {
+    if !can_run() {
+        return;
+    }
+    let hosts = Hosts::new();
+    let uroce = env().uroce.to_string_lossy().into_owned();
+    let t = hosts.output_on_a(&[
+        "sh",
+        "-c",
+        "cat /sys/class/infiniband/uroce0/ports/1/rate && ibv_devinfo -v && \"$0\" devinfo -v",
+        &uroce,
+    ]);
+    assert!(t.starts_with("10 Gb/sec (1X FDR10)\n"), "{t}");
+    for line in ["active_width:\t\t1X (1)\n", "active_speed:\t\t10.0 Gbps (8)\n"] {
+        assert_eq!(t.matches(line).count(), 2, "{line:?} from both devinfos:\n{t}");
+    }
+}

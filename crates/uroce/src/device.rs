@@ -8,6 +8,7 @@ use uroce_wire::Mtu;
 use crate::config::{self, DeviceConfig};
 use crate::error::{Error, Result};
 use crate::limits;
+use crate::link_speed::LinkSpeed;
 
 /// A configured device (not yet opened).
 #[derive(Debug, Clone)]
@@ -175,6 +176,10 @@ impl Device {
             pkey_tbl_len: 1,
             link_layer_ethernet: true,
             ip_mtu: link_mtu,
+            link: LinkSpeed::for_ethernet(
+                crate::netif::interface_of(self.cfg.addr)
+                    .and_then(|i| crate::link_speed::interface_mbps(&i)),
+            ),
         }
     }
 }
@@ -275,4 +280,6 @@ pub struct PortAttr {
     pub link_layer_ethernet: bool,
     /// The interface's IP MTU.
     pub ip_mtu: usize,
+    /// Width and speed from the interface's Ethernet speed, as rxe's.
+    pub link: LinkSpeed,
 }

@@ -89,6 +89,7 @@ mod error;
 mod exit;
 mod gid;
 pub mod limits;
+mod link_speed;
 #[allow(unsafe_code)]
 mod mr;
 #[allow(unsafe_code)]
@@ -112,6 +113,7 @@ pub mod published;
 pub use device::{AtomicCap, Device, DeviceAttr, PortAttr, device, devices};
 pub use driver::AsyncEvent;
 pub use error::{Error, Result};
+pub use link_speed::LinkSpeed;
 #[cfg(feature = "sim")]
 pub use uroce_sim::LinkConfig;
 pub use uroce_transport as transport;

@@ -23,10 +23,6 @@ fn dev_number(index: usize) -> String {
     format!("231:{}", 192 + index)
 }
 
-/// `ibv_query_port`'s speed and width as the drop-in reports them (1X,
-/// SDR), as sysfs spells its rate.
-const RATE: &str = "2.5 Gb/sec (1X SDR)";
-
 /// A GID as sysfs prints it: eight groups of four hex digits (GUIDs are
 /// printed as ibv_devinfo prints them: `devinfo::guid_str`).
 pub(crate) fn gid_text(gid: [u8; 16]) -> String {
@@ -86,7 +82,7 @@ pub(crate) fn device_nodes(index: usize, dev: &Device) -> Vec<Node> {
         file(root.join("hw_rev"), &attr.hw_ver.to_string()),
         file(root.join("board_id"), "uroce"),
         file(root.join("node_desc"), name),
-        file(port.join("rate"), RATE),
+        file(port.join("rate"), &pattr.link.rate()),
         file(port.join("link_layer"), "Ethernet"),
         file(port.join("lid"), "0x0"),
         file(port.join("sm_lid"), "0x0"),
