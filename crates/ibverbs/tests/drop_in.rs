@@ -1010,3 +1010,43 @@ fn rping_server_and_client_on_one_device() {
     assert!(so.status.success() && co.status.success(), "failed: {p}");
     assert_eq!(p.client.matches("ping data: rdma-ping-").count(), 10, "{p}");
 }
+
+/// Two `ib_write_bw` servers on one device address, each pid 1 of a PID
+/// namespace of its own (containers on the host network): neither takes
+/// the other for dead (a slot's liveness is its lock, not a pid), so both
+/// pairs finish.
+#[test]
+fn processes_in_two_pid_namespaces_share_one_device() {
+    use std::os::unix::fs::MetadataExt;
+    if std::fs::metadata("/proc/self").map_or(true, |m| m.uid() != 0) || !common::have("unshare") {
+        assert!(std::env::var_os("CI").is_none(), "this test needs root and unshare in CI");
+        eprintln!("not root or no unshare: skipped");
+        return;
+    }
+    let _g = serial();
+    env();
+    let udp = uroce::testing::free_port();
+    let ports: Vec<String> = (0..2).map(|_| tcp_port().to_string()).collect();
+    let mut servers = Vec::new();
+    for p in &ports {
+        let a = ["--pid", "--fork", "--mount-proc", "ib_write_bw", "-p", p, "-D", "2"];
+        servers.push(cmd(&tool("unshare"), &a, "127.0.0.1", udp).spawn().unwrap());
+        uroce::testing::wait_tcp_listening(p.parse().unwrap(), Duration::from_secs(20));
+    }
+    let clients: Vec<Child> = ports
+        .iter()
+        .map(|p| {
+            let a = ["-p", p, "-D", "2", "127.0.0.1"];
+            cmd(&tool("ib_write_bw"), &a, "127.0.0.2", udp).spawn().unwrap()
+        })
+        .collect();
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let outs: Vec<(Output, bool)> =
+        clients.into_iter().chain(servers).map(|c| finish(c, deadline)).collect();
+    let all = outs.iter().map(|(o, _)| text(o)).collect::<Vec<_>>().join("\n--- next ---\n");
+    for (o, timed_out) in &outs {
+        assert!(!timed_out && o.status.success(), "a pair failed:\n{all}");
+        let rows = perftest_rows(&text(o));
+        assert!(rows.iter().any(|r| r.len() >= 4 && r[3] > 0.0), "no bandwidth:\n{all}");
+    }
+}

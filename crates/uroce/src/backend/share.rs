@@ -14,9 +14,10 @@
 //! that receives one writes down "index k is my slot".
 //!
 //! What the members share is a small file per device address under the run
-//! directory (`registry`), with the slot table (owner pid and start time,
-//! so a slot whose process died, SIGKILL included, is taken back) and the
-//! probe answers. It is locked (`flock`) for membership changes only; the
+//! directory (`registry`), with the slot table and the probe answers. A
+//! slot's owner holds an OFD byte lock on the slot's byte as long as it
+//! lives (`ofd_lock`), so a slot whose process died, SIGKILL included, is
+//! taken back, whatever PID namespace each member runs in. It is locked (`flock`) for membership changes only; the
 //! data path never touches it.
 //!
 //! A context alone in its group costs nothing more than before: the kernel
@@ -29,6 +30,8 @@ use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
+
+use super::ofd_lock;
 
 /// Contexts that can share one device address.
 pub(crate) const SLOTS: usize = 64;
@@ -67,42 +70,30 @@ const FILE_WORDS: u64 = W_USES + SLOTS as u64;
 /// A slot's range is cut in blocks of this many QPNs (a context's most,
 /// `limits::MAX_QP`); each new owner of the slot starts in the next.
 const QPN_BLOCK: u32 = 1 << 14;
+/// Where the slots' liveness locks start, in bytes.
+const LOCK_BYTES: u64 = 1 << 20;
 
-/// The process as the slot table names it: pid and start time (clock
-/// ticks since boot, field 22 of `/proc/PID/stat`), so that a reused pid
-/// is not mistaken for the slot's owner.
+/// A slot's owner as the table names it: its pid (for people reading the
+/// file; pids mean nothing across PID namespaces) and the slot's use count
+/// when it was taken, which no later owner of the slot shares.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Owner {
     pid: u32,
-    start: u64,
+    token: u64,
 }
 
-impl Owner {
-    fn me() -> Self {
-        let pid = std::process::id();
-        Self { pid, start: start_time(pid).unwrap_or(0) }
-    }
-
-    /// Whether the process still runs (a zombie has closed its sockets).
-    fn alive(self) -> bool {
-        self.pid != 0 && start_time(self.pid) == Some(self.start)
-    }
+/// The byte whose OFD lock a slot's owner holds while it lives (past the
+/// table's words: locks need no data under them).
+fn lock_byte(s: usize) -> u64 {
+    LOCK_BYTES + s as u64
 }
 
-/// Field 22 of `/proc/PID/stat`, or `None` when the process is gone or a
-/// zombie.
-fn start_time(pid: u32) -> Option<u64> {
-    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
-    // The command name (field 2) may hold spaces: fields count from the
-    // last ')'.
-    let rest = &stat[stat.rfind(')')? + 1..];
-    let mut fields = rest.split_whitespace();
-    let state = fields.next()?;
-    if state == "Z" || state == "X" {
-        return None;
-    }
-    // `rest` starts at field 3; field 22 is 19 further.
-    fields.nth(18)?.parse().ok()
+/// Whether slot `s`'s owner runs: another open file description of the
+/// table holds the slot's byte lock (the kernel drops it when the owner's
+/// last descriptor closes, however it died). Never true of `file`'s own
+/// slot.
+fn slot_alive(file: &File, s: usize) -> bool {
+    ofd_lock::held_by_other(file, lock_byte(s))
 }
 
 /// The shared slot table of one device address.
@@ -200,34 +191,41 @@ impl Registry {
         let r = Self::take_slot(&file);
         let round_lock = r.as_ref().ok().map(|_| open_rw(&round_path(&path)));
         let _ = file.unlock();
-        let slot = r?;
+        let (slot, owner) = r?;
         let round_lock = round_lock.unwrap_or_else(|| Err(io::ErrorKind::NotFound.into()))?;
-        Ok(Self { file, round_lock, slot, owner: Owner::me(), path })
+        Ok(Self { file, round_lock, slot, owner, path })
     }
 
-    fn take_slot(file: &File) -> io::Result<usize> {
+    /// Under the table's lock: takes back the slots of members that are
+    /// gone, then takes the first free slot and its liveness lock.
+    fn take_slot(file: &File) -> io::Result<(usize, Owner)> {
         if read_word(file, W_MAGIC) != FILE_MAGIC {
             for w in 0..FILE_WORDS {
                 write_word(file, w, 0)?;
             }
             write_word(file, W_MAGIC, FILE_MAGIC)?;
         }
-        let me = Owner::me();
         let mut free = None;
         for s in 0..SLOTS {
-            let o = slot_owner(file, s);
-            if o.pid != 0 && !o.alive() {
+            let alive = slot_alive(file, s);
+            if slot_owner(file, s).pid != 0 && !alive {
                 clear_slot(file, s)?;
                 predict_leave(file, s);
             }
-            if free.is_none() && (o.pid == 0 || !o.alive()) {
+            // A slot whose lock someone holds is not free, even if its
+            // words were cleared.
+            if free.is_none() && !alive && ofd_lock::lock(file, lock_byte(s)).is_ok() {
                 free = Some(s);
             }
         }
         let s = free.ok_or(io::ErrorKind::AddrInUse)?;
-        write_word(file, W_SLOTS + 2 * s as u64, u64::from(me.pid))?;
-        write_word(file, W_SLOTS + 2 * s as u64 + 1, me.start)?;
-        write_word(file, W_USES + s as u64, read_word(file, W_USES + s as u64).wrapping_add(1))?;
+        let owner = Owner {
+            pid: std::process::id(),
+            token: read_word(file, W_USES + s as u64).wrapping_add(1),
+        };
+        write_word(file, W_USES + s as u64, owner.token)?;
+        write_word(file, W_SLOTS + 2 * s as u64, u64::from(owner.pid))?;
+        write_word(file, W_SLOTS + 2 * s as u64 + 1, owner.token)?;
         bump(file)?;
         // The kernel appends the socket we are about to bind.
         let mut table = read_table(file);
@@ -235,7 +233,7 @@ impl Registry {
             table.push((s, table.len() as u32));
             write_table(file, &table);
         }
-        Ok(s)
+        Ok((s, owner))
     }
 
     /// This context's slot.
@@ -249,7 +247,7 @@ impl Registry {
     /// dead owner's peers may still send to are not handed out again at
     /// once.
     pub(crate) fn qpn_start(&self) -> u32 {
-        let uses = read_word(&self.file, W_USES + self.slot as u64).max(1) - 1;
+        let uses = self.owner.token.max(1) - 1;
         let blocks = (1u32 << QPN_SHIFT) / QPN_BLOCK;
         (uses % u64::from(blocks)) as u32 * QPN_BLOCK
     }
@@ -277,11 +275,10 @@ impl Registry {
         let mut live = Vec::new();
         let mut dead = Vec::new();
         for s in 0..SLOTS {
-            let o = slot_owner(&self.file, s);
-            if o.pid == 0 {
+            if slot_owner(&self.file, s).pid == 0 {
                 continue;
             }
-            if s == self.slot || o.alive() {
+            if s == self.slot || slot_alive(&self.file, s) {
                 live.push(s);
             } else {
                 dead.push(s);
@@ -291,8 +288,7 @@ impl Registry {
             for s in dead {
                 // Checked again under the lock: the slot may have been
                 // taken back and given to a new context meanwhile.
-                let o = slot_owner(&self.file, s);
-                if o.pid != 0 && !o.alive() {
+                if slot_owner(&self.file, s).pid != 0 && !slot_alive(&self.file, s) {
                     let _ = clear_slot(&self.file, s);
                     let _ = bump(&self.file);
                     predict_leave(&self.file, s);
@@ -356,8 +352,7 @@ impl Registry {
             return false;
         }
         let taken = (0..SLOTS).filter(|&s| s != self.slot).any(|s| {
-            slot_owner(&self.file, s).alive()
-                && self.listens_of(s).iter().any(|p| ports.contains(p))
+            slot_alive(&self.file, s) && self.listens_of(s).iter().any(|p| ports.contains(p))
         });
         if !taken {
             self.write_listens(ports);
@@ -468,7 +463,7 @@ impl Drop for Registry {
                 // in order): the group already moved its last into our hole.
                 predict_leave(&self.file, self.slot);
             }
-            let others = (0..SLOTS).any(|s| slot_owner(&self.file, s).alive());
+            let others = (0..SLOTS).any(|s| s != self.slot && slot_alive(&self.file, s));
             if !others && same_file(&self.file, &self.path) {
                 // Removed under the lock; a context that opened it and
                 // waits for the lock sees it gone and starts a new one.
@@ -483,7 +478,7 @@ impl Drop for Registry {
 fn slot_owner(file: &File, s: usize) -> Owner {
     Owner {
         pid: read_word(file, W_SLOTS + 2 * s as u64) as u32,
-        start: read_word(file, W_SLOTS + 2 * s as u64 + 1),
+        token: read_word(file, W_SLOTS + 2 * s as u64 + 1),
     }
 }
 
@@ -741,11 +736,9 @@ mod tests {
         assert_eq!((a.slot(), b.slot(), c.slot()), (0, 1, 2));
         assert_eq!(read_table(&a.file), vec![], "nothing measured yet");
         a.set_table(&[(0, 0), (1, 1), (2, 2)]);
-        // Slot 1 passes to a process that has exited.
-        let mut child = std::process::Command::new("true").spawn().unwrap();
-        let dead = child.id();
-        child.wait().unwrap();
-        write_word(&a.file, W_SLOTS + 2, u64::from(dead)).unwrap();
+        // Slot 1's owner dies: its lock goes (as when the kernel closes a
+        // killed process's files), its words stay.
+        ofd_lock::unlock(&b.file, lock_byte(1)).unwrap();
         let generation = a.generation();
         assert_eq!(a.live_slots(), vec![0, 2]);
         assert!(a.generation() > generation, "a change the members measure");
@@ -755,10 +748,14 @@ mod tests {
         assert_eq!(read_table(&a.file), vec![(0, 0), (1, 2), (2, 1)], "appended");
         assert_eq!(a.qpn_start(), 0);
         assert_eq!(d.qpn_start(), QPN_BLOCK, "its second owner starts a block further");
+        // The dead member's late drop leaves its successor's slot alone.
+        drop(b);
+        assert_eq!(slot_owner(&a.file, 1), d.owner);
+        assert_eq!(a.live_slots(), vec![0, 1, 2]);
         // A member that leaves: the last index fills its place.
         drop(c);
         assert_eq!(read_table(&a.file), vec![(0, 0), (1, 1)]);
-        drop((a, b, d));
+        drop((a, d));
         assert!(!path.exists(), "the last member removes the table");
         let _ = std::fs::remove_dir_all(&dir);
     }
@@ -773,10 +770,23 @@ mod tests {
         assert_eq!(parse_answer(answer(3, 17) ^ 1), None, "a torn word");
     }
 
+    /// Liveness is the slot's lock, not a pid: a member whose pid means
+    /// something else in this PID namespace (pid 1 of a container, a pid
+    /// that exited here) is alive while it holds its lock.
     #[test]
-    fn start_time_tells_a_live_process() {
-        assert!(Owner::me().alive());
-        assert!(!Owner { pid: std::process::id(), start: 1 }.alive());
-        assert!(!Owner { pid: 0, start: 0 }.alive());
+    fn a_member_lives_while_its_lock_does() {
+        let dir = std::env::temp_dir().join(format!("uroce-share-lock-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("share-table");
+        let a = Registry::join_at(path.clone()).unwrap();
+        let b = Registry::join_at(path.clone()).unwrap();
+        for pid in [1, 0x7fff_fff0] {
+            write_word(&a.file, W_SLOTS + 2, pid).unwrap();
+            assert_eq!(a.live_slots(), vec![0, 1], "pid {pid}");
+            assert_eq!(Registry::join_at(path.clone()).unwrap().slot(), 2, "slot 1 is not free");
+        }
+        drop((a, b));
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
     }
 }
