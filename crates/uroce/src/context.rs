@@ -65,7 +65,7 @@ pub(crate) struct Inner {
     /// Rung by a deferred post while the progress thread sleeps.
     bell: crate::channel::EventQueue<()>,
     /// Where the progress thread publishes the counters (see `published`).
-    published: std::path::PathBuf,
+    published: crate::published::Publication,
 }
 
 impl Inner {
@@ -233,7 +233,7 @@ impl Device {
             options,
             activity: Arc::new(Activity::new(origin)),
             stop: AtomicBool::new(false),
-            published: crate::published::path_for(self.name()),
+            published: crate::published::Publication::new(self.name()),
         });
         live_contexts_add(&inner);
         if options.progress == ProgressMode::Thread {
@@ -448,7 +448,6 @@ impl Drop for Inner {
     /// them open until it returns) is rung awake and waited for.
     fn drop(&mut self) {
         self.stop.store(true, Ordering::SeqCst);
-        let _ = std::fs::remove_file(&self.published);
         let t = std::time::Instant::now();
         while self.activity.thread_polls() && t.elapsed() < Duration::from_secs(1) {
             self.bell.push(());
@@ -488,7 +487,7 @@ impl Driven for Inner {
 
     fn publish(&self) {
         // Best effort: a full or read-only disk costs only `uroce stat`.
-        let _ = crate::published::write(&self.published, &self.snapshot(false));
+        let _ = self.published.write(&self.snapshot(false));
     }
 
     fn pass(&self) -> (bool, Option<Duration>) {

@@ -94,6 +94,8 @@ mod link_speed;
 mod mr;
 #[allow(unsafe_code)]
 mod netif;
+#[allow(unsafe_code)]
+mod ofd_lock;
 mod progress;
 #[allow(unsafe_code)]
 mod sched;

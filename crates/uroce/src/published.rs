@@ -2,9 +2,12 @@
 //! sit in `/sys/class/infiniband/<dev>/ports/1/hw_counters`: each open
 //! context's progress thread writes a snapshot of its device totals and
 //! per-QP counters about ten times a second to
-//! `<run dir>/<device>/<pid>.<context>`, whole files only (written beside
-//! and renamed), and removes it on close. `uroce stat` sums the files of
-//! live processes.
+//! `<run dir>/<device>/<pid>.<context>.<pid namespace>`, whole files only
+//! (written beside and renamed), and removes it on close. Beside it,
+//! `<name>.live` carries an OFD lock for as long as the context lives, so
+//! `uroce stat` sums the files of live contexts only and clears those of
+//! processes that died, from any PID namespace (a pid alone would be
+//! neither unique nor checkable across them).
 //!
 //! The run directory is `$UROCE_RUN_DIR`, else `$XDG_RUNTIME_DIR/uroce`,
 //! else `/tmp/uroce-<uid>`.
@@ -63,15 +66,73 @@ pub fn run_dir() -> PathBuf {
     PathBuf::from(format!("/tmp/uroce-{uid}"))
 }
 
-/// Where this context publishes: a name unique in the process.
-pub(crate) fn path_for(device: &str) -> PathBuf {
-    static NEXT: AtomicU32 = AtomicU32::new(0);
-    let n = NEXT.fetch_add(1, Ordering::Relaxed);
-    run_dir().join(device).join(format!("{}.{n}", std::process::id()))
+/// `path` with `suffix` appended to its file name.
+fn with_suffix(path: &Path, suffix: &str) -> PathBuf {
+    let mut p = path.as_os_str().to_owned();
+    p.push(suffix);
+    PathBuf::from(p)
 }
 
-/// Writes `s` to `path` whole (a temporary beside it, then a rename).
-pub(crate) fn write(path: &Path, s: &Snapshot) -> std::io::Result<()> {
+/// Where one context publishes its counters.
+#[derive(Debug)]
+pub(crate) struct Publication {
+    path: PathBuf,
+    /// `<path>.live`, locked while the context lives; made at the first
+    /// write (a context that never publishes leaves no file).
+    live: std::sync::OnceLock<Option<std::fs::File>>,
+}
+
+impl Publication {
+    /// A name no other context of any process on this host has: pid,
+    /// context number, and the PID namespace's inode.
+    pub(crate) fn new(device: &str) -> Self {
+        use std::os::unix::fs::MetadataExt;
+        static NEXT: AtomicU32 = AtomicU32::new(0);
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let ns = std::fs::metadata("/proc/self/ns/pid").map_or(0, |m| m.ino());
+        let name = format!("{}.{n}.{ns}", std::process::id());
+        Self::at(run_dir().join(device).join(name))
+    }
+
+    fn at(path: PathBuf) -> Self {
+        Self { path, live: std::sync::OnceLock::new() }
+    }
+
+    /// The liveness lock: made under a temporary name, locked, then
+    /// renamed into place, so that no reader ever sees it unlocked.
+    fn make_live(&self) -> Option<std::fs::File> {
+        let dir = self.path.parent()?;
+        std::fs::create_dir_all(dir).ok()?;
+        let fresh = with_suffix(&self.path, ".live-new");
+        let f = std::fs::File::create(&fresh).ok()?;
+        crate::ofd_lock::lock(&f, 0).ok()?;
+        std::fs::rename(&fresh, with_suffix(&self.path, ".live")).ok()?;
+        Some(f)
+    }
+
+    /// Writes `s` whole (a temporary beside it, then a rename).
+    pub(crate) fn write(&self, s: &Snapshot) -> std::io::Result<()> {
+        if self.live.get_or_init(|| self.make_live()).is_none() {
+            return Err(std::io::ErrorKind::Other.into());
+        }
+        let tmp = with_suffix(&self.path, ".tmp");
+        std::fs::write(&tmp, render(s))?;
+        std::fs::rename(&tmp, &self.path)
+    }
+}
+
+impl Drop for Publication {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.path);
+        let _ = std::fs::remove_file(with_suffix(&self.path, ".tmp"));
+        if self.live.get().is_some_and(Option::is_some) {
+            let _ = std::fs::remove_file(with_suffix(&self.path, ".live"));
+        }
+    }
+}
+
+/// A snapshot as its file holds it.
+fn render(s: &Snapshot) -> String {
     let mut text = format!("device {}\npid {}\n", s.device, s.pid);
     for (name, v) in s.device_stats.iter() {
         let _ = writeln!(text, "dev {name} {v}");
@@ -81,12 +142,7 @@ pub(crate) fn write(path: &Path, s: &Snapshot) -> std::io::Result<()> {
             let _ = writeln!(text, "qp {qpn} {name} {v}");
         }
     }
-    if let Some(dir) = path.parent() {
-        std::fs::create_dir_all(dir)?;
-    }
-    let tmp = path.with_extension("tmp");
-    std::fs::write(&tmp, text)?;
-    std::fs::rename(&tmp, path)
+    text
 }
 
 /// Parses a snapshot file; `None` if it is not one.
@@ -114,29 +170,56 @@ pub fn parse(text: &str) -> Option<Snapshot> {
     (!s.device.is_empty() && s.pid != 0).then_some(s)
 }
 
-/// The snapshots of live processes for `device` (all devices if `None`);
-/// files left by processes that died are removed.
+/// Whether the context that publishes `snapshot` lives: its `.live`
+/// file is locked by another open file description.
+fn lives(snapshot: &Path) -> bool {
+    let live = with_suffix(snapshot, ".live");
+    std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(live)
+        .is_ok_and(|f| crate::ofd_lock::held_by_other(&f, 0))
+}
+
+/// The snapshots of live contexts for `device` (all devices if `None`);
+/// the files of contexts that are gone are removed.
 pub fn read_all(device: Option<&str>) -> Vec<Snapshot> {
+    read_under(&run_dir(), device)
+}
+
+/// [`read_all`] in the run directory `root`.
+fn read_under(root: &Path, device: Option<&str>) -> Vec<Snapshot> {
     let mut out = Vec::new();
-    let Ok(devs) = std::fs::read_dir(run_dir()) else { return out };
+    let Ok(devs) = std::fs::read_dir(root) else { return out };
     for d in devs.flatten() {
         let name = d.file_name().to_string_lossy().into_owned();
-        if device.is_some_and(|want| want != name) {
+        if device.is_some_and(|want| want != name) || !d.path().is_dir() {
             continue;
         }
         let Ok(files) = std::fs::read_dir(d.path()) else { continue };
         for f in files.flatten() {
             let p = f.path();
-            if p.extension().is_some_and(|e| e == "tmp") {
-                continue;
-            }
-            let Some(s) = std::fs::read_to_string(&p).ok().and_then(|t| parse(&t)) else {
-                continue;
-            };
-            if Path::new(&format!("/proc/{}", s.pid)).exists() {
-                out.push(s);
-            } else {
-                let _ = std::fs::remove_file(&p);
+            let file = f.file_name().to_string_lossy().into_owned();
+            // A lock being made, a snapshot being written, or a lock: each
+            // belongs to the snapshot named without its suffix.
+            let base = [".live-new", ".tmp", ".live"]
+                .iter()
+                .find_map(|sfx| file.strip_suffix(sfx).map(|b| (b.to_string(), *sfx)));
+            match base {
+                Some((_, ".live-new")) => {}
+                Some((b, _)) => {
+                    if !lives(&d.path().join(b)) {
+                        let _ = std::fs::remove_file(&p);
+                    }
+                }
+                None => {
+                    if !lives(&p) {
+                        let _ = std::fs::remove_file(&p);
+                    } else if let Some(s) = std::fs::read_to_string(&p).ok().and_then(|t| parse(&t))
+                    {
+                        out.push(s);
+                    }
+                }
             }
         }
     }
@@ -164,10 +247,25 @@ mod tests {
             qps: vec![(0x11, Stats { rcvd_seq_err: 5, ..Stats::default() }), (0x12, a)],
         };
         let dir = std::env::temp_dir().join(format!("uroce-pub-{}", std::process::id()));
-        let p = dir.join("uroce0").join("42.0");
-        write(&p, &s).unwrap();
-        let back = parse(&std::fs::read_to_string(&p).unwrap()).unwrap();
-        assert_eq!(back, s);
+        let dev = dir.join("uroce0");
+        let p = Publication::at(dev.join("42.0.7"));
+        p.write(&s).unwrap();
+        p.write(&s).unwrap();
+        // Left by processes that died: an old-style snapshot, a temporary,
+        // and a snapshot whose lock nobody holds.
+        std::fs::write(dev.join("1.0"), render(&s)).unwrap();
+        std::fs::write(dev.join("9.tmp"), "").unwrap();
+        std::fs::write(dev.join("5.0.7"), render(&s)).unwrap();
+        std::fs::write(dev.join("5.0.7.live"), "").unwrap();
+        assert_eq!(read_under(&dir, Some("uroce0")), vec![s.clone()], "only the live one");
+        let mut left: Vec<String> = std::fs::read_dir(&dev)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["42.0.7", "42.0.7.live"], "the dead ones' files are cleared");
+        drop(p);
+        assert_eq!(std::fs::read_dir(&dev).unwrap().count(), 0, "a context removes its own");
         for name in RXE_COUNTERS {
             assert!(a.iter().any(|(n, _)| n == name), "{name} is not a uroce counter");
         }

@@ -2,7 +2,6 @@
 //! a context. The driver (`crate::driver`) sees only the [`Backend`]
 //! trait; what a backend is made of stays in its module.
 
-mod ofd_lock;
 mod share;
 
 /// Bits of QPN each context owns on a shared address

@@ -31,7 +31,7 @@ use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
 use std::path::PathBuf;
 
-use super::ofd_lock;
+use crate::ofd_lock;
 
 /// Contexts that can share one device address.
 pub(crate) const SLOTS: usize = 64;

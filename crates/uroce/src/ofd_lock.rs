@@ -1,5 +1,6 @@
 //! Open-file-description byte locks (`F_OFD_SETLK`, `F_OFD_GETLK`): how a
-//! shared device's members tell whether a slot's owner still runs.
+//! shared device's members tell whether a slot's owner still runs, and
+//! `uroce stat` whether a context that published counters does.
 //!
 //! The kernel drops such a lock when the last descriptor of the open file
 //! goes, whatever killed its process (SIGKILL included), and answers
