@@ -49,7 +49,6 @@ pub(crate) fn lock(file: &File, offset: u64) -> io::Result<()> {
 }
 
 /// Lets go of byte `offset` (the lock also goes with the file).
-#[cfg(test)]
 pub(crate) fn unlock(file: &File, offset: u64) -> io::Result<()> {
     fcntl_lock(file, libc::F_OFD_SETLK, &mut flock_at(libc::F_UNLCK, offset))
 }

@@ -106,6 +106,8 @@ pub(crate) struct Registry {
     slot: usize,
     owner: Owner,
     path: PathBuf,
+    /// [`Registry::leave`] ran: nothing left for `Drop`.
+    left: bool,
 }
 
 /// Whether `path` still names the open `file` (not removed or replaced).
@@ -164,18 +166,33 @@ fn open_rw(path: &PathBuf) -> io::Result<File> {
 
 impl Registry {
     /// Takes a free slot of the device at `addr` (after taking back the
-    /// slots of processes that are gone) and bumps the generation, so that
-    /// the members measure the group anew.
+    /// slots of processes that are gone), runs `bind` (which joins the
+    /// socket to the kernel's group), predicts the socket's index, has
+    /// `attach` steer the group by the table, and bumps the generation, so
+    /// that the members measure the group anew. All of it under the
+    /// table's lock: the kernel numbers the group's sockets in the order
+    /// they bind, and the table predicts them in the order members join,
+    /// so both must be the same order; and a program attached without the
+    /// lock could be built from a table older than the last one attached.
     ///
     /// # Errors
-    /// The run directory or the file cannot be used, or all slots are
-    /// taken (`AddrInUse`).
-    pub(crate) fn join(addr: SocketAddr) -> io::Result<Self> {
-        Self::join_at(path_of(addr))
+    /// The outer error: the run directory or the file cannot be used, or
+    /// all slots are taken (`AddrInUse`). The inner one: `bind`'s (the
+    /// slot is given back).
+    pub(crate) fn join<T>(
+        addr: SocketAddr,
+        bind: impl FnOnce() -> io::Result<T>,
+        attach: impl FnOnce(&T, &[Insn]),
+    ) -> io::Result<io::Result<(Self, T)>> {
+        Self::join_at(path_of(addr), bind, attach)
     }
 
     /// [`Registry::join`] with the table at `path`.
-    fn join_at(path: PathBuf) -> io::Result<Self> {
+    fn join_at<T>(
+        path: PathBuf,
+        bind: impl FnOnce() -> io::Result<T>,
+        attach: impl FnOnce(&T, &[Insn]),
+    ) -> io::Result<io::Result<(Self, T)>> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
         }
@@ -188,12 +205,50 @@ impl Registry {
                 break file;
             }
         };
-        let r = Self::take_slot(&file);
-        let round_lock = r.as_ref().ok().map(|_| open_rw(&round_path(&path)));
+        let taken = open_rw(&round_path(&path))
+            .and_then(|round_lock| Ok((round_lock, Self::take_slot(&file)?)));
+        let (round_lock, (slot, owner)) = match taken {
+            Ok(t) => t,
+            Err(e) => {
+                let _ = file.unlock();
+                return Err(e);
+            }
+        };
+        let bound = bind();
+        if let Ok(t) = &bound {
+            if (0..SLOTS).any(|s| s != slot && slot_alive(&file, s)) {
+                append(&file, slot);
+            } else {
+                // The group's only socket: index 0, and nothing to measure.
+                write_table(&file, &[(slot, 0)]);
+                let _ = write_word(&file, W_MEASURED, read_word(&file, W_GENERATION));
+            }
+            attach(t, &steering_of(&file));
+        } else {
+            let _ = clear_slot(&file, slot);
+            let _ = bump(&file);
+            let _ = ofd_lock::unlock(&file, lock_byte(slot));
+        }
         let _ = file.unlock();
-        let (slot, owner) = r?;
-        let round_lock = round_lock.unwrap_or_else(|| Err(io::ErrorKind::NotFound.into()))?;
-        Ok(Self { file, round_lock, slot, owner, path })
+        Ok(bound.map(|t| (Self { file, round_lock, slot, owner, path, left: false }, t)))
+    }
+
+    /// Leaves the group: under the table's lock, the table predicts the
+    /// group without this member (the kernel moves the last socket into
+    /// its hole), and `close` attaches the program for that through this
+    /// member's socket, then closes it. So the others are steered right
+    /// from the moment the socket goes (not from their next check), and
+    /// the kernel's reshuffles and the table's predictions happen in the
+    /// same order.
+    pub(crate) fn leave(mut self, close: impl FnOnce(&[Insn])) {
+        let locked = self.file.lock().is_ok();
+        predict_leave(&self.file, self.slot);
+        close(&steering_of(&self.file));
+        self.leave_locked();
+        self.left = true;
+        if locked {
+            let _ = self.file.unlock();
+        }
     }
 
     /// Under the table's lock: takes back the slots of members that are
@@ -227,12 +282,6 @@ impl Registry {
         write_word(file, W_SLOTS + 2 * s as u64, u64::from(owner.pid))?;
         write_word(file, W_SLOTS + 2 * s as u64 + 1, owner.token)?;
         bump(file)?;
-        // The kernel appends the socket we are about to bind.
-        let mut table = read_table(file);
-        if is_permutation(&table) && !table.is_empty() {
-            table.push((s, table.len() as u32));
-            write_table(file, &table);
-        }
         Ok((s, owner))
     }
 
@@ -334,41 +383,55 @@ impl Registry {
 }
 
 impl Registry {
-    /// Records the indices a round measured (`(slot, index)`); slots not
-    /// in it become unknown.
-    pub(crate) fn set_table(&self, table: &[(usize, u32)]) {
-        if self.file.lock().is_ok() {
+    /// Records the indices a round measured (`(slot, index)`; slots not
+    /// in it become unknown) unless the membership changed since
+    /// `generation` (then the table's newer predictions stay), and has
+    /// `attach` steer by the table, all under its lock. Whether the table
+    /// was written.
+    pub(crate) fn set_table(
+        &self,
+        table: &[(usize, u32)],
+        generation: Option<u64>,
+        attach: impl FnOnce(&[Insn]),
+    ) -> bool {
+        let Ok(()) = self.file.lock() else { return false };
+        let write = generation.is_none_or(|g| g == read_word(&self.file, W_GENERATION));
+        if write {
             write_table(&self.file, table);
+        }
+        attach(&steering_of(&self.file));
+        let _ = self.file.unlock();
+        write
+    }
+
+    /// Has `attach` steer the group by the table as it is, under its lock
+    /// (see [`Registry::join`]).
+    pub(crate) fn steer(&self, attach: impl FnOnce(&[Insn])) {
+        let locked = self.file.lock().is_ok();
+        attach(&steering_of(&self.file));
+        if locked {
             let _ = self.file.unlock();
         }
     }
 
     /// Records the ports this context's connection manager listens on
-    /// (the first [`LISTEN_PER_SLOT`]; 0 is no port), unless another live
-    /// context listens on one of them: then nothing changes and the answer
-    /// is `false` (a port has one listener per address, as on a host).
-    pub(crate) fn set_listening(&self, ports: &[u16]) -> bool {
+    /// (the first [`LISTEN_PER_SLOT`]; 0 is no port) and has `attach` steer
+    /// their requests here, unless another live context listens on one of
+    /// them: then nothing changes and the answer is `false` (a port has
+    /// one listener per address, as on a host).
+    pub(crate) fn set_listening(&self, ports: &[u16], attach: impl FnOnce(&[Insn])) -> bool {
         if self.file.lock().is_err() {
             return false;
         }
         let taken = (0..SLOTS).filter(|&s| s != self.slot).any(|s| {
-            slot_alive(&self.file, s) && self.listens_of(s).iter().any(|p| ports.contains(p))
+            slot_alive(&self.file, s) && listens_of(&self.file, s).iter().any(|p| ports.contains(p))
         });
         if !taken {
             self.write_listens(ports);
+            attach(&steering_of(&self.file));
         }
         let _ = self.file.unlock();
         !taken
-    }
-
-    /// The ports slot `s` listens on.
-    fn listens_of(&self, s: usize) -> Vec<u16> {
-        let mut out = Vec::new();
-        for w in 0..LISTEN_PER_SLOT / 4 {
-            let v = read_word(&self.file, W_LISTEN + (s * LISTEN_PER_SLOT / 4 + w) as u64);
-            out.extend((0..4).map(|i| (v >> (16 * i)) as u16).filter(|&p| p != 0));
-        }
-        out
     }
 
     fn write_listens(&self, ports: &[u16]) {
@@ -382,22 +445,29 @@ impl Registry {
             let _ = write_word(&self.file, at, v);
         }
     }
+}
 
-    /// The steering program for the group as the file describes it: the
-    /// measured indices, and the ports each slot listens on. The lowest
-    /// slot with a known index takes the CM datagrams no other rule
-    /// places.
-    pub(crate) fn steering(&self) -> Vec<Insn> {
-        let table: Vec<(usize, u32)> = read_table(&self.file)
-            .into_iter()
-            .filter(|t| slot_owner(&self.file, t.0).pid != 0)
-            .collect();
-        let listens: Vec<(u16, u32)> = table
-            .iter()
-            .flat_map(|&(s, index)| self.listens_of(s).into_iter().map(move |p| (p, index)))
-            .collect();
-        program(&table, &listens)
+/// The steering program for the group as `file` describes it: the
+/// measured indices, and the ports each slot listens on. The lowest slot
+/// with a known index takes the CM datagrams no other rule places.
+fn steering_of(file: &File) -> Vec<Insn> {
+    let table: Vec<(usize, u32)> =
+        read_table(file).into_iter().filter(|t| slot_owner(file, t.0).pid != 0).collect();
+    let listens: Vec<(u16, u32)> = table
+        .iter()
+        .flat_map(|&(s, index)| listens_of(file, s).into_iter().map(move |p| (p, index)))
+        .collect();
+    program(&table, &listens)
+}
+
+/// The ports slot `s` listens on.
+fn listens_of(file: &File, s: usize) -> Vec<u16> {
+    let mut out = Vec::new();
+    for w in 0..LISTEN_PER_SLOT / 4 {
+        let v = read_word(file, W_LISTEN + (s * LISTEN_PER_SLOT / 4 + w) as u64);
+        out.extend((0..4).map(|i| (v >> (16 * i)) as u16).filter(|&p| p != 0));
     }
+    out
 }
 
 /// The indices as the file has them: `(slot, index)`.
@@ -453,25 +523,41 @@ fn predict_leave(file: &File, gone: usize) {
     write_table(file, &without(&table, gone).unwrap_or_default());
 }
 
+impl Registry {
+    /// The table's side of leaving (the socket is closed), under its lock.
+    fn leave_locked(&self) {
+        if slot_owner(&self.file, self.slot) == self.owner {
+            let _ = clear_slot(&self.file, self.slot);
+            let _ = bump(&self.file);
+            predict_leave(&self.file, self.slot);
+        }
+        let others = (0..SLOTS).any(|s| s != self.slot && slot_alive(&self.file, s));
+        if !others && same_file(&self.file, &self.path) {
+            // Removed under the lock; a context that opened it and waits
+            // for the lock sees it gone and starts a new one.
+            let _ = std::fs::remove_file(round_path(&self.path));
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
 impl Drop for Registry {
+    /// A member dropped without [`Registry::leave`] (its socket closed
+    /// first, outside the lock).
     fn drop(&mut self) {
-        if self.file.lock().is_ok() {
-            if slot_owner(&self.file, self.slot) == self.owner {
-                let _ = clear_slot(&self.file, self.slot);
-                let _ = bump(&self.file);
-                // The socket closed before this (the backend's fields drop
-                // in order): the group already moved its last into our hole.
-                predict_leave(&self.file, self.slot);
-            }
-            let others = (0..SLOTS).any(|s| s != self.slot && slot_alive(&self.file, s));
-            if !others && same_file(&self.file, &self.path) {
-                // Removed under the lock; a context that opened it and
-                // waits for the lock sees it gone and starts a new one.
-                let _ = std::fs::remove_file(round_path(&self.path));
-                let _ = std::fs::remove_file(&self.path);
-            }
+        if !self.left && self.file.lock().is_ok() {
+            self.leave_locked();
             let _ = self.file.unlock();
         }
+    }
+}
+
+/// The kernel appended slot `s`'s socket to the group: so does the table.
+fn append(file: &File, s: usize) {
+    let mut table = read_table(file);
+    if is_permutation(&table) && !table.is_empty() {
+        table.push((s, table.len() as u32));
+        write_table(file, &table);
     }
 }
 
@@ -672,6 +758,10 @@ mod tests {
         p
     }
 
+    fn join(path: &std::path::Path) -> Registry {
+        Registry::join_at(path.to_path_buf(), || Ok(()), |(), _| {}).unwrap().unwrap().0
+    }
+
     fn id_of(slot: u32) -> u32 {
         (slot << (32 - COMM_ID_SLOT_BITS)) | 0x1234
     }
@@ -730,12 +820,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("uroce-share-test-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let path = dir.join("share-table");
-        let a = Registry::join_at(path.clone()).unwrap();
-        let b = Registry::join_at(path.clone()).unwrap();
-        let c = Registry::join_at(path.clone()).unwrap();
+        let a = join(&path);
+        let b = join(&path);
+        let c = join(&path);
         assert_eq!((a.slot(), b.slot(), c.slot()), (0, 1, 2));
-        assert_eq!(read_table(&a.file), vec![], "nothing measured yet");
-        a.set_table(&[(0, 0), (1, 1), (2, 2)]);
+        assert_eq!(read_table(&a.file), vec![(0, 0), (1, 1), (2, 2)], "predicted in join order");
+        a.set_table(&[(0, 0), (1, 1), (2, 2)], None, |_| {});
         // Slot 1's owner dies: its lock goes (as when the kernel closes a
         // killed process's files), its words stay.
         ofd_lock::unlock(&b.file, lock_byte(1)).unwrap();
@@ -743,7 +833,7 @@ mod tests {
         assert_eq!(a.live_slots(), vec![0, 2]);
         assert!(a.generation() > generation, "a change the members measure");
         assert_eq!(read_table(&a.file), vec![(0, 0), (2, 1)], "the last moved into the hole");
-        let d = Registry::join_at(path.clone()).unwrap();
+        let d = join(&path);
         assert_eq!(d.slot(), 1, "the slot taken back");
         assert_eq!(read_table(&a.file), vec![(0, 0), (1, 2), (2, 1)], "appended");
         assert_eq!(a.qpn_start(), 0);
@@ -770,6 +860,48 @@ mod tests {
         assert_eq!(parse_answer(answer(3, 17) ^ 1), None, "a torn word");
     }
 
+    /// Joins are predicted in the order they bind and steered at once; a
+    /// join whose bind fails gives its slot back; a leaver steers the
+    /// group as it will be before its socket closes.
+    #[test]
+    fn joins_and_leaves_steer_under_the_lock() {
+        let dir = std::env::temp_dir().join(format!("uroce-share-steer-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("share-table");
+        let a = join(&path);
+        assert_eq!(read_table(&a.file), vec![(0, 0)], "alone: index 0");
+        assert_eq!(a.measured(), a.generation(), "nothing to measure");
+        let b = join(&path);
+        let mut steered = None;
+        let (c, ()) = Registry::join_at(
+            path.clone(),
+            || Ok(()),
+            |(), prog| {
+                steered = Some(run(prog, &bth_to(2 << QPN_SHIFT)));
+            },
+        )
+        .unwrap()
+        .unwrap();
+        assert_eq!(steered, Some(2), "the joiner's program knows its index");
+        assert_eq!(read_table(&a.file), vec![(0, 0), (1, 1), (2, 2)]);
+        let failed = Registry::join_at(
+            path.clone(),
+            || Err::<(), _>(io::ErrorKind::AddrInUse.into()),
+            |(), _| panic!("no program for a socket that did not bind"),
+        )
+        .unwrap();
+        assert_eq!(failed.unwrap_err().kind(), io::ErrorKind::AddrInUse);
+        assert_eq!(a.live_slots(), vec![0, 1, 2], "the failed join's slot is free");
+        let mut steered = None;
+        b.leave(|prog| steered = Some(run(prog, &bth_to(2 << QPN_SHIFT))));
+        assert_eq!(steered, Some(1), "the last socket steered into the leaver's hole");
+        assert_eq!(read_table(&a.file), vec![(0, 0), (2, 1)]);
+        assert_eq!(a.live_slots(), vec![0, 2]);
+        drop((a, c));
+        assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Liveness is the slot's lock, not a pid: a member whose pid means
     /// something else in this PID namespace (pid 1 of a container, a pid
     /// that exited here) is alive while it holds its lock.
@@ -778,12 +910,12 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("uroce-share-lock-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         let path = dir.join("share-table");
-        let a = Registry::join_at(path.clone()).unwrap();
-        let b = Registry::join_at(path.clone()).unwrap();
+        let a = join(&path);
+        let b = join(&path);
         for pid in [1, 0x7fff_fff0] {
             write_word(&a.file, W_SLOTS + 2, pid).unwrap();
             assert_eq!(a.live_slots(), vec![0, 1], "pid {pid}");
-            assert_eq!(Registry::join_at(path.clone()).unwrap().slot(), 2, "slot 1 is not free");
+            assert_eq!(join(&path).slot(), 2, "slot 1 is not free");
         }
         drop((a, b));
         assert!(!path.exists());

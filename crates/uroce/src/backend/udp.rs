@@ -196,6 +196,22 @@ const SOON_NS: u64 = 5_000_000;
 /// read its socket meanwhile is left out of the table until the next).
 const ROUND_LIMIT_NS: u64 = 200_000_000;
 
+impl Drop for UdpBackend {
+    /// A shared address's socket closes under the table's lock (see
+    /// `Registry::leave`).
+    fn drop(&mut self) {
+        if let Some(s) = self.sharing.take() {
+            let ports = std::mem::take(&mut self.ports);
+            s.registry.leave(move |prog| {
+                if let Some(p) = ports.first() {
+                    let _ = attach_steering(&p.sock, prog);
+                }
+                drop(ports);
+            });
+        }
+    }
+}
+
 /// This context's part in sharing its address (see `share`).
 #[derive(Debug)]
 struct Sharing {
@@ -233,9 +249,12 @@ impl Sharing {
             return false;
         }
         let generation = self.registry.generation();
-        self.registry.set_table(&[(self.registry.slot(), 0)]);
-        let _ = attach_steering(sock, &self.registry.steering());
-        self.registry.set_measured(generation);
+        let alone = [(self.registry.slot(), 0)];
+        if self.registry.set_table(&alone, Some(generation), |p| {
+            let _ = attach_steering(sock, p);
+        }) {
+            self.registry.set_measured(generation);
+        }
         true
     }
 
@@ -256,11 +275,9 @@ impl Sharing {
     /// Publishes the ports this context's CM listens on and steers their
     /// requests here.
     fn set_listening(&mut self, ports: &[u16], sock: &UdpSocket) -> bool {
-        if !self.registry.set_listening(ports) {
-            return false;
-        }
-        let _ = attach_steering(sock, &self.registry.steering());
-        true
+        self.registry.set_listening(ports, |p| {
+            let _ = attach_steering(sock, p);
+        })
     }
 
     /// Advances the membership check and this member's round (cheap when
@@ -290,7 +307,9 @@ impl Sharing {
         // The file's indices as predicted for the change (a socket that
         // left is replaced by the last one; a new one is appended) steer
         // at once; the round then checks them.
-        let _ = attach_steering(sock, &self.registry.steering());
+        self.registry.steer(|p| {
+            let _ = attach_steering(sock, p);
+        });
         // Whoever gets the round lock measures; the others look again at
         // their next check.
         let Some(number) = self.registry.begin_round() else { return };
@@ -314,11 +333,14 @@ impl Sharing {
         slots.sort_unstable();
         slots.dedup();
         let consistent = slots.len() == answers.len();
-        if consistent && !answers.is_empty() {
-            self.registry.set_table(&answers);
-            let _ = attach_steering(sock, &self.registry.steering());
-        }
-        if consistent && answers.len() == r.members && self.registry.generation() == r.generation {
+        // Answers from before a join or leave would undo its prediction:
+        // they are written only if the membership is still the round's.
+        let written = consistent
+            && !answers.is_empty()
+            && self.registry.set_table(&answers, Some(r.generation), |p| {
+                let _ = attach_steering(sock, p);
+            });
+        if written && answers.len() == r.members {
             self.registry.set_measured(r.generation);
         }
         self.registry.end_round();
@@ -331,12 +353,27 @@ impl UdpBackend {
     /// `UROCE_EXCLUSIVE` is set or the run directory cannot hold the slot
     /// table; then the bind fails if another context has the address.
     pub(crate) fn bind(addr: SocketAddr) -> io::Result<Self> {
-        let registry = if std::env::var_os("UROCE_EXCLUSIVE").is_none() && addr.port() != 0 {
-            share::Registry::join(addr).ok()
+        let table = if std::env::var_os("UROCE_EXCLUSIVE").is_none() && addr.port() != 0 {
+            // Bound while the table is locked (see `Registry::join`).
+            share::Registry::join(
+                addr,
+                || Port::bind(addr, 0, true),
+                |port, prog| {
+                    let _ = attach_steering(&port.sock, prog);
+                },
+            )
+            .ok()
         } else {
             None
         };
-        let port = Port::bind(addr, 0, registry.is_some())?;
+        let (registry, port) = match table {
+            Some(joined) => {
+                let (r, port) = joined?;
+                (Some(r), port)
+            }
+            // No usable table: the address is this context's alone.
+            None => (None, Port::bind(addr, 0, false)?),
+        };
         let local = port.sock.local_addr()?;
         let gso = std::env::var_os("UROCE_NO_GSO").is_none();
         let sharing = registry.map(|r| Sharing::new(r, &port.sock));
