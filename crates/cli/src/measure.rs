@@ -64,6 +64,9 @@ pub(crate) struct Conn {
     pub(crate) psn: u32,
     /// QPs connected and never used (`bench --idle-qps`).
     idle: Vec<Qp>,
+    /// Give the CPU away after a poll that found nothing (more processes
+    /// than CPUs: `bench --pairs`).
+    pub(crate) yield_when_idle: bool,
 }
 
 /// What the peer needs to reach this side.
@@ -96,7 +99,17 @@ impl Conn {
             srq: None,
         })?;
         let psn = (qp.qpn().wrapping_mul(2_654_435_761) ^ std::process::id()) & 0xff_ffff;
-        Ok(Self { src: buf_len / 2, ctx, _pd: pd, mr, cq, qp, psn, idle: Vec::new() })
+        Ok(Self {
+            src: buf_len / 2,
+            ctx,
+            _pd: pd,
+            mr,
+            cq,
+            qp,
+            psn,
+            idle: Vec::new(),
+            yield_when_idle: false,
+        })
     }
 
     pub(crate) fn me(&self) -> Remote {
@@ -157,9 +170,17 @@ impl Conn {
                 }
                 return Ok(n);
             }
+            self.idle_poll();
             if start.elapsed() > STALL {
                 bail!("no completion within {STALL:?}: the peer stopped or packets are lost");
             }
+        }
+    }
+
+    /// After a poll that found nothing.
+    fn idle_poll(&self) {
+        if self.yield_when_idle {
+            std::thread::yield_now();
         }
     }
 
@@ -359,6 +380,9 @@ impl Conn {
                         return Ok(sent);
                     }
                 }
+            }
+            if n == 0 {
+                self.idle_poll();
             }
             if start.elapsed() > STALL {
                 bail!("no answer within {STALL:?}: the peer stopped or packets are lost");

@@ -228,6 +228,41 @@ fn bench_with_idle_qps_measures_among_them() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Three pairs at once on two shared devices: every point measured by
+/// every pair, the sum and spread printed, a row per pair in the CSV.
+#[test]
+fn bench_pairs_share_the_two_devices() {
+    let udp = uroce::testing::free_port();
+    let out = std::env::temp_dir().join(format!("uroce-bench-pairs-{}", std::process::id()));
+    let o = Command::new(BIN)
+        .args(["bench", "--pairs", "3", "--ops", "write,read,send,atomic"])
+        .args(["--min-size", "8", "--max-size", "4K", "--scale", "0.02"])
+        .args(["--port", &udp.to_string(), "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    assert!(t.contains("3 pairs at once on shared devices"), "{t}");
+    let rows: Vec<&str> = t
+        .lines()
+        .filter(|l| ["write ", "read ", "send ", "atomic "].iter().any(|p| l.starts_with(p)))
+        .collect();
+    assert_eq!(rows.len(), 3 * 10 + 1, "{t}");
+    for row in &rows {
+        let f: Vec<&str> = row.split_whitespace().collect();
+        let bw: f64 = f[2].parse().unwrap();
+        let lat: f64 = f[5].parse().unwrap();
+        assert!(bw > 0.0 && lat > 0.0, "{row}");
+    }
+    let csv = std::fs::read_to_string(out.join("bench-pairs-3.csv")).unwrap();
+    assert_eq!(csv.lines().count(), 1 + 3 * rows.len(), "{csv}");
+    for pair in 0..3 {
+        assert!(csv.lines().any(|l| l.starts_with(&format!("{pair},atomic,8,"))), "{csv}");
+    }
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 #[test]
 fn bench_peers_include_the_udp_ping_pong_floor() {
     let udp = uroce::testing::free_port();

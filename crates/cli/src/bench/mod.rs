@@ -5,7 +5,11 @@
 //! `rsvg-convert` exists) in the output directory.
 //!
 //! The parent is the requester and starts the responder itself; the two
-//! talk over the child's stdin/stdout, one line per step.
+//! talk over the child's stdin/stdout, one line per step. With `--pairs N`
+//! the parent runs N such pairs at once on the two shared device addresses
+//! instead (`pairs`).
+
+mod pairs;
 
 use std::fmt::Write as _;
 use std::io::{BufRead, BufReader, IsTerminal, Write};
@@ -53,9 +57,25 @@ pub(crate) struct Args {
     /// traffic (what idle connections cost the measured one).
     #[arg(long, default_value_t = 0)]
     idle_qps: u32,
+    /// Run this many requester/responder pairs at once, every requester
+    /// sharing 127.0.0.1's device and every responder 127.0.0.2's (what
+    /// sharing a device costs), and report their sum and spread.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    pairs: u32,
+    /// With --pairs: give each pair a device (UDP port) of its own instead,
+    /// the comparison without sharing.
+    #[arg(long, requires = "pairs")]
+    own_ports: bool,
     /// Internal: run as the responder.
     #[arg(long, hide = true)]
     serve: bool,
+    /// Internal: run as one pair of `--pairs`, measuring each point when
+    /// told to on stdin and printing the rows.
+    #[arg(long, hide = true)]
+    worker: bool,
+    /// Internal: polls that find nothing give the CPU away.
+    #[arg(long, hide = true)]
+    yield_when_idle: bool,
     /// Internal: run as the UDP echo of the `udp ping-pong` peer.
     #[arg(long, hide = true)]
     udp_echo: Option<u16>,
@@ -99,12 +119,21 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
     if let Some(port) = a.udp_echo {
         return crate::udp_floor::echo(port);
     }
-    if a.serve { serve(a) } else { client(a) }
+    if a.serve {
+        serve(a)
+    } else if a.worker {
+        pairs::worker(a)
+    } else if a.pairs > 1 {
+        pairs::run(a)
+    } else {
+        client(a)
+    }
 }
 
 /// The responder: connects, then obeys one command per line.
 fn serve(a: &Args) -> Result<ExitCode> {
     let mut c = open(SERVER_IP, a.port, a.max_size)?;
+    c.yield_when_idle = a.yield_when_idle;
     c.add_idle_qps(a.idle_qps, CLIENT_IP.parse()?)?;
     println!("{}", line(&c.me()));
     std::io::stdout().flush()?;
@@ -215,7 +244,15 @@ fn sizes(a: &Args, op: Op) -> Vec<usize> {
     v
 }
 
-fn client(a: &Args) -> Result<ExitCode> {
+/// A connected pair: the responder process, our connection, its end.
+struct Pair {
+    r: Responder,
+    c: Conn,
+    peer: Remote,
+}
+
+/// Starts the responder process and connects to it.
+fn connect(a: &Args) -> Result<Pair> {
     if a.min_size > a.max_size {
         bail!("--min-size is larger than --max-size");
     }
@@ -224,6 +261,7 @@ fn client(a: &Args) -> Result<ExitCode> {
         .args(["bench", "--serve", "--port", &a.port.to_string()])
         .args(["--max-size", &a.max_size.to_string()])
         .args(["--idle-qps", &a.idle_qps.to_string()])
+        .args(a.yield_when_idle.then_some("--yield-when-idle"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -239,44 +277,78 @@ fn client(a: &Args) -> Result<ExitCode> {
     }
     let peer = parse_line(first.trim())?;
     let mut c = open(CLIENT_IP, a.port, a.max_size)?;
+    c.yield_when_idle = a.yield_when_idle;
     c.add_idle_qps(a.idle_qps, SERVER_IP.parse()?)?;
     r.send(&line(&c.me()))?;
     r.expect("connected")?;
     c.connect(SERVER_IP.parse::<IpAddr>()?, &peer)?;
     c.post_recvs(RECV_DEPTH)?;
+    Ok(Pair { r, c, peer })
+}
 
-    let plan: Vec<(Op, usize)> =
-        a.ops.iter().flat_map(|&op| sizes(a, op).into_iter().map(move |s| (op, s))).collect();
-    let tty = std::io::stderr().is_terminal();
+/// The points of the sweep, in order.
+fn plan(a: &Args) -> Vec<(Op, usize)> {
+    a.ops.iter().flat_map(|&op| sizes(a, op).into_iter().map(move |s| (op, s))).collect()
+}
+
+/// The two runs of each point.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Phase {
+    Bandwidth,
+    Latency,
+}
+
+/// Measures every point of the plan; `before(i, op, size, phase)` runs
+/// before each of its two runs (a progress line, or `--pairs`' barrier).
+fn measure(
+    a: &Args,
+    p: &mut Pair,
+    before: &mut dyn FnMut(usize, Op, usize, Phase) -> Result<()>,
+) -> Result<Vec<Row>> {
+    let Pair { r, c, peer } = p;
     let mut rows = Vec::new();
-    for (i, &(op, size)) in plan.iter().enumerate() {
-        progress(tty, i, plan.len(), op, size);
+    for (i, (op, size)) in plan(a).into_iter().enumerate() {
+        before(i, op, size, Phase::Bandwidth)?;
         let iters = bw_iters(size, a.scale);
         let bw = if op == Op::Send {
             r.send(&format!("sends {iters}"))?;
             r.expect("ready")?;
-            let b = c.bw(op, size, iters, &peer)?;
+            let b = c.bw(op, size, iters, peer)?;
             r.expect("done")?;
             b
         } else {
-            c.bw(op, size, iters, &peer)?
+            c.bw(op, size, iters, peer)?
         };
+        before(i, op, size, Phase::Latency)?;
         let iters = lat_iters(size, a.scale);
         let samples = if matches!(op, Op::Write | Op::Send) {
             r.send(&format!("pong {} {size} {iters}", op.name()))?;
             r.expect("ready")?;
-            let s = c.lat(op, size, iters, &peer)?;
+            let s = c.lat(op, size, iters, peer)?;
             r.expect("done")?;
             s
         } else {
-            c.lat(op, size, iters, &peer)?
+            c.lat(op, size, iters, peer)?
         };
         rows.push(Row { op, size, bw: Some(bw), lat: Some(LatStats::from_samples(samples)) });
     }
+    Ok(rows)
+}
+
+fn client(a: &Args) -> Result<ExitCode> {
+    let mut pair = connect(a)?;
+    let n = plan(a).len();
+    let tty = std::io::stderr().is_terminal();
+    let rows = measure(a, &mut pair, &mut |i, op, size, phase| {
+        if phase == Phase::Bandwidth {
+            progress(tty, i, n, op, size);
+        }
+        Ok(())
+    })?;
     if tty {
         eprint!("\r{:72}\r", "");
     }
-    drop(r);
+    drop(pair);
     print_table(&rows);
     let peer_runs = if a.peers {
         if a.install {
