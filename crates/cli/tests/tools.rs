@@ -228,6 +228,26 @@ fn bench_with_idle_qps_measures_among_them() {
     let _ = std::fs::remove_dir_all(&out);
 }
 
+/// Requester and responder on one device: two processes of one host
+/// reach each other through it.
+#[test]
+fn bench_on_one_device() {
+    let udp = uroce::testing::free_port();
+    let out = std::env::temp_dir().join(format!("uroce-bench-one-{}", std::process::id()));
+    let o = Command::new(BIN)
+        .args(["bench", "--one-device", "--ops", "write,read,send,atomic"])
+        .args(["--min-size", "8", "--max-size", "64K", "--scale", "0.02"])
+        .args(["--port", &udp.to_string(), "--out"])
+        .arg(&out)
+        .output()
+        .unwrap();
+    let t = text(&o);
+    assert!(o.status.success(), "{t}");
+    let rows = t.lines().filter(|l| l.split_whitespace().nth(1).is_some_and(|b| b == "65536"));
+    assert_eq!(rows.count(), 3, "write, read and send at 64 KiB:\n{t}");
+    let _ = std::fs::remove_dir_all(&out);
+}
+
 /// Three pairs at once on two shared devices: every point measured by
 /// every pair, the sum and spread printed, a row per pair in the CSV.
 #[test]

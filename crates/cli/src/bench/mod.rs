@@ -66,6 +66,10 @@ pub(crate) struct Args {
     /// the comparison without sharing.
     #[arg(long, requires = "pairs")]
     own_ports: bool,
+    /// Requester and responder on one device (127.0.0.1), the way two
+    /// processes on one host reach each other through one NIC.
+    #[arg(long)]
+    one_device: bool,
     /// Internal: run as the responder.
     #[arg(long, hide = true)]
     serve: bool,
@@ -91,6 +95,14 @@ fn parse_size(s: &str) -> Result<usize, String> {
 
 const SERVER_IP: &str = "127.0.0.2";
 const CLIENT_IP: &str = "127.0.0.1";
+
+impl Args {
+    /// The responder's device address: 127.0.0.2, or with `--one-device`
+    /// the requester's own.
+    fn server_ip(&self) -> &'static str {
+        if self.one_device { CLIENT_IP } else { SERVER_IP }
+    }
+}
 
 fn open(ip: &str, port: u16, max: usize) -> Result<Conn> {
     let ctx = Device::from_config(DeviceConfig { name: "uroce0".into(), addr: ip.parse()?, port })
@@ -132,7 +144,7 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
 
 /// The responder: connects, then obeys one command per line.
 fn serve(a: &Args) -> Result<ExitCode> {
-    let mut c = open(SERVER_IP, a.port, a.max_size)?;
+    let mut c = open(a.server_ip(), a.port, a.max_size)?;
     c.yield_when_idle = a.yield_when_idle;
     c.add_idle_qps(a.idle_qps, CLIENT_IP.parse()?)?;
     println!("{}", line(&c.me()));
@@ -262,6 +274,7 @@ fn connect(a: &Args) -> Result<Pair> {
         .args(["--max-size", &a.max_size.to_string()])
         .args(["--idle-qps", &a.idle_qps.to_string()])
         .args(a.yield_when_idle.then_some("--yield-when-idle"))
+        .args(a.one_device.then_some("--one-device"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -278,10 +291,10 @@ fn connect(a: &Args) -> Result<Pair> {
     let peer = parse_line(first.trim())?;
     let mut c = open(CLIENT_IP, a.port, a.max_size)?;
     c.yield_when_idle = a.yield_when_idle;
-    c.add_idle_qps(a.idle_qps, SERVER_IP.parse()?)?;
+    c.add_idle_qps(a.idle_qps, a.server_ip().parse()?)?;
     r.send(&line(&c.me()))?;
     r.expect("connected")?;
-    c.connect(SERVER_IP.parse::<IpAddr>()?, &peer)?;
+    c.connect(a.server_ip().parse::<IpAddr>()?, &peer)?;
     c.post_recvs(RECV_DEPTH)?;
     Ok(Pair { r, c, peer })
 }

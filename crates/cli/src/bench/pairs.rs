@@ -127,6 +127,7 @@ fn start(a: &Args, i: u32) -> Result<Worker> {
         .args(["--min-size", &a.min_size.to_string(), "--max-size", &a.max_size.to_string()])
         .args(["--scale", &a.scale.to_string(), "--idle-qps", &a.idle_qps.to_string()])
         .args(oversubscribed(a.pairs).then_some("--yield-when-idle"))
+        .args(a.one_device.then_some("--one-device"))
         .stdin(Stdio::piped())
         .stdout(Stdio::piped())
         .stderr(Stdio::inherit())
@@ -205,7 +206,9 @@ pub(super) fn run(a: &Args) -> Result<ExitCode> {
         }
     }
     let devices = if a.own_ports { "a device pair of its own each" } else { "shared devices" };
-    println!("{n} pairs at once on {devices} (127.0.0.1 requesters, 127.0.0.2 responders)");
+    let ends =
+        if a.one_device { "127.0.0.1 both" } else { "127.0.0.1 requesters, 127.0.0.2 responders" };
+    println!("{n} pairs at once on {devices} ({ends})");
     if oversubscribed(n) {
         println!("(more processes than CPUs: polls that find nothing yield the CPU)");
     }
