@@ -68,9 +68,17 @@ fn main() {
     let map_path = out.join("exports.map");
     std::fs::write(&map_path, map).unwrap();
 
-    // One label per name that jumps to the Rust function.
+    // One label per name that jumps to the Rust function; `@byte` names a
+    // one-byte variable instead (a flag providers set, never read here).
     let mut asm = String::new();
     for (name, _, module) in &entries {
+        if *module == "@byte" {
+            let _ = writeln!(
+                asm,
+                "core::arch::global_asm!(\".pushsection .bss.{name},\\\"aw\\\",@nobits\\n.globl {name}\\n.type {name},@object\\n.size {name}, 1\\n{name}:\\n  .zero 1\\n.popsection\");"
+            );
+            continue;
+        }
         let _ = writeln!(
             asm,
             "core::arch::global_asm!(\".globl {name}\\n.type {name},@function\\n{name}:\\n  jmp {{f}}\\n.size {name}, .-{name}\", f = sym crate::{module}::{name}, options(att_syntax));"

@@ -667,25 +667,27 @@ fn exports_are_exactly_the_versioned_table() {
 /// The defined functions of a shared library with their default version
 /// nodes (compat `name@NODE` entries are left out: no Debian 12 binary
 /// references the 2006 ABI).
-fn defined_names(lib: &Path) -> Vec<(String, String)> {
+/// The functions and variables `lib` defines: (name, version node, type).
+fn defined_names(lib: &Path) -> Vec<(String, String, String)> {
     let out = Command::new("readelf").args(["--dyn-syms", "-W"]).arg(lib).output().unwrap();
     assert!(out.status.success(), "readelf: {}", text(&out));
     String::from_utf8_lossy(&out.stdout)
         .lines()
         .filter_map(|l| {
             let w: Vec<&str> = l.split_whitespace().collect();
-            if w.len() < 8 || w[6] == "UND" || w[6] == "Ndx" || w[3] != "FUNC" {
+            if w.len() < 8 || w[6] == "UND" || w[6] == "Ndx" || !["FUNC", "OBJECT"].contains(&w[3])
+            {
                 return None;
             }
             let (name, node) = w[7].split_once("@@")?;
-            Some((name.to_string(), node.to_string()))
+            Some((name.to_string(), node.to_string(), w[3].to_string()))
         })
         .collect()
 }
 
-/// Every function Debian 12's own libibverbs.so.1, librdmacm.so.1,
-/// libmlx5.so.1 and libefa.so.1 export is in the drop-in library or its stubs, under the
-/// same node, so that nothing linked against them (pyverbs, provider
+/// Every function and variable Debian 12's own libibverbs.so.1,
+/// librdmacm.so.1, libmlx5.so.1 and libefa.so.1 export is in the drop-in
+/// library or its stubs, under the same node and of the same type, so that nothing linked against them (pyverbs, provider
 /// libraries, perftest, UCX, libfabric) fails to load.
 #[test]
 fn every_function_of_debians_libraries_is_exported() {
@@ -699,7 +701,7 @@ fn every_function_of_debians_libraries_is_exported() {
         let missing: Vec<String> = defined_names(&real)
             .into_iter()
             .filter(|nv| !ours.contains(nv))
-            .map(|(n, v)| format!("{n}@{v}"))
+            .map(|(n, v, t)| format!("{n}@{v} ({t})"))
             .collect();
         assert!(missing.is_empty(), "{name}: not exported: {missing:?}");
     }

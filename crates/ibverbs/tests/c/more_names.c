@@ -12,9 +12,15 @@
 int ibv_read_ibdev_sysfs_file(char *buf, size_t size, const char *ibdev,
                               const char *fnfmt, ...);
 
+/* Provider libraries set this flag (rdma-core's IBVERBS_PRIVATE_34). */
+extern _Bool verbs_allow_disassociate_destroy;
+
 #define CHECK(c) do { if (!(c)) { fprintf(stderr, "FAILED: %s (line %d, errno %d)\n", #c, __LINE__, errno); return 1; } } while (0)
 
 int main(void) {
+    CHECK(!verbs_allow_disassociate_destroy);
+    verbs_allow_disassociate_destroy = 1;
+    CHECK(verbs_allow_disassociate_destroy);
     char buf[64];
     int n = ibv_read_ibdev_sysfs_file(buf, sizeof buf, "uroce0", "ports/%u/gid_attrs/types/%u", 1, 0);
     CHECK(n == 7 && strcmp(buf, "RoCE v2") == 0);
