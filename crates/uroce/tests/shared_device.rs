@@ -142,9 +142,33 @@ fn contexts_sharing_an_address_each_get_their_own_packets() {
     exchange(&f3, &e3, 31);
 }
 
+/// Every context's non-zero device counters, for a failure message.
+fn counters(all: &[&Context]) -> String {
+    all.iter()
+        .map(|c| {
+            let s = c.snapshot();
+            let nz: Vec<String> = s
+                .device_stats
+                .iter()
+                .filter(|(_, v)| *v != 0)
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect();
+            format!("{}: {}", c.device().socket_addr(), nz.join(" "))
+        })
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
 /// Connects from `client` to whoever listens on `port` at 127.0.0.1 and
-/// returns what the listener's side saw as the private data.
-fn cm_round(listener: uroce::cm::CmListener, on: Context, client: &Context, port: u16) -> Vec<u8> {
+/// returns what the listener's side saw as the private data. `all`: every
+/// context, whose counters a failure shows.
+fn cm_round(
+    listener: uroce::cm::CmListener,
+    on: Context,
+    client: &Context,
+    port: u16,
+    all: &[&Context],
+) -> Vec<u8> {
     const T: Duration = Duration::from_secs(10);
     let srv = std::thread::spawn(move || {
         let (_pd, _cq, qp) = rc_qp(&on);
@@ -154,7 +178,9 @@ fn cm_round(listener: uroce::cm::CmListener, on: Context, client: &Context, port
         got
     });
     let (_pd, _cq, qp) = rc_qp(client);
-    let conn = client.cm_connect(&qp, "127.0.0.1".parse().unwrap(), port, b"hello", T).unwrap();
+    let conn = client
+        .cm_connect(&qp, "127.0.0.1".parse().unwrap(), port, b"hello", T)
+        .unwrap_or_else(|e| panic!("connecting: {e:?}; counters:\n{}", counters(all)));
     assert_eq!(&conn.private_data()[..2], b"ok");
     conn.disconnect(T).unwrap();
     srv.join().unwrap()
@@ -183,11 +209,12 @@ fn the_cm_steers_requests_to_the_listener_and_answers_to_the_asker() {
         matches!(s2.cm_listen(port), Err(uroce::Error::InUse(_))),
         "one listener per port on a shared address"
     );
-    assert_eq!(cm_round(l1, s1.clone(), &c2, port), b"hello");
+    let all = [&s1, &s2, &c1, &c2];
+    assert_eq!(cm_round(l1, s1.clone(), &c2, port, &all), b"hello");
     // The port is free again once its listener goes; now the other
     // context serves it, and the other client asks.
     let l2 = s2.cm_listen(port).unwrap();
-    assert_eq!(cm_round(l2, s2.clone(), &c1, port), b"hello");
+    assert_eq!(cm_round(l2, s2.clone(), &c1, port, &all), b"hello");
 }
 
 /// Datagrams that look like steering probes, thousands of them and from
