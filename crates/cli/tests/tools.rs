@@ -210,18 +210,29 @@ fn devices_and_devinfo_print_what_rdma_core_prints() {
     assert_eq!(text(&o), "1 HCA found:\n\turoce0\n\n");
 }
 
-#[test]
-fn bench_with_idle_qps_measures_among_them() {
+/// `uroce bench ARGS --scale 0.02` on a free port, its output in a fresh
+/// directory: the program's text (it must succeed) and that directory.
+fn bench(tag: &str, args: &[&str]) -> (String, std::path::PathBuf) {
     let udp = uroce::testing::free_port();
-    let out = std::env::temp_dir().join(format!("uroce-bench-idle-{}", std::process::id()));
+    let out = std::env::temp_dir().join(format!("uroce-bench-{tag}-{}", std::process::id()));
     let o = Command::new(BIN)
-        .args(["bench", "--ops", "write", "--min-size", "8", "--max-size", "8"])
-        .args(["--idle-qps", "300", "--scale", "0.02", "--port", &udp.to_string(), "--out"])
+        .arg("bench")
+        .args(args)
+        .args(["--scale", "0.02", "--port", &udp.to_string(), "--out"])
         .arg(&out)
         .output()
         .unwrap();
     let t = text(&o);
     assert!(o.status.success(), "{t}");
+    (t, out)
+}
+
+#[test]
+fn bench_with_idle_qps_measures_among_them() {
+    let (t, out) = bench(
+        "idle",
+        &["--ops", "write", "--min-size", "8", "--max-size", "8", "--idle-qps", "300"],
+    );
     let row = t.lines().find(|l| l.starts_with("write ")).unwrap_or_else(|| panic!("{t}"));
     let v: Vec<f64> = row.split_whitespace().skip(1).map(|x| x.parse().unwrap()).collect();
     assert!(v[0] == 8.0 && v[1] > 0.0 && v[4] > 0.0, "{row}");
@@ -232,17 +243,18 @@ fn bench_with_idle_qps_measures_among_them() {
 /// reach each other through it.
 #[test]
 fn bench_on_one_device() {
-    let udp = uroce::testing::free_port();
-    let out = std::env::temp_dir().join(format!("uroce-bench-one-{}", std::process::id()));
-    let o = Command::new(BIN)
-        .args(["bench", "--one-device", "--ops", "write,read,send,atomic"])
-        .args(["--min-size", "8", "--max-size", "64K", "--scale", "0.02"])
-        .args(["--port", &udp.to_string(), "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
+    let (t, out) = bench(
+        "one",
+        &[
+            "--one-device",
+            "--ops",
+            "write,read,send,atomic",
+            "--min-size",
+            "8",
+            "--max-size",
+            "64K",
+        ],
+    );
     let rows = t.lines().filter(|l| l.split_whitespace().nth(1).is_some_and(|b| b == "65536"));
     assert_eq!(rows.count(), 3, "write, read and send at 64 KiB:\n{t}");
     let _ = std::fs::remove_dir_all(&out);
@@ -252,17 +264,10 @@ fn bench_on_one_device() {
 /// every pair, the sum and spread printed, a row per pair in the CSV.
 #[test]
 fn bench_pairs_share_the_two_devices() {
-    let udp = uroce::testing::free_port();
-    let out = std::env::temp_dir().join(format!("uroce-bench-pairs-{}", std::process::id()));
-    let o = Command::new(BIN)
-        .args(["bench", "--pairs", "3", "--ops", "write,read,send,atomic"])
-        .args(["--min-size", "8", "--max-size", "4K", "--scale", "0.02"])
-        .args(["--port", &udp.to_string(), "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
+    let (t, out) = bench(
+        "pairs",
+        &["--pairs", "3", "--ops", "write,read,send,atomic", "--min-size", "8", "--max-size", "4K"],
+    );
     assert!(t.contains("3 pairs at once on shared devices"), "{t}");
     let rows: Vec<&str> = t
         .lines()
@@ -285,16 +290,8 @@ fn bench_pairs_share_the_two_devices() {
 
 #[test]
 fn bench_peers_include_the_udp_ping_pong_floor() {
-    let udp = uroce::testing::free_port();
-    let out = std::env::temp_dir().join(format!("uroce-bench-floor-{}", std::process::id()));
-    let o = Command::new(BIN)
-        .args(["bench", "--ops", "send", "--min-size", "8", "--max-size", "16", "--peers"])
-        .args(["--scale", "0.02", "--port", &udp.to_string(), "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
+    let (t, out) =
+        bench("floor", &["--ops", "send", "--min-size", "8", "--max-size", "16", "--peers"]);
     // The latency table has the floor's column, with uroce's ratio to it.
     let lat = t.split("latency (one way)").nth(1).unwrap_or_else(|| panic!("{t}"));
     assert!(lat.lines().nth(1).is_some_and(|h| h.contains("udp ping-pong")), "{t}");
@@ -312,16 +309,10 @@ fn bench_peers_include_the_udp_ping_pong_floor() {
 
 #[test]
 fn bench_sweeps_sizes_and_writes_table_csv_and_svg() {
-    let udp = uroce::testing::free_port();
-    let out = std::env::temp_dir().join(format!("uroce-bench-{}", std::process::id()));
-    let o = Command::new(BIN)
-        .args(["bench", "--ops", "write,read,send,atomic", "--min-size", "64", "--max-size", "64K"])
-        .args(["--scale", "0.02", "--port", &udp.to_string(), "--out"])
-        .arg(&out)
-        .output()
-        .unwrap();
-    let t = text(&o);
-    assert!(o.status.success(), "{t}");
+    let (t, out) = bench(
+        "sweep",
+        &["--ops", "write,read,send,atomic", "--min-size", "64", "--max-size", "64K"],
+    );
     // The table: its header, then one row per (op, size) up to a blank
     // line; 11 sizes for write, read and send, one atomic row.
     let mut lines = t.lines().skip_while(|l| !(l.starts_with("op ") && l.contains("BW avg MB/s")));

@@ -183,25 +183,48 @@ fn serve(a: &Args) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-struct Responder {
+/// A child process spoken to one line at a time over its stdin and
+/// stdout (the responder, or a `--pairs` worker); its stderr is ours.
+struct Piped {
     child: Child,
     tx: ChildStdin,
     rx: BufReader<ChildStdout>,
 }
 
-impl Responder {
+impl Piped {
+    fn spawn(c: &mut Command) -> Result<Self> {
+        let mut child =
+            c.stdin(Stdio::piped()).stdout(Stdio::piped()).stderr(Stdio::inherit()).spawn()?;
+        let tx = child.stdin.take().context("stdin")?;
+        let rx = BufReader::new(child.stdout.take().context("stdout")?);
+        Ok(Self { child, tx, rx })
+    }
+
     fn send(&mut self, l: &str) -> Result<()> {
-        writeln!(self.tx, "{l}").context("the responder exited")?;
+        writeln!(self.tx, "{l}").context("the process exited")?;
         self.tx.flush()?;
         Ok(())
     }
 
-    fn expect(&mut self, want: &str) -> Result<()> {
+    /// The next line, trimmed; empty when the process has exited.
+    fn line(&mut self) -> Result<String> {
         let mut l = String::new();
         self.rx.read_line(&mut l)?;
-        let l = l.trim();
+        Ok(l.trim().to_string())
+    }
+}
+
+struct Responder(Piped);
+
+impl Responder {
+    fn send(&mut self, l: &str) -> Result<()> {
+        self.0.send(l)
+    }
+
+    fn expect(&mut self, want: &str) -> Result<()> {
+        let l = self.0.line()?;
         if l != want {
-            bail!("responder: {}", if l.is_empty() { "exited" } else { l });
+            bail!("responder: {}", if l.is_empty() { "exited" } else { &l });
         }
         Ok(())
     }
@@ -209,17 +232,16 @@ impl Responder {
 
 impl Drop for Responder {
     fn drop(&mut self) {
-        let _ = writeln!(self.tx, "quit");
-        let _ = self.tx.flush();
+        let _ = self.0.send("quit");
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(2);
         while std::time::Instant::now() < deadline {
-            if let Ok(Some(_)) = self.child.try_wait() {
+            if let Ok(Some(_)) = self.0.child.try_wait() {
                 return;
             }
             std::thread::sleep(std::time::Duration::from_millis(10));
         }
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
     }
 }
 
@@ -268,27 +290,22 @@ fn connect(a: &Args) -> Result<Pair> {
     if a.min_size > a.max_size {
         bail!("--min-size is larger than --max-size");
     }
-    let exe = std::env::current_exe()?;
-    let mut child = Command::new(exe)
-        .args(["bench", "--serve", "--port", &a.port.to_string()])
-        .args(["--max-size", &a.max_size.to_string()])
-        .args(["--idle-qps", &a.idle_qps.to_string()])
-        .args(a.yield_when_idle.then_some("--yield-when-idle"))
-        .args(a.one_device.then_some("--one-device"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting the responder process")?;
-    let tx = child.stdin.take().context("stdin")?;
-    let rx = BufReader::new(child.stdout.take().context("stdout")?);
-    let mut r = Responder { child, tx, rx };
-    let mut first = String::new();
-    r.rx.read_line(&mut first)?;
-    if first.trim().is_empty() {
+    let mut r = Responder(
+        Piped::spawn(
+            Command::new(std::env::current_exe()?)
+                .args(["bench", "--serve", "--port", &a.port.to_string()])
+                .args(["--max-size", &a.max_size.to_string()])
+                .args(["--idle-qps", &a.idle_qps.to_string()])
+                .args(a.yield_when_idle.then_some("--yield-when-idle"))
+                .args(a.one_device.then_some("--one-device")),
+        )
+        .context("starting the responder process")?,
+    );
+    let first = r.0.line()?;
+    if first.is_empty() {
         bail!("the responder exited before connecting (see its error above)");
     }
-    let peer = parse_line(first.trim())?;
+    let peer = parse_line(&first)?;
     let mut c = open(CLIENT_IP, a.port, a.max_size)?;
     c.yield_when_idle = a.yield_when_idle;
     c.add_idle_qps(a.idle_qps, a.server_ip().parse()?)?;

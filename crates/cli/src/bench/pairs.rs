@@ -13,13 +13,13 @@
 //! last pair's end (not a sum of rates over different times).
 
 use std::fmt::Write as _;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, ChildStdin, ChildStdout, Command, ExitCode, Stdio};
+use std::io::{BufRead, Write};
+use std::process::{Command, ExitCode};
 use std::time::Instant;
 
 use anyhow::{Context as _, Result, bail};
 
-use super::{Args, Op, connect, measure, plan};
+use super::{Args, Op, Piped, connect, measure, plan};
 
 /// One worker's end of the conversation.
 fn say(l: &str) -> Result<()> {
@@ -70,20 +70,15 @@ struct Point {
     lat_p99: f64,
 }
 
-struct Worker {
-    child: Child,
-    tx: ChildStdin,
-    rx: BufReader<ChildStdout>,
-}
+struct Worker(Piped);
 
 impl Worker {
     fn line(&mut self, i: usize) -> Result<String> {
-        let mut l = String::new();
-        self.rx.read_line(&mut l)?;
+        let l = self.0.line()?;
         if l.is_empty() {
             bail!("pair {i} stopped (see its error above)");
         }
-        Ok(l.trim().to_string())
+        Ok(l)
     }
 
     fn expect(&mut self, i: usize, want: &str) -> Result<()> {
@@ -99,8 +94,8 @@ impl Drop for Worker {
     fn drop(&mut self) {
         // A worker still running (an error elsewhere) is not left behind;
         // its responder goes when its stdin closes.
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        let _ = self.0.child.kill();
+        let _ = self.0.child.wait();
     }
 }
 
@@ -121,21 +116,17 @@ fn start(a: &Args, i: u32) -> Result<Worker> {
         a.port
     };
     let ops: Vec<&str> = a.ops.iter().map(|o| o.name()).collect();
-    let mut child = Command::new(std::env::current_exe()?)
-        .args(["bench", "--worker", "--port", &port.to_string()])
-        .args(["--ops", &ops.join(",")])
-        .args(["--min-size", &a.min_size.to_string(), "--max-size", &a.max_size.to_string()])
-        .args(["--scale", &a.scale.to_string(), "--idle-qps", &a.idle_qps.to_string()])
-        .args(oversubscribed(a.pairs).then_some("--yield-when-idle"))
-        .args(a.one_device.then_some("--one-device"))
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .context("starting a pair")?;
-    let tx = child.stdin.take().context("stdin")?;
-    let rx = BufReader::new(child.stdout.take().context("stdout")?);
-    Ok(Worker { child, tx, rx })
+    let p = Piped::spawn(
+        Command::new(std::env::current_exe()?)
+            .args(["bench", "--worker", "--port", &port.to_string()])
+            .args(["--ops", &ops.join(",")])
+            .args(["--min-size", &a.min_size.to_string(), "--max-size", &a.max_size.to_string()])
+            .args(["--scale", &a.scale.to_string(), "--idle-qps", &a.idle_qps.to_string()])
+            .args(oversubscribed(a.pairs).then_some("--yield-when-idle"))
+            .args(a.one_device.then_some("--one-device")),
+    )
+    .context("starting a pair")?;
+    Ok(Worker(p))
 }
 
 fn all_ready(workers: &mut [Worker]) -> Result<()> {
@@ -147,8 +138,7 @@ fn all_ready(workers: &mut [Worker]) -> Result<()> {
 
 fn go(workers: &mut [Worker]) -> Result<()> {
     for w in workers {
-        writeln!(w.tx, "go")?;
-        w.tx.flush()?;
+        w.0.send("go")?;
     }
     Ok(())
 }
@@ -201,7 +191,7 @@ pub(super) fn run(a: &Args) -> Result<ExitCode> {
                 _ => bail!("pair {i}: unexpected {l:?}"),
             }
         }
-        if !w.child.wait()?.success() {
+        if !w.0.child.wait()?.success() {
             bail!("pair {i} failed");
         }
     }

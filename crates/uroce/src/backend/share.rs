@@ -151,12 +151,9 @@ fn path_of(addr: SocketAddr) -> PathBuf {
     crate::published::run_dir().join(format!("share-{netns}-{}-{}", addr.ip(), addr.port()))
 }
 
-/// The round lock beside the table (`with_extension` would cut an IPv4
-/// address at its last dot).
+/// The round lock beside the table.
 fn round_path(path: &std::path::Path) -> PathBuf {
-    let mut p = path.as_os_str().to_owned();
-    p.push(".round");
-    PathBuf::from(p)
+    crate::published::with_suffix(path, ".round")
 }
 
 fn open_rw(path: &PathBuf) -> io::Result<File> {
@@ -758,6 +755,14 @@ mod tests {
         p
     }
 
+    /// A fresh directory of this test's own and the table's path in it.
+    fn table_in_fresh_dir(tag: &str) -> (PathBuf, PathBuf) {
+        let dir = std::env::temp_dir().join(format!("uroce-share-{tag}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        let path = dir.join("share-table");
+        (dir, path)
+    }
+
     fn join(path: &std::path::Path) -> Registry {
         Registry::join_at(path.to_path_buf(), || Ok(()), |(), _| {}).unwrap().unwrap().0
     }
@@ -817,9 +822,7 @@ mod tests {
     /// the slot's next owner is appended and starts a QPN block further.
     #[test]
     fn a_dead_members_slot_is_taken_back() {
-        let dir = std::env::temp_dir().join(format!("uroce-share-test-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let path = dir.join("share-table");
+        let (dir, path) = table_in_fresh_dir("test");
         let a = join(&path);
         let b = join(&path);
         let c = join(&path);
@@ -865,9 +868,7 @@ mod tests {
     /// group as it will be before its socket closes.
     #[test]
     fn joins_and_leaves_steer_under_the_lock() {
-        let dir = std::env::temp_dir().join(format!("uroce-share-steer-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let path = dir.join("share-table");
+        let (dir, path) = table_in_fresh_dir("steer");
         let a = join(&path);
         assert_eq!(read_table(&a.file), vec![(0, 0)], "alone: index 0");
         assert_eq!(a.measured(), a.generation(), "nothing to measure");
@@ -907,9 +908,7 @@ mod tests {
     /// that exited here) is alive while it holds its lock.
     #[test]
     fn a_member_lives_while_its_lock_does() {
-        let dir = std::env::temp_dir().join(format!("uroce-share-lock-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        let path = dir.join("share-table");
+        let (dir, path) = table_in_fresh_dir("lock");
         let a = join(&path);
         let b = join(&path);
         for pid in [1, 0x7fff_fff0] {

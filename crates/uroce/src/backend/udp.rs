@@ -233,14 +233,11 @@ struct Round {
 }
 
 impl Sharing {
-    /// A member that just bound its socket: alone, it steers its slot's
-    /// QPNs to index 0 at once; either way the group is measured at the
-    /// next check of any member.
-    fn new(registry: share::Registry, sock: &UdpSocket) -> Self {
-        let mut s = Self { registry, next_check_ns: 0, last_check_ns: 0, round: None };
-        let live = s.registry.live_slots();
-        s.steer_alone(&live, sock);
-        s
+    /// A member that just joined (and was steered by the join itself, see
+    /// `Registry::join`); the group is measured at the next check of any
+    /// member.
+    fn new(registry: share::Registry) -> Self {
+        Self { registry, next_check_ns: 0, last_check_ns: 0, round: None }
     }
 
     /// Alone in the group: index 0, nothing to probe.
@@ -376,7 +373,7 @@ impl UdpBackend {
         };
         let local = port.sock.local_addr()?;
         let gso = std::env::var_os("UROCE_NO_GSO").is_none();
-        let sharing = registry.map(|r| Sharing::new(r, &port.sock));
+        let sharing = registry.map(Sharing::new);
         Ok(Self { ports: vec![port], local, gso, next_rx: 0, groups: Vec::new(), sharing })
     }
 
