@@ -318,9 +318,13 @@ impl Sharing {
         }
     }
 
-    /// Attaches the program the round's answers call for; the round
-    /// counts as the group's measure if every index answered, no slot
-    /// twice, and nobody joined or left meanwhile.
+    /// Attaches the program the round's answers call for, if every index
+    /// answered, no slot twice, and nobody joined or left meanwhile; the
+    /// round is then the group's measure. An incomplete round changes
+    /// nothing: the table's predictions cover every member, and a table of
+    /// the members that happened to answer would leave the others' packets
+    /// to the kernel's hash (a busy member may not read its socket within
+    /// the round's limit). The next check tries again.
     fn finish_round(&mut self, sock: &UdpSocket) {
         let Some(r) = self.round.take() else { return };
         let answers: Vec<(usize, u32)> = (0..r.members)
@@ -329,15 +333,14 @@ impl Sharing {
         let mut slots: Vec<usize> = answers.iter().map(|a| a.0).collect();
         slots.sort_unstable();
         slots.dedup();
-        let consistent = slots.len() == answers.len();
+        let complete = slots.len() == r.members && answers.len() == r.members && r.members > 0;
         // Answers from before a join or leave would undo its prediction:
         // they are written only if the membership is still the round's.
-        let written = consistent
-            && !answers.is_empty()
+        if complete
             && self.registry.set_table(&answers, Some(r.generation), |p| {
                 let _ = attach_steering(sock, p);
-            });
-        if written && answers.len() == r.members {
+            })
+        {
             self.registry.set_measured(r.generation);
         }
         self.registry.end_round();
