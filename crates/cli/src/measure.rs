@@ -165,9 +165,7 @@ impl Conn {
         loop {
             let n = self.cq.poll(wc)?;
             if n > 0 {
-                if let Some(w) = wc[..n].iter().find(|w| w.status != WcStatus::Success) {
-                    bail!("work request failed: {} (wr_id {})", w.status.as_str(), w.wr_id);
-                }
+                self.check_ok(&wc[..n])?;
                 return Ok(n);
             }
             self.idle_poll();
@@ -175,6 +173,27 @@ impl Conn {
                 bail!("no completion within {STALL:?}: the peer stopped or packets are lost");
             }
         }
+    }
+
+    /// Error statuses are errors, told with the context's non-zero
+    /// counters (drops, retransmissions, timeouts say why).
+    fn check_ok(&self, wcs: &[Completion]) -> Result<()> {
+        if let Some(w) = wcs.iter().find(|w| w.status != WcStatus::Success) {
+            let s = self.ctx.snapshot();
+            let counters: Vec<String> = s
+                .device_stats
+                .iter()
+                .filter(|(_, v)| *v != 0)
+                .map(|(n, v)| format!("{n}={v}"))
+                .collect();
+            bail!(
+                "work request failed: {} (wr_id {}); counters: {}",
+                w.status.as_str(),
+                w.wr_id,
+                counters.join(" ")
+            );
+        }
+        Ok(())
     }
 
     /// After a poll that found nothing.
@@ -365,7 +384,7 @@ impl Conn {
         loop {
             // Polling the CQ drives progress (and reaps sends).
             let n = self.cq.poll(&mut wc)?;
-            check_ok(&wc[..n])?;
+            self.check_ok(&wc[..n])?;
             sent |= wc[..n].iter().any(|w| !w.is_recv && w.wr_id == u64::from(i));
             match op {
                 Op::Write => {
@@ -389,13 +408,6 @@ impl Conn {
             }
         }
     }
-}
-
-fn check_ok(wcs: &[Completion]) -> Result<()> {
-    if let Some(w) = wcs.iter().find(|w| w.status != WcStatus::Success) {
-        bail!("work request failed: {} (wr_id {})", w.status.as_str(), w.wr_id);
-    }
-    Ok(())
 }
 
 /// The best message rate over any stretch of the run covering at least a
