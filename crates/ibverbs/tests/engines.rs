@@ -232,7 +232,9 @@ fn two_ucx_pairs_share_each_hosts_device() {
 }
 
 /// What a program under `uroce run` sees, as root and as an unprivileged
-/// user (a user namespace then), and that the host sees none of it.
+/// user (a user namespace then), and that the host sees none of it: the
+/// device files, and the RDMA netlink family that iproute2's `rdma` asks
+/// (served by `uroce run`, the kernel has none without `ib_core`).
 #[test]
 fn uroce_run_shows_device_files_to_root_and_to_users() {
     use std::os::unix::fs::PermissionsExt;
@@ -246,11 +248,20 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
                  /sys/class/infiniband/uroce0/ports/1/gid_attrs/types/0 \
                  /sys/class/infiniband/uroce0/ports/1/state \
                  /sys/class/infiniband/uroce0/ports/1/hw_counters/sent_pkts \
-                 && ls /sys/class/infiniband/uroce0/device/net && ibv_devices";
+                 && ls /sys/class/infiniband/uroce0/device/net && ibv_devices \
+                 && rdma link && rdma -d dev && rdma stat && rdma sys \
+                 && ! rdma link add rxe0 type rxe netdev lo";
     let expect = [
         "uroce0\n0000:0000:0000:0000:0000:ffff:7f00:0001\nRoCE v2\n4: ACTIVE\n",
         "\nlo\n",
         "0275ffff7f000001",
+        "link uroce0/1 state ACTIVE physical_state LINK_UP netdev lo \n",
+        "0: uroce0: node_type ca fw uroce ",
+        "node_guid 0275:ffff:7f00:0001 sys_image_guid 0275:ffff:7f00:0001 \n    caps: <",
+        "link uroce0/1 sent_pkts 0 rcvd_pkts 0 duplicate_request 0 ",
+        "netns shared copy-on-fork on\n",
+        "Error: uroce devices are configured with UROCE_DEVICES or devices.conf, not by \
+         netlink.\nerror: Operation not supported",
     ];
     // A copy anyone may read and run: the build tree may sit where an
     // unprivileged user cannot reach.

@@ -20,6 +20,9 @@
 
 #[allow(unsafe_code)]
 mod mount;
+mod nldev;
+#[allow(unsafe_code)]
+mod notify;
 mod tree;
 
 use std::path::{Path, PathBuf};
@@ -141,7 +144,20 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
     let mut cmd = Command::new(&a.command[0]);
     cmd.args(&a.command[1..]).env("LD_LIBRARY_PATH", path);
     mount::unblock_in_child(&mut cmd);
+    // The RDMA netlink family (`rdma link`) comes with the device files.
+    let channel = if view { notify::channel() } else { None };
+    if let Some(ch) = &channel {
+        notify::install_in_child(&mut cmd, ch);
+    }
     let mut child = cmd.spawn().with_context(|| format!("starting {}", a.command[0]))?;
+    // Started after the signals were blocked: the thread must not take
+    // the ones the loop below waits for.
+    if let Some(listener) = channel.and_then(notify::listener) {
+        let devs = devices.clone();
+        notify::serve(listener, move || {
+            devs.iter().enumerate().map(|(i, d)| tree::netlink_info(i, d)).collect()
+        });
+    }
     loop {
         if let Some(signal) = mount::wait_signal(REFRESH) {
             mount::kill(child.id(), signal);

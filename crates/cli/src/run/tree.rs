@@ -9,6 +9,8 @@ use uroce::Device;
 use uroce::published::{RXE_COUNTERS, read_all, rxe_value};
 use uroce::transport::Stats;
 
+use super::nldev::DevInfo;
+
 /// One node of the tree, its path relative to `/sys/class`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Node {
@@ -30,18 +32,35 @@ pub(crate) fn gid_text(gid: [u8; 16]) -> String {
     groups.join(":")
 }
 
-/// The parts of the tree that change while programs run: the port's state
-/// and its counters (rxe's `hw_counters`, summed over every process using
-/// the device, as the kernel's are).
-pub(crate) fn live_nodes(dev: &Device) -> Vec<Node> {
-    let port = PathBuf::from("infiniband").join(dev.name()).join("ports/1");
-    let active = dev.port_attr().active;
-    let (state, phys) =
-        if active { ("4: ACTIVE", "5: LinkUp") } else { ("1: DOWN", "3: Disabled") };
+/// The port's state and physical state as `ibv_port_state` numbers and
+/// sysfs text.
+fn port_states(dev: &Device) -> ((u8, &'static str), (u8, &'static str)) {
+    if dev.port_attr().active {
+        ((4, "4: ACTIVE"), (5, "5: LinkUp"))
+    } else {
+        ((1, "1: DOWN"), (3, "3: Disabled"))
+    }
+}
+
+/// The device's counters summed over every process using it (as the
+/// kernel's are), with the number of contexts and live QPs.
+fn totals(dev: &Device) -> (Stats, u64, u64) {
     let mut total = Stats::default();
+    let (mut contexts, mut qps) = (0, 0);
     for s in read_all(Some(dev.name())) {
         total.accumulate(&s.device_stats);
+        contexts += 1;
+        qps += s.qps.len() as u64;
     }
+    (total, contexts, qps)
+}
+
+/// The parts of the tree that change while programs run: the port's state
+/// and its counters (rxe's `hw_counters`).
+pub(crate) fn live_nodes(dev: &Device) -> Vec<Node> {
+    let port = PathBuf::from("infiniband").join(dev.name()).join("ports/1");
+    let ((_, state), (_, phys)) = port_states(dev);
+    let (total, _, _) = totals(dev);
     let mut v = vec![
         Node::File(port.join("state"), format!("{state}\n")),
         Node::File(port.join("phys_state"), format!("{phys}\n")),
@@ -53,6 +72,35 @@ pub(crate) fn live_nodes(dev: &Device) -> Vec<Node> {
         ));
     }
     v
+}
+
+/// Device `index` as the RDMA netlink family describes it (`rdma dev`,
+/// `rdma link`, `rdma statistic`), with the values the tree shows.
+pub(crate) fn netlink_info(index: usize, dev: &Device) -> DevInfo {
+    let attr = dev.attr();
+    let ((state, _), (phys, _)) = port_states(dev);
+    let (total, contexts, qps) = totals(dev);
+    let netdev = dev.interface().map(|name| {
+        let ifindex = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
+            .ok()
+            .and_then(|s| s.trim().parse().ok())
+            .unwrap_or(0);
+        (name, ifindex)
+    });
+    DevInfo {
+        index: index as u32,
+        name: dev.name().to_string(),
+        fw_ver: attr.fw_ver.to_string(),
+        node_guid: attr.node_guid,
+        sys_image_guid: attr.sys_image_guid,
+        cap_flags: u64::from(uroce::limits::DEVICE_CAP_FLAGS),
+        port_state: state,
+        phys_state: phys,
+        netdev,
+        counters: RXE_COUNTERS.iter().map(|n| (*n, rxe_value(&total, n))).collect(),
+        contexts,
+        qps,
+    }
 }
 
 /// The whole tree of device `index` (its `uverbs` number): the

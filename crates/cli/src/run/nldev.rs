@@ -1,0 +1,525 @@
+//! The RDMA netlink family (`NETLINK_RDMA`, the kernel's "nldev") as
+//! `rdma` (iproute2) and other tools speak it, answered from uroce's
+//! devices. The kernel offers that family only with `ib_core` loaded, so
+//! `uroce run` serves it itself (`notify` hands the requests over); this
+//! module is the protocol: a request's bytes in, the reply datagrams out.
+//!
+//! Answered: the device dump and query (`rdma dev`), ports (`rdma link`),
+//! the port's counters (`rdma statistic`), the system attributes
+//! (`rdma sys`) and a resource summary (`rdma res`: contexts and QPs, the
+//! objects uroce publishes across processes). Everything else, links
+//! added or deleted by netlink included, fails with `EOPNOTSUPP` and a
+//! message saying why, as the kernel refuses what a device cannot do.
+//!
+//! Replies are framed as the kernel frames them for a socket with
+//! `NETLINK_CAP_ACK`: a query is answered by its message and an ACK, a
+//! dump by its messages and `NLMSG_DONE`, every datagram at most 4096
+//! bytes (what libmnl reads at once).
+
+/// `RDMA_NL_NLDEV`: the client number in the message type's top bits.
+const NLDEV: u16 = 5;
+
+/// Commands (`RDMA_NLDEV_CMD_*`).
+mod cmd {
+    pub(super) const GET: u16 = 1;
+    pub(super) const NEWLINK: u16 = 3;
+    pub(super) const DELLINK: u16 = 4;
+    pub(super) const PORT_GET: u16 = 5;
+    pub(super) const SYS_GET: u16 = 6;
+    pub(super) const RES_GET: u16 = 9;
+    pub(super) const STAT_GET: u16 = 17;
+    pub(super) const STAT_GET_STATUS: u16 = 24;
+}
+
+/// Attributes (`RDMA_NLDEV_ATTR_*`).
+mod attr {
+    pub(super) const DEV_INDEX: u16 = 1;
+    pub(super) const DEV_NAME: u16 = 2;
+    pub(super) const PORT_INDEX: u16 = 3;
+    pub(super) const CAP_FLAGS: u16 = 4;
+    pub(super) const FW_VERSION: u16 = 5;
+    pub(super) const NODE_GUID: u16 = 6;
+    pub(super) const SYS_IMAGE_GUID: u16 = 7;
+    pub(super) const PORT_STATE: u16 = 12;
+    pub(super) const PORT_PHYS_STATE: u16 = 13;
+    pub(super) const DEV_NODE_TYPE: u16 = 14;
+    pub(super) const RES_SUMMARY: u16 = 15;
+    pub(super) const RES_SUMMARY_ENTRY: u16 = 16;
+    pub(super) const RES_SUMMARY_ENTRY_NAME: u16 = 17;
+    pub(super) const RES_SUMMARY_ENTRY_CURR: u16 = 18;
+    pub(super) const STAT_RES: u16 = 19;
+    pub(super) const NDEV_INDEX: u16 = 50;
+    pub(super) const NDEV_NAME: u16 = 51;
+    pub(super) const NETNS_MODE: u16 = 66;
+    pub(super) const DEV_PROTOCOL: u16 = 67;
+    pub(super) const STAT_HWCOUNTERS: u16 = 80;
+    pub(super) const STAT_HWCOUNTER_ENTRY: u16 = 81;
+    pub(super) const STAT_HWCOUNTER_ENTRY_NAME: u16 = 82;
+    pub(super) const STAT_HWCOUNTER_ENTRY_VALUE: u16 = 83;
+    pub(super) const COPY_ON_FORK: u16 = 93;
+    pub(super) const STAT_HWCOUNTER_DYNAMIC: u16 = 95;
+}
+
+const NLMSG_ERROR: u16 = 2;
+const NLMSG_DONE: u16 = 3;
+const NLM_F_REQUEST: u16 = 0x1;
+const NLM_F_MULTI: u16 = 0x2;
+const NLM_F_DUMP: u16 = 0x300;
+/// The error message carries only the request's header (`NETLINK_CAP_ACK`).
+const NLM_F_CAPPED: u16 = 0x100;
+/// Extended-ACK attributes follow the error (a message for the user).
+const NLM_F_ACK_TLVS: u16 = 0x200;
+const NLMSGERR_ATTR_MSG: u16 = 1;
+/// The largest datagram libmnl's readers take in one `recvmsg`.
+const MAX_DATAGRAM: usize = 4096;
+
+const EINVAL: i32 = 22;
+const ENODEV: i32 = 19;
+const EOPNOTSUPP: i32 = 95;
+
+/// One device as the family describes it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct DevInfo {
+    /// The device's index (its `uverbs` number).
+    pub(crate) index: u32,
+    pub(crate) name: String,
+    pub(crate) fw_ver: String,
+    /// As `ibv_devinfo` prints it: the first group is the top 16 bits.
+    pub(crate) node_guid: u64,
+    pub(crate) sys_image_guid: u64,
+    pub(crate) cap_flags: u64,
+    /// `ibv_port_state` and the physical state (5 = LinkUp, 3 = Disabled).
+    pub(crate) port_state: u8,
+    pub(crate) phys_state: u8,
+    /// The interface holding the device's address, and its index.
+    pub(crate) netdev: Option<(String, u32)>,
+    /// The port's counters, rxe's names.
+    pub(crate) counters: Vec<(&'static str, u64)>,
+    /// Live contexts and QPs over every process using the device.
+    pub(crate) contexts: u64,
+    pub(crate) qps: u64,
+}
+
+/// A request's header and attributes.
+struct Request<'a> {
+    header: &'a [u8],
+    kind: u16,
+    flags: u16,
+    seq: u32,
+    attrs: &'a [u8],
+}
+
+impl<'a> Request<'a> {
+    fn parse(b: &'a [u8]) -> Option<Self> {
+        let len = u32::from_ne_bytes(b.get(0..4)?.try_into().ok()?) as usize;
+        if len < 16 || len > b.len() {
+            return None;
+        }
+        let u16_at = |o: usize| u16::from_ne_bytes([b[o], b[o + 1]]);
+        Some(Self {
+            header: &b[..16],
+            kind: u16_at(4),
+            flags: u16_at(6),
+            seq: u32::from_ne_bytes(b[8..12].try_into().ok()?),
+            attrs: &b[16..len],
+        })
+    }
+
+    /// The first attribute of type `t`.
+    fn attr(&self, t: u16) -> Option<&'a [u8]> {
+        let mut rest = self.attrs;
+        while rest.len() >= 4 {
+            let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
+            let kind = u16::from_ne_bytes([rest[2], rest[3]]) & 0x3fff;
+            if len < 4 || len > rest.len() {
+                return None;
+            }
+            if kind == t {
+                return Some(&rest[4..len]);
+            }
+            rest = &rest[align(len).min(rest.len())..];
+        }
+        None
+    }
+
+    fn u32_attr(&self, t: u16) -> Option<u32> {
+        self.attr(t).and_then(|v| Some(u32::from_ne_bytes(v.get(..4)?.try_into().ok()?)))
+    }
+
+    fn is_dump(&self) -> bool {
+        self.flags & NLM_F_DUMP == NLM_F_DUMP
+    }
+}
+
+const fn align(n: usize) -> usize {
+    (n + 3) & !3
+}
+
+/// One netlink message being built.
+struct Msg {
+    b: Vec<u8>,
+    nests: Vec<usize>,
+}
+
+impl Msg {
+    fn new(kind: u16, flags: u16, seq: u32, portid: u32) -> Self {
+        let mut b = Vec::with_capacity(256);
+        b.extend_from_slice(&0u32.to_ne_bytes());
+        b.extend_from_slice(&kind.to_ne_bytes());
+        b.extend_from_slice(&flags.to_ne_bytes());
+        b.extend_from_slice(&seq.to_ne_bytes());
+        b.extend_from_slice(&portid.to_ne_bytes());
+        Self { b, nests: Vec::new() }
+    }
+
+    /// An attribute: its length counts the payload, not the padding.
+    fn put(&mut self, t: u16, payload: &[u8]) -> &mut Self {
+        self.b.extend_from_slice(&((4 + payload.len()) as u16).to_ne_bytes());
+        self.b.extend_from_slice(&t.to_ne_bytes());
+        self.b.extend_from_slice(payload);
+        self.b.resize(align(self.b.len()), 0);
+        self
+    }
+
+    fn u8(&mut self, t: u16, v: u8) -> &mut Self {
+        self.put(t, &[v])
+    }
+
+    fn u32(&mut self, t: u16, v: u32) -> &mut Self {
+        self.put(t, &v.to_ne_bytes())
+    }
+
+    fn u64(&mut self, t: u16, v: u64) -> &mut Self {
+        self.put(t, &v.to_ne_bytes())
+    }
+
+    fn str(&mut self, t: u16, s: &str) -> &mut Self {
+        let mut v = s.as_bytes().to_vec();
+        v.push(0);
+        self.put(t, &v)
+    }
+
+    fn begin(&mut self, t: u16) -> &mut Self {
+        self.nests.push(self.b.len());
+        self.put(t, &[])
+    }
+
+    fn end(&mut self) -> &mut Self {
+        if let Some(at) = self.nests.pop() {
+            let len = (self.b.len() - at) as u16;
+            self.b[at..at + 2].copy_from_slice(&len.to_ne_bytes());
+        }
+        self
+    }
+
+    fn finish(mut self) -> Vec<u8> {
+        let len = self.b.len() as u32;
+        self.b[0..4].copy_from_slice(&len.to_ne_bytes());
+        self.b
+    }
+}
+
+/// The replies to one request from the socket bound to `portid`, as
+/// datagrams in order. Malformed requests get `EINVAL`; anything not
+/// served gets `EOPNOTSUPP` with a reason.
+pub(crate) fn answer(request: &[u8], portid: u32, devices: &[DevInfo]) -> Vec<Vec<u8>> {
+    let Some(r) = Request::parse(request) else { return Vec::new() };
+    let reply = Replier { r: &r, portid };
+    if r.flags & NLM_F_REQUEST == 0 || r.kind >> 10 != NLDEV {
+        return reply.error(EOPNOTSUPP, "uroce answers only the RDMA device (nldev) requests");
+    }
+    let op = r.kind & 0x3ff;
+    let device = || {
+        let i = r.u32_attr(attr::DEV_INDEX)?;
+        devices.iter().find(|d| d.index == i)
+    };
+    // Every uroce device has one port.
+    let port_ok = || r.u32_attr(attr::PORT_INDEX) == Some(1);
+    match op {
+        cmd::GET if r.is_dump() => reply.dump(devices.iter().map(|d| reply.device(op, d))),
+        cmd::PORT_GET if r.is_dump() => reply.dump(
+            devices
+                .iter()
+                .filter(|d| r.u32_attr(attr::DEV_INDEX).is_none_or(|i| i == d.index))
+                .map(|d| reply.port(op, d)),
+        ),
+        cmd::RES_GET if r.is_dump() => reply.dump(devices.iter().map(|d| reply.summary(op, d))),
+        // Counters bound to QPs (`rdma statistic qp`): uroce has none.
+        cmd::STAT_GET | cmd::STAT_GET_STATUS if r.is_dump() => reply.dump(std::iter::empty()),
+        cmd::GET | cmd::PORT_GET | cmd::RES_GET | cmd::STAT_GET | cmd::STAT_GET_STATUS => {
+            let Some(d) = device() else { return reply.error(ENODEV, "no such uroce device") };
+            if op != cmd::GET && op != cmd::RES_GET && !port_ok() {
+                return reply.error(EINVAL, "uroce devices have one port, port 1");
+            }
+            if op == cmd::STAT_GET && r.attr(attr::STAT_RES).is_some() {
+                return reply.error(EOPNOTSUPP, "uroce has no per-QP counter objects");
+            }
+            let m = match op {
+                cmd::GET => reply.device(op, d),
+                cmd::PORT_GET => reply.port(op, d),
+                cmd::RES_GET => reply.summary(op, d),
+                _ => reply.counters(op, d),
+            };
+            reply.one(m)
+        }
+        cmd::SYS_GET => {
+            let mut m = reply.msg(op, 0);
+            // Every network namespace sees the devices; registered memory
+            // stays the parent's across fork (the child's copy is its own).
+            m.u8(attr::NETNS_MODE, 1).u8(attr::COPY_ON_FORK, 1);
+            reply.one(m.finish())
+        }
+        cmd::NEWLINK | cmd::DELLINK => reply.error(
+            EOPNOTSUPP,
+            "uroce devices are configured with UROCE_DEVICES or devices.conf, not by netlink",
+        ),
+        op if (cmd::RES_GET..cmd::STAT_GET).contains(&op) => reply.error(
+            EOPNOTSUPP,
+            "uroce lists no resources by object; `uroce stat` shows each QP's counters",
+        ),
+        _ => reply.error(EOPNOTSUPP, "not served by uroce run"),
+    }
+}
+
+/// Builds the replies to one request.
+struct Replier<'a> {
+    r: &'a Request<'a>,
+    portid: u32,
+}
+
+impl Replier<'_> {
+    fn msg(&self, op: u16, flags: u16) -> Msg {
+        Msg::new((NLDEV << 10) | op, flags, self.r.seq, self.portid)
+    }
+
+    fn flags(&self) -> u16 {
+        if self.r.is_dump() { NLM_F_MULTI } else { 0 }
+    }
+
+    fn identity(&self, m: &mut Msg, d: &DevInfo) {
+        m.u32(attr::DEV_INDEX, d.index).str(attr::DEV_NAME, &d.name);
+    }
+
+    /// `RDMA_NLDEV_CMD_GET`: the device (its port count in `PORT_INDEX`).
+    fn device(&self, op: u16, d: &DevInfo) -> Vec<u8> {
+        let mut m = self.msg(op, self.flags());
+        self.identity(&mut m, d);
+        m.u32(attr::PORT_INDEX, 1)
+            .u64(attr::CAP_FLAGS, d.cap_flags)
+            .str(attr::FW_VERSION, &d.fw_ver)
+            .u64(attr::NODE_GUID, d.node_guid)
+            .u64(attr::SYS_IMAGE_GUID, d.sys_image_guid)
+            .u8(attr::DEV_NODE_TYPE, 1)
+            .str(attr::DEV_PROTOCOL, "roce");
+        m.finish()
+    }
+
+    /// `RDMA_NLDEV_CMD_PORT_GET`: what the kernel sends for a RoCE port.
+    fn port(&self, op: u16, d: &DevInfo) -> Vec<u8> {
+        let mut m = self.msg(op, self.flags());
+        self.identity(&mut m, d);
+        m.u32(attr::PORT_INDEX, 1)
+            .u8(attr::PORT_STATE, d.port_state)
+            .u8(attr::PORT_PHYS_STATE, d.phys_state);
+        if let Some((name, index)) = &d.netdev {
+            m.u32(attr::NDEV_INDEX, *index).str(attr::NDEV_NAME, name);
+        }
+        m.finish()
+    }
+
+    /// `RDMA_NLDEV_CMD_RES_GET`: counts of the objects uroce publishes.
+    fn summary(&self, op: u16, d: &DevInfo) -> Vec<u8> {
+        let mut m = self.msg(op, self.flags());
+        self.identity(&mut m, d);
+        m.begin(attr::RES_SUMMARY);
+        for (name, n) in [("qp", d.qps), ("ctx", d.contexts)] {
+            m.begin(attr::RES_SUMMARY_ENTRY)
+                .str(attr::RES_SUMMARY_ENTRY_NAME, name)
+                .u64(attr::RES_SUMMARY_ENTRY_CURR, n)
+                .end();
+        }
+        m.end();
+        m.finish()
+    }
+
+    /// `RDMA_NLDEV_CMD_STAT_GET` (values) and `_STAT_GET_STATUS` (names,
+    /// none of them optional).
+    fn counters(&self, op: u16, d: &DevInfo) -> Vec<u8> {
+        let mut m = self.msg(op, 0);
+        self.identity(&mut m, d);
+        m.u32(attr::PORT_INDEX, 1).begin(attr::STAT_HWCOUNTERS);
+        for (name, v) in &d.counters {
+            m.begin(attr::STAT_HWCOUNTER_ENTRY).str(attr::STAT_HWCOUNTER_ENTRY_NAME, name);
+            if op == cmd::STAT_GET {
+                m.u64(attr::STAT_HWCOUNTER_ENTRY_VALUE, *v);
+            } else {
+                m.u8(attr::STAT_HWCOUNTER_DYNAMIC, 0);
+            }
+            m.end();
+        }
+        m.end();
+        m.finish()
+    }
+
+    /// A query's answer: the message, then the ACK.
+    fn one(&self, m: Vec<u8>) -> Vec<Vec<u8>> {
+        vec![m, self.error_msg(0, "")]
+    }
+
+    /// A dump's answer: the messages packed into datagrams, then DONE.
+    fn dump(&self, msgs: impl Iterator<Item = Vec<u8>>) -> Vec<Vec<u8>> {
+        let mut out: Vec<Vec<u8>> = Vec::new();
+        let mut done = Msg::new(NLMSG_DONE, NLM_F_MULTI, self.r.seq, self.portid);
+        // The error code (0): read whether or not the tool checks the length.
+        done.b.extend_from_slice(&0i32.to_ne_bytes());
+        for m in msgs.chain(std::iter::once(done.finish())) {
+            match out.last_mut() {
+                Some(last) if last.len() + m.len() <= MAX_DATAGRAM => last.extend_from_slice(&m),
+                _ => out.push(m),
+            }
+        }
+        out
+    }
+
+    fn error(&self, errno: i32, why: &str) -> Vec<Vec<u8>> {
+        vec![self.error_msg(errno, why)]
+    }
+
+    /// `NLMSG_ERROR` carrying `-errno` (0: an ACK), the request's header
+    /// and, if `why` is not empty, a message for the user.
+    fn error_msg(&self, errno: i32, why: &str) -> Vec<u8> {
+        let flags = if why.is_empty() { NLM_F_CAPPED } else { NLM_F_CAPPED | NLM_F_ACK_TLVS };
+        let mut m = Msg::new(NLMSG_ERROR, flags, self.r.seq, self.portid);
+        m.b.extend_from_slice(&(-errno).to_ne_bytes());
+        m.b.extend_from_slice(self.r.header);
+        if !why.is_empty() {
+            m.str(NLMSGERR_ATTR_MSG, why);
+        }
+        m.finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dev(index: u32) -> DevInfo {
+        DevInfo {
+            index,
+            name: format!("uroce{index}"),
+            fw_ver: "1.0".into(),
+            node_guid: 0x0250_56ff_fea7_7d03,
+            sys_image_guid: 0x0250_56ff_fea7_7d03,
+            cap_flags: 0x21,
+            port_state: 4,
+            phys_state: 5,
+            netdev: Some(("lo".into(), 1)),
+            counters: vec![("sent_pkts", 7), ("rcvd_pkts", 9)],
+            contexts: 2,
+            qps: 3,
+        }
+    }
+
+    fn request(op: u16, flags: u16, attrs: &[(u16, u32)]) -> Vec<u8> {
+        let mut m = Msg::new((NLDEV << 10) | op, flags, 42, 0);
+        for (t, v) in attrs {
+            m.u32(*t, *v);
+        }
+        m.finish()
+    }
+
+    /// The messages of a reply, as (type, flags, seq, pid, body).
+    fn messages(datagrams: &[Vec<u8>]) -> Vec<(u16, u16, u32, u32, Vec<u8>)> {
+        let mut out = Vec::new();
+        for d in datagrams {
+            assert!(d.len() <= MAX_DATAGRAM);
+            let mut rest = &d[..];
+            while !rest.is_empty() {
+                let r = Request::parse(rest).expect("a whole message");
+                let len = 16 + r.attrs.len();
+                let pid = u32::from_ne_bytes(rest[12..16].try_into().unwrap());
+                out.push((r.kind, r.flags, r.seq, pid, r.attrs.to_vec()));
+                rest = &rest[align(len)..];
+            }
+        }
+        out
+    }
+
+    fn attrs_of(body: &[u8]) -> Request<'_> {
+        Request { header: &[], kind: 0, flags: 0, seq: 0, attrs: body }
+    }
+
+    #[test]
+    fn the_device_dump_lists_every_device_then_done() {
+        let devs = [dev(0), dev(1)];
+        let m = messages(&answer(&request(cmd::GET, 0x305, &[]), 77, &devs));
+        assert_eq!(m.len(), 3);
+        for (i, (kind, flags, seq, pid, body)) in m[..2].iter().enumerate() {
+            assert_eq!((*kind, *flags, *seq, *pid), (0x1401, NLM_F_MULTI, 42, 77));
+            let a = attrs_of(body);
+            assert_eq!(a.u32_attr(attr::DEV_INDEX), Some(i as u32));
+            assert_eq!(a.attr(attr::DEV_NAME), Some(format!("uroce{i}\0").as_bytes()));
+            assert_eq!(a.u32_attr(attr::PORT_INDEX), Some(1));
+            // Exact lengths: a u8 is 5 bytes, a u64 12.
+            assert_eq!(a.attr(attr::DEV_NODE_TYPE), Some(&[1u8][..]));
+            assert_eq!(a.attr(attr::NODE_GUID).map(<[u8]>::len), Some(8));
+        }
+        assert_eq!((m[2].0, m[2].4.len()), (NLMSG_DONE, 4));
+    }
+
+    #[test]
+    fn a_port_query_gets_state_netdev_and_an_ack() {
+        let q = request(cmd::PORT_GET, 0x5, &[(attr::DEV_INDEX, 1), (attr::PORT_INDEX, 1)]);
+        let m = messages(&answer(&q, 5, &[dev(0), dev(1)]));
+        assert_eq!(m.len(), 2);
+        let a = attrs_of(&m[0].4);
+        assert_eq!(a.attr(attr::PORT_STATE), Some(&[4u8][..]));
+        assert_eq!(a.attr(attr::PORT_PHYS_STATE), Some(&[5u8][..]));
+        assert_eq!(a.attr(attr::NDEV_NAME), Some(&b"lo\0"[..]));
+        assert_eq!(a.u32_attr(attr::NDEV_INDEX), Some(1));
+        // The ACK: error 0 and the request's header.
+        assert_eq!(m[1].0, NLMSG_ERROR);
+        assert_eq!(&m[1].4[..4], &0i32.to_ne_bytes());
+        assert_eq!(&m[1].4[4..20], &q[..16]);
+        // Port 2 and device 9 do not exist.
+        let q = request(cmd::PORT_GET, 0x5, &[(attr::DEV_INDEX, 1), (attr::PORT_INDEX, 2)]);
+        let m = messages(&answer(&q, 5, &[dev(1)]));
+        assert_eq!(&m[0].4[..4], &(-EINVAL).to_ne_bytes());
+        let q = request(cmd::GET, 0x5, &[(attr::DEV_INDEX, 9)]);
+        let m = messages(&answer(&q, 5, &[dev(1)]));
+        assert_eq!(&m[0].4[..4], &(-ENODEV).to_ne_bytes());
+    }
+
+    #[test]
+    fn counters_come_as_named_entries() {
+        let q = request(cmd::STAT_GET, 0x5, &[(attr::DEV_INDEX, 0), (attr::PORT_INDEX, 1)]);
+        let m = messages(&answer(&q, 5, &[dev(0)]));
+        let a = attrs_of(&m[0].4);
+        let nest = attrs_of(a.attr(attr::STAT_HWCOUNTERS).unwrap());
+        let first = attrs_of(nest.attr(attr::STAT_HWCOUNTER_ENTRY).unwrap());
+        assert_eq!(first.attr(attr::STAT_HWCOUNTER_ENTRY_NAME), Some(&b"sent_pkts\0"[..]));
+        assert_eq!(first.attr(attr::STAT_HWCOUNTER_ENTRY_VALUE), Some(&7u64.to_ne_bytes()[..]));
+    }
+
+    #[test]
+    fn adding_a_link_is_refused_with_a_reason() {
+        let q = request(cmd::NEWLINK, 0x5, &[]);
+        let m = messages(&answer(&q, 5, &[dev(0)]));
+        assert_eq!(m.len(), 1);
+        assert_eq!(m[0].1, NLM_F_CAPPED | NLM_F_ACK_TLVS);
+        assert_eq!(&m[0].4[..4], &(-EOPNOTSUPP).to_ne_bytes());
+        let tlvs = attrs_of(&m[0].4[20..]);
+        assert!(tlvs.attr(NLMSGERR_ATTR_MSG).unwrap().ends_with(b"netlink\0"));
+        // Garbage gets nothing rather than a panic.
+        assert!(answer(&[1, 2, 3], 5, &[]).is_empty());
+        assert!(answer(&[200, 0, 0, 0, 1, 20, 5, 0], 5, &[]).is_empty());
+    }
+
+    #[test]
+    fn a_large_dump_is_split_into_datagrams_libmnl_can_read() {
+        let devs: Vec<DevInfo> = (0..100).map(dev).collect();
+        let d = answer(&request(cmd::GET, 0x305, &[]), 1, &devs);
+        assert!(d.len() > 1);
+        assert_eq!(messages(&d).len(), 101);
+    }
+}
