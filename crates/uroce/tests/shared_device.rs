@@ -241,3 +241,81 @@ fn a_flood_of_probe_lookalikes_is_harmless() {
     exchange(&f1, &e1, 41);
     drop(a2);
 }
+
+/// Multicast on a shared address: every context with a QP attached to the
+/// group gets its own copy of each datagram (the group's sockets are per
+/// context, not steered), and a context that detaches stops getting them.
+#[test]
+fn each_sharing_context_gets_the_groups_datagrams() {
+    let port = uroce::testing::free_port();
+    let group: IpAddr = format!("239.78.{}.{}", port >> 8, port & 0xff).parse().unwrap();
+    let ud = |ctx: &Context| {
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let mr = pd.alloc_mr(8192, ALL).unwrap();
+        let cap = QpCaps {
+            max_send_wr: 8,
+            max_recv_wr: 8,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 64,
+        };
+        let qp = pd
+            .create_qp(&uroce::QpInitAttr {
+                send_cq: &cq,
+                recv_cq: &cq,
+                cap,
+                qp_type: uroce::QpType::Ud,
+                sq_sig_all: true,
+                srq: None,
+            })
+            .unwrap();
+        uroce::activate_ud(&qp, 0x5555, 1).unwrap();
+        (pd, cq, mr, qp)
+    };
+    let (r1, r2) =
+        (uroce::testing::open("127.0.0.2", port), uroce::testing::open("127.0.0.2", port));
+    let s = uroce::testing::open("127.0.0.1", port);
+    settle();
+    let (q1, q2, qs) = (ud(&r1), ud(&r2), ud(&s));
+    let mut attr = uroce::AhAttr::new(group);
+    attr.port = port;
+    let ah = qs.0.create_ah(&attr).unwrap();
+    qs.2.write(0, b"to both contexts").unwrap();
+    let send = || {
+        qs.3.post_send(&[SendWr {
+            wr_id: 1,
+            sgl: &[qs.2.sge(0, 16).unwrap()],
+            ud: Some(ah.dest(0xff_ffff, 0x5555)),
+            ..SendWr::default()
+        }])
+        .unwrap();
+        assert_eq!(wait(&qs.1).status, WcStatus::Success);
+    };
+    for q in [&q1, &q2] {
+        q.3.attach_mcast(group).unwrap();
+        for i in 0..2 {
+            q.3.post_recv(&[RecvWr {
+                wr_id: i,
+                sgl: &[q.2.sge(i as usize * 4096, 4096).unwrap()],
+            }])
+            .unwrap();
+        }
+    }
+    send();
+    for q in [&q1, &q2] {
+        let c = wait(&q.1);
+        assert_eq!((c.status, c.byte_len, c.src_qp), (WcStatus::Success, 56, qs.3.qpn()));
+        let mut got = [0u8; 16];
+        q.2.read(40, &mut got).unwrap();
+        assert_eq!(&got, b"to both contexts");
+    }
+    // The second context leaves the group: the next datagram reaches only
+    // the first (the second's receive stays posted and empty).
+    q2.3.detach_mcast(group).unwrap();
+    send();
+    assert_eq!(wait(&q1.1).status, WcStatus::Success);
+    std::thread::sleep(Duration::from_millis(200));
+    let mut wc = [uroce::Completion::new(0, WcStatus::Success, uroce::WcOpcode::Send, 0, false)];
+    assert_eq!(q2.1.poll(&mut wc).unwrap(), 0, "a detached context still gets the group");
+}
