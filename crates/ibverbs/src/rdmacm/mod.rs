@@ -352,6 +352,12 @@ fn device_for(src: Option<IpAddr>, dst: IpAddr) -> Option<usize> {
     (0..devs.len()).find(|&i| ip_of(i).is_ipv4() == dst.is_ipv4())
 }
 
+/// Whether `ip` is an address of one of this host's interfaces (it can
+/// be bound).
+fn is_local_address(ip: IpAddr) -> bool {
+    std::net::UdpSocket::bind((ip, 0)).is_ok()
+}
+
 /// The source address the kernel picks for `dst` (a connected UDP
 /// socket's local address; nothing is sent).
 fn kernel_source_for(dst: IpAddr) -> Option<IpAddr> {
@@ -634,6 +640,11 @@ pub(crate) unsafe extern "C" fn rdma_bind_addr(
         } else {
             match device_for(Some(a.ip()), a.ip()) {
                 Some(i) => Some(i),
+                // As the kernel's CM: an address of this host that no
+                // device has is ENODEV (no RDMA device on that interface:
+                // 127.0.0.1 when uroce0 is elsewhere), any other
+                // EADDRNOTAVAIL.
+                None if is_local_address(a.ip()) => return minus_one(libc::ENODEV),
                 None => return minus_one(libc::EADDRNOTAVAIL),
             }
         };

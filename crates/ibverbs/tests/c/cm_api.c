@@ -65,6 +65,15 @@ static void options(struct rdma_event_channel *ch)
 					 sizeof one), EINVAL), "AFONLY after bind");
 	CHECK(fails_with(rdma_bind_addr(id, SA(a)), EINVAL), "binding a bound id");
 	rdma_destroy_id(id);
+	/* As the kernel's CM: an address of this host that no RDMA device
+	 * has is ENODEV (127.0.0.9: every 127/8 address is local), an
+	 * address of no interface EADDRNOTAVAIL. */
+	struct sockaddr_in local = addr4("127.0.0.9", 0), foreign = addr4("192.0.2.1", 0);
+	id = new_id(ch, RDMA_PS_TCP);
+	CHECK(fails_with(rdma_bind_addr(id, SA(local)), ENODEV), "a local address of no device");
+	CHECK(fails_with(rdma_bind_addr(id, SA(foreign)), EADDRNOTAVAIL), "no local address");
+	CHECK(rdma_bind_addr(id, SA(a)) == 0, "a failed bind leaves the id idle");
+	rdma_destroy_id(id);
 }
 
 /* IPoIB ids are made, and refused where RoCE cannot serve them, as the
