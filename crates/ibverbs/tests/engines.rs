@@ -444,6 +444,54 @@ fn libfabric_verbs_lists_the_device_and_runs_dgram() {
     assert!(text(&co).contains("Mxfers/sec"), "no result: {all}");
 }
 
+/// libfabric's verbs provider over MSG endpoints, which connect through
+/// the RDMA CM (`tests/c/fi_msg_check.c`, built against `libfabric-dev`):
+/// a passive endpoint on host a, a client on host b, messages from 1 byte
+/// to 64 KiB each way, every byte checked, then a shutdown the server sees.
+/// (fi_pingpong's MSG server cannot serve here or on rxe: it names no
+/// address, so the provider binds 127.0.0.1, which no RDMA device has.)
+#[test]
+fn libfabric_verbs_msg_endpoints_connect_through_the_cm() {
+    if !can_run() {
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uroce-fimsg-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("fi_msg_check");
+    let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/fi_msg_check.c");
+    let cc = Command::new("cc")
+        .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
+        .arg(&exe)
+        .arg(&src)
+        .arg("-lfabric")
+        .output()
+        .unwrap();
+    assert!(cc.status.success(), "cc: {}", text(&cc));
+    let hosts = Hosts::new();
+    let exe = exe.to_string_lossy().into_owned();
+    let port = uroce::testing::free_tcp_port().to_string();
+    let mut server = hosts.cmd(true, &[&exe, "server", ADDR_A, &port]).spawn().unwrap();
+    // The client connects once the server says it listens.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let mut first = String::new();
+    std::io::BufRead::read_line(
+        &mut std::io::BufReader::new(server.stdout.as_mut().unwrap()),
+        &mut first,
+    )
+    .unwrap();
+    assert_eq!(first, "listening\n", "the server did not listen");
+    let (co, ct) =
+        finish(hosts.cmd(false, &[&exe, "client", ADDR_A, &port]).spawn().unwrap(), deadline);
+    let (so, st) = finish(server, deadline + Duration::from_secs(5));
+    let all = format!("--- server ---\n{}\n--- client ---\n{}", text(&so), text(&co));
+    assert!(!ct && !st && co.status.success() && so.status.success(), "{all}");
+    assert!(
+        text(&co).contains("all checks passed") && text(&so).contains("all checks passed"),
+        "{all}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `tests/c/more_names.c` under `uroce run`: `ibv_read_ibdev_sysfs_file`
 /// reads the device's files, the import family says EOPNOTSUPP.
 #[test]

@@ -185,7 +185,9 @@ impl<T> LevelQueue<T> {
             // SAFETY: fcntl on our own descriptor, integer arguments only.
             let flags = unsafe { libc::fcntl(self.fd.as_raw_fd(), libc::F_GETFL) };
             if flags >= 0 && flags & libc::O_NONBLOCK != 0 {
-                return Err(io::ErrorKind::WouldBlock.into());
+                // EAGAIN itself, not just its kind: the C ABI hands the
+                // errno on (rdma_get_cm_event on a non-blocking channel).
+                return Err(io::Error::from_raw_os_error(libc::EAGAIN));
             }
             self.wait_readable(std::time::Duration::from_secs(3600))?;
         }

@@ -606,14 +606,30 @@ pub(crate) unsafe extern "C" fn rdma_migrate_id(
         let (Some(b), Some(ch)) = (live_id(id), live_channel(channel)) else {
             return minus_one(libc::EINVAL);
         };
-        let st = lock(&b.st);
+        let mut st = lock(&b.st);
         if !st.listening.is_empty() {
             return minus_one(libc::EINVAL);
         }
         if let Some((ctx, cm)) = &st.conn {
             ctx.cm_route(*cm, Some(&ch.ch));
         }
+        // A synchronous id becomes asynchronous (as in rdma-core): its
+        // calls no longer wait, their events go to the new channel
+        // (libfabric's verbs provider resolves an id synchronously, then
+        // moves it to its event queue and connects), and its own channel
+        // goes.
+        let own = if st.sync { b.c().channel } else { std::ptr::null_mut() };
+        st.sync = false;
         b.c().channel = channel;
+        // Events raised before the move wake the new channel's reader.
+        for _ in 0..st.local_events.len() {
+            ch.ch.push_user(b.ptr() as u64);
+        }
+        drop(st);
+        if !own.is_null() && own != channel {
+            // SAFETY: the synchronous id's own channel, used by nobody else.
+            unsafe { rdma_destroy_event_channel(own) };
+        }
         0
     })
 }
@@ -1013,9 +1029,13 @@ fn conn_param(p: *const rdma_conn_param) -> (ConnParam, &'static [u8], u32) {
             std::slice::from_raw_parts(p.private_data.cast(), usize::from(p.private_data_len))
         }
     };
+    // RDMA_MAX_RESP_RES / RDMA_MAX_INIT_DEPTH (255) ask for the device's
+    // most, as librdmacm maps them (libfabric's verbs provider sends both).
+    let device_most = uroce::limits::MAX_QP_RD_ATOM.min(u32::from(u8::MAX - 1)) as u8;
+    let most = |v: u8| if v == u8::MAX { device_most } else { v };
     let c = ConnParam {
-        responder_resources: p.responder_resources,
-        initiator_depth: p.initiator_depth,
+        responder_resources: most(p.responder_resources),
+        initiator_depth: most(p.initiator_depth),
         retry_count: p.retry_count,
         rnr_retry_count: p.rnr_retry_count,
     };
@@ -1590,6 +1610,58 @@ fn conn_event(id: *mut rdma_cm_id, b: &IdBox, event: AgentEvent) -> Option<Box<E
 
 // ---- address information ----
 
+/// A `calloc`'d copy of the socket address `addr` (`len` bytes), for an
+/// `rdma_addrinfo` that `rdma_freeaddrinfo` frees.
+fn copy_addr(addr: SocketAddr) -> Option<(*mut libc::sockaddr, libc::socklen_t)> {
+    let len = if addr.is_ipv4() {
+        size_of::<libc::sockaddr_in>()
+    } else {
+        size_of::<libc::sockaddr_in6>()
+    };
+    // SAFETY: calloc of a whole sockaddr_storage (freed by
+    // rdma_freeaddrinfo); written only when it succeeded.
+    unsafe {
+        let sa =
+            libc::calloc(1, size_of::<libc::sockaddr_storage>()).cast::<libc::sockaddr_storage>();
+        if sa.is_null() {
+            return None;
+        }
+        write_sockaddr(&mut *sa, addr);
+        Some((sa.cast(), len as libc::socklen_t))
+    }
+}
+
+/// The first address `getaddrinfo` gives for `node`/`service`.
+fn resolve(
+    node: *const c_char,
+    service: *const c_char,
+    family: c_int,
+    passive: bool,
+) -> Result<SocketAddr, c_int> {
+    // SAFETY: all-zero is a valid addrinfo.
+    let mut h: libc::addrinfo = unsafe { std::mem::zeroed() };
+    h.ai_family = family;
+    h.ai_socktype = libc::SOCK_STREAM;
+    h.ai_flags = if passive { libc::AI_PASSIVE } else { 0 };
+    let mut out: *mut libc::addrinfo = std::ptr::null_mut();
+    // SAFETY: C strings from the caller (or NULL), live hints, out.
+    let r = unsafe { libc::getaddrinfo(node, service, &raw const h, &raw mut out) };
+    if r != 0 || out.is_null() {
+        // rdma_getaddrinfo reports getaddrinfo's EAI_* codes directly.
+        set_errno(libc::EADDRNOTAVAIL);
+        return Err(if r != 0 { r } else { -1 });
+    }
+    // SAFETY: getaddrinfo succeeded: `out` is a list of at least one.
+    let addr = read_sockaddr(unsafe { &*out }.ai_addr);
+    // SAFETY: the list getaddrinfo made.
+    unsafe { libc::freeaddrinfo(out) };
+    addr.ok_or_else(|| minus_one(libc::EAFNOSUPPORT))
+}
+
+/// rdma-core's rules: `node`/`service` resolve to the destination (the
+/// source with `RAI_PASSIVE`); without them, the hints' destination is
+/// taken; a source the hints give is kept when resolution set none
+/// (libfabric's verbs provider names both ends through the hints).
 pub(crate) unsafe extern "C" fn rdma_getaddrinfo(
     node: *const c_char,
     service: *const c_char,
@@ -1597,68 +1669,59 @@ pub(crate) unsafe extern "C" fn rdma_getaddrinfo(
     res: *mut *mut rdma_addrinfo,
 ) -> c_int {
     guard(-1, || {
-        if res.is_null() || (node.is_null() && service.is_null()) {
+        if res.is_null() || (node.is_null() && service.is_null() && hints.is_null()) {
             return minus_one(libc::EINVAL);
         }
         // SAFETY: NULL or the caller's readable hints.
         let hints = unsafe { hints.as_ref() };
         let flags = hints.map_or(0, |h| h.ai_flags);
         let passive = flags & RAI_PASSIVE != 0;
-        // SAFETY: all-zero is a valid addrinfo.
-        let mut h: libc::addrinfo = unsafe { std::mem::zeroed() };
-        h.ai_family = hints.map_or(0, |h| h.ai_family);
-        h.ai_socktype = libc::SOCK_STREAM;
-        h.ai_flags = if passive { libc::AI_PASSIVE } else { 0 };
-        let mut out: *mut libc::addrinfo = std::ptr::null_mut();
-        // SAFETY: C strings from the caller (or NULL), live hints, out.
-        let r = unsafe { libc::getaddrinfo(node, service, &raw const h, &raw mut out) };
-        if r != 0 || out.is_null() {
-            // rdma_getaddrinfo reports getaddrinfo's EAI_* codes directly.
-            set_errno(libc::EADDRNOTAVAIL);
-            return if r != 0 { r } else { -1 };
+        let hint_addr = |p: *mut libc::sockaddr, len: libc::socklen_t| {
+            if p.is_null() || len == 0 { None } else { read_sockaddr(p) }
+        };
+        let (mut src, mut dst) = (None, None);
+        if !node.is_null() || !service.is_null() {
+            let addr = match resolve(node, service, hints.map_or(0, |h| h.ai_family), passive) {
+                Ok(a) => a,
+                Err(r) => return r,
+            };
+            if passive { src = Some(addr) } else { dst = Some(addr) }
+        } else {
+            dst = hints.and_then(|h| hint_addr(h.ai_dst_addr, h.ai_dst_len));
         }
-        // SAFETY: getaddrinfo succeeded: `out` is a list of at least one.
-        let first = unsafe { &*out };
-        let addr = read_sockaddr(first.ai_addr);
-        // SAFETY: the list getaddrinfo made.
-        unsafe { libc::freeaddrinfo(out) };
-        let Some(addr) = addr else { return minus_one(libc::EAFNOSUPPORT) };
+        if src.is_none() {
+            src = hints.and_then(|h| hint_addr(h.ai_src_addr, h.ai_src_len));
+        }
+        let Some(first) = src.or(dst) else { return minus_one(libc::EINVAL) };
         // SAFETY: calloc'd, freed by rdma_freeaddrinfo.
         let ai = unsafe { libc::calloc(1, size_of::<rdma_addrinfo>()) }.cast::<rdma_addrinfo>();
-        // SAFETY: as above.
-        let sa = unsafe { libc::calloc(1, size_of::<libc::sockaddr_storage>()) }
-            .cast::<libc::sockaddr_storage>();
-        if ai.is_null() || sa.is_null() {
-            // SAFETY: NULL or just allocated.
-            unsafe {
-                libc::free(ai.cast());
-                libc::free(sa.cast());
-            }
+        if ai.is_null() {
             return minus_one(libc::ENOMEM);
         }
-        // SAFETY: both just allocated, zeroed and of the right size.
+        // SAFETY: just allocated and zeroed; every pointer stored is a
+        // calloc'd copy that rdma_freeaddrinfo frees (NULL if it failed).
         unsafe {
-            write_sockaddr(&mut *sa, addr);
             let a = &mut *ai;
             a.ai_flags = flags;
-            a.ai_family = if addr.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
+            a.ai_family = if first.is_ipv4() { libc::AF_INET } else { libc::AF_INET6 };
             a.ai_qp_type = hints.map_or(2, |h| if h.ai_qp_type == 0 { 2 } else { h.ai_qp_type });
             a.ai_port_space = hints.map_or(RDMA_PS_TCP, |h| {
                 if h.ai_port_space == 0 { RDMA_PS_TCP } else { h.ai_port_space }
             });
-            let len = if addr.is_ipv4() {
-                size_of::<libc::sockaddr_in>()
-            } else {
-                size_of::<libc::sockaddr_in6>()
-            } as libc::socklen_t;
-            if passive {
-                a.ai_src_addr = sa.cast();
-                a.ai_src_len = len;
-            } else {
-                a.ai_dst_addr = sa.cast();
-                a.ai_dst_len = len;
-            }
             *res = ai;
+            for (addr, ptr, len) in [
+                (src, &mut a.ai_src_addr, &mut a.ai_src_len),
+                (dst, &mut a.ai_dst_addr, &mut a.ai_dst_len),
+            ] {
+                let Some(addr) = addr else { continue };
+                let Some((p, l)) = copy_addr(addr) else {
+                    rdma_freeaddrinfo(ai);
+                    *res = std::ptr::null_mut();
+                    return minus_one(libc::ENOMEM);
+                };
+                *ptr = p;
+                *len = l;
+            }
         }
         0
     })
