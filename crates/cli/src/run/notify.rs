@@ -137,24 +137,35 @@ pub(crate) fn install_in_child(cmd: &mut std::process::Command, ch: &Channel) {
     }
 }
 
+/// Room for one cmsghdr and one descriptor, aligned for cmsghdr
+/// (CMSG_SPACE(sizeof(int)) is 24 bytes on 64-bit Linux).
+type Control = [u64; 4];
+
+/// A one-byte message whose control buffer can carry one descriptor;
+/// it points into `iov` and `control`, which must outlive its use.
+fn fd_message(iov: &mut libc::iovec, control: &mut Control, controllen: usize) -> libc::msghdr {
+    // SAFETY: msghdr is plain data; all-zero is a valid value.
+    let mut msg: libc::msghdr = unsafe { std::mem::zeroed() };
+    msg.msg_iov = iov;
+    msg.msg_iovlen = 1;
+    msg.msg_control = control.as_mut_ptr().cast();
+    msg.msg_controllen = controllen;
+    msg
+}
+
 /// Sends descriptor `fd` over the datagram socket `sock` (SCM_RIGHTS).
 ///
 /// # Safety
 /// Async-signal-safe: no allocation; `sock` and `fd` are open.
 unsafe fn send_fd(sock: RawFd, fd: RawFd) {
-    // Room for one cmsghdr and one int, aligned for cmsghdr.
-    let mut control = [0u64; 4];
+    let mut control: Control = [0; 4];
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
     // SAFETY: the message and its buffers live on this stack frame; the
-    // control buffer is large enough for CMSG_SPACE(sizeof(int)) (24 bytes
-    // on 64-bit Linux), which CMSG_FIRSTHDR's non-null result confirms.
+    // control buffer holds CMSG_SPACE(sizeof(int)), which CMSG_FIRSTHDR's
+    // non-null result confirms.
     unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = libc::CMSG_SPACE(4) as usize;
+        let msg = fd_message(&mut iov, &mut control, libc::CMSG_SPACE(4) as usize);
         let c = libc::CMSG_FIRSTHDR(&msg);
         if c.is_null() {
             return;
@@ -171,17 +182,14 @@ unsafe fn send_fd(sock: RawFd, fd: RawFd) {
 /// waited for), or `None` if it installed no filter.
 pub(crate) fn listener(ch: Channel) -> Option<OwnedFd> {
     drop(ch.child);
-    let mut control = [0u64; 4];
+    let mut control: Control = [0; 4];
     let mut byte = [0u8; 1];
     let mut iov = libc::iovec { iov_base: byte.as_mut_ptr().cast(), iov_len: 1 };
+    let size = std::mem::size_of_val(&control);
+    let mut msg = fd_message(&mut iov, &mut control, size);
     // SAFETY: as in send_fd; the received descriptor is checked for
     // presence and type before it is owned.
     unsafe {
-        let mut msg: libc::msghdr = std::mem::zeroed();
-        msg.msg_iov = &mut iov;
-        msg.msg_iovlen = 1;
-        msg.msg_control = control.as_mut_ptr().cast();
-        msg.msg_controllen = std::mem::size_of_val(&control);
         let n = libc::recvmsg(
             ch.parent.as_raw_fd(),
             &mut msg,
