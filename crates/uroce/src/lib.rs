@@ -356,4 +356,27 @@ pub mod testing {
         })
         .expect("creating the test QP")
     }
+
+    /// A UD QP on `pd` with `cq` for both queues, every send signalled,
+    /// moved to RTS with `qkey` and starting PSN `sq_psn`.
+    pub fn ud_qp(
+        pd: &crate::Pd,
+        cq: &crate::Cq,
+        cap: crate::QpCaps,
+        qkey: u32,
+        sq_psn: u32,
+    ) -> crate::Qp {
+        let qp = pd
+            .create_qp(&crate::QpInitAttr {
+                send_cq: cq,
+                recv_cq: cq,
+                cap,
+                qp_type: crate::QpType::Ud,
+                sq_sig_all: true,
+                srq: None,
+            })
+            .expect("creating the test QP");
+        crate::activate_ud(&qp, qkey, sq_psn).expect("activating the test QP");
+        qp
+    }
 }

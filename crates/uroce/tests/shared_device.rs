@@ -260,17 +260,7 @@ fn each_sharing_context_gets_the_groups_datagrams() {
             max_recv_sge: 1,
             max_inline_data: 64,
         };
-        let qp = pd
-            .create_qp(&uroce::QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                cap,
-                qp_type: uroce::QpType::Ud,
-                sq_sig_all: true,
-                srq: None,
-            })
-            .unwrap();
-        uroce::activate_ud(&qp, 0x5555, 1).unwrap();
+        let qp = uroce::testing::ud_qp(&pd, &cq, cap, 0x5555, 1);
         (pd, cq, mr, qp)
     };
     let (r1, r2) =

@@ -369,17 +369,7 @@ fn ud_exchange_with_grh_qkeys_and_replies_from_the_completion() {
             max_recv_sge: 1,
             max_inline_data: 64,
         };
-        let qp = pd
-            .create_qp(&QpInitAttr {
-                send_cq: &cq,
-                recv_cq: &cq,
-                cap,
-                qp_type: QpType::Ud,
-                sq_sig_all: true,
-                srq: None,
-            })
-            .unwrap();
-        uroce::activate_ud(&qp, qkey, 0x42).unwrap();
+        let qp = uroce::testing::ud_qp(&pd, &cq, cap, qkey, 0x42);
         (End { ctx, qp, cq, mr }, pd)
     };
     let ((a, pa), (b, pb)) = (mk("127.0.0.1", 0x1111_1111), mk("127.0.0.2", 0x1111_1111));
@@ -494,18 +484,7 @@ fn ud_multicast_reaches_every_attached_qp() {
             max_recv_sge: 1,
             max_inline_data: 64,
         };
-        let q = pd
-            .create_qp(&QpInitAttr {
-                send_cq: cq,
-                recv_cq: cq,
-                cap,
-                qp_type: QpType::Ud,
-                sq_sig_all: true,
-                srq: None,
-            })
-            .unwrap();
-        uroce::activate_ud(&q, 0x5555, 1).unwrap();
-        q
+        uroce::testing::ud_qp(pd, cq, cap, 0x5555, 1)
     };
     let (_ca, pa, ma, cqa) = mk("127.0.0.1");
     let (cb, pb, mb, cqb) = mk("127.0.0.2");
@@ -771,17 +750,7 @@ fn ud_multicast_burst_reaches_the_group_whole() {
             let pd = ctx.alloc_pd().unwrap();
             let mr = pd.alloc_mr(MB, ALL).unwrap();
             let cq = ctx.create_cq(32).unwrap();
-            let qp = pd
-                .create_qp(&QpInitAttr {
-                    send_cq: &cq,
-                    recv_cq: &cq,
-                    cap,
-                    qp_type: QpType::Ud,
-                    sq_sig_all: true,
-                    srq: None,
-                })
-                .unwrap();
-            uroce::activate_ud(&qp, 0x5555, 1).unwrap();
+            let qp = uroce::testing::ud_qp(&pd, &cq, cap, 0x5555, 1);
             (ctx, pd, mr, cq, qp)
         })
         .collect();
