@@ -620,8 +620,13 @@ pub(crate) unsafe extern "C" fn rdma_migrate_id(
         // goes.
         let own = if st.sync { b.c().channel } else { std::ptr::null_mut() };
         st.sync = false;
+        // Events the library raised before the move wake the new
+        // channel's reader, and no longer the old one's.
+        if let Some(old) = b.channel() {
+            let tag = b.ptr() as u64;
+            old.ch.retain(|e| !matches!(e, CmChannelEvent::User(t) if *t == tag));
+        }
         b.c().channel = channel;
-        // Events raised before the move wake the new channel's reader.
         for _ in 0..st.local_events.len() {
             ch.ch.push_user(b.ptr() as u64);
         }
