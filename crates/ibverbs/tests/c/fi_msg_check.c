@@ -49,7 +49,7 @@ static struct fi_info *hints(void)
 static void wait_event(uint32_t want, struct fi_eq_cm_entry *entry)
 {
 	uint32_t event;
-	ssize_t n = fi_eq_sread(eq, &event, entry, sizeof *entry, 10000, 0);
+	ssize_t n = fi_eq_sread(eq, &event, entry, sizeof *entry, 30000, 0);
 	if (n < 0) {
 		struct fi_eq_err_entry err = {0};
 		fi_eq_readerr(eq, &err, 0);
