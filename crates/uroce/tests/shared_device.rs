@@ -142,6 +142,51 @@ fn contexts_sharing_an_address_each_get_their_own_packets() {
     exchange(&f3, &e3, 31);
 }
 
+/// The device's other GIDs are shared as its configured address is: two
+/// contexts of the device at 127.0.0.1 both send from and receive on its
+/// IPv6 GID ::1 (a group and slot table of that address, each context in
+/// the slot its QPNs name), each gets its own packets there, also from the
+/// other, and the first keeps its traffic when the second goes.
+#[test]
+fn contexts_share_the_devices_other_gids() {
+    if std::net::UdpSocket::bind("[::1]:0").is_err() {
+        eprintln!("skipped: no IPv6 loopback address");
+        return;
+    }
+    let port = uroce::testing::free_port();
+    let other = uroce::testing::free_port();
+    let a1 = uroce::testing::open("127.0.0.1", port);
+    let a2 = uroce::testing::open("127.0.0.1", port);
+    let b = uroce::testing::open("127.0.0.1", other);
+    let v6 = "::1".parse::<IpAddr>().unwrap();
+    let gids: Vec<IpAddr> = (0..a1.query_port(1).unwrap().gid_tbl_len)
+        .filter_map(|i| a1.query_gid(1, i).ok())
+        .map(|g| std::net::Ipv6Addr::from(g).to_canonical())
+        .collect();
+    assert!(gids.contains(&v6), "::1 is a GID of the device at 127.0.0.1: {gids:?}");
+    let e1 = end(&a1, "::1", port);
+    let e2 = end(&a2, "::1", port);
+    let f1 = end(&b, "::1", other);
+    let f2 = end(&b, "::1", other);
+    connect(&e1, &f1);
+    connect(&e2, &f2);
+    let g1 = end(&a1, "::1", port);
+    let g2 = end(&a2, "::1", port);
+    connect(&g1, &g2);
+    settle();
+    for round in 0..3u8 {
+        exchange(&e1, &f1, 3 + round);
+        exchange(&f2, &e2, 5 + round);
+        exchange(&g1, &g2, 7 + round);
+        exchange(&g2, &g1, 11 + round);
+    }
+    drop((e2, g2));
+    drop(a2);
+    settle();
+    exchange(&e1, &f1, 13);
+    exchange(&f1, &e1, 17);
+}
+
 /// Every context's non-zero device counters, for a failure message.
 fn counters(all: &[&Context]) -> String {
     all.iter()

@@ -181,12 +181,27 @@ impl Registry {
         bind: impl FnOnce() -> io::Result<T>,
         attach: impl FnOnce(&T, &[Insn]),
     ) -> io::Result<io::Result<(Self, T)>> {
-        Self::join_at(path_of(addr), bind, attach)
+        Self::join_at(path_of(addr), None, bind, attach)
     }
 
-    /// [`Registry::join`] with the table at `path`.
+    /// [`Registry::join`] taking slot `slot` (`AddrInUse` if a live member
+    /// has it): a context's other local addresses (the GIDs besides the
+    /// configured one) are shared in groups of their own, where it must
+    /// hold the slot its QPNs name.
+    pub(crate) fn join_as<T>(
+        addr: SocketAddr,
+        slot: usize,
+        bind: impl FnOnce() -> io::Result<T>,
+        attach: impl FnOnce(&T, &[Insn]),
+    ) -> io::Result<io::Result<(Self, T)>> {
+        Self::join_at(path_of(addr), Some(slot), bind, attach)
+    }
+
+    /// [`Registry::join`] with the table at `path`, taking slot `want` if
+    /// given, else the first free one.
     fn join_at<T>(
         path: PathBuf,
+        want: Option<usize>,
         bind: impl FnOnce() -> io::Result<T>,
         attach: impl FnOnce(&T, &[Insn]),
     ) -> io::Result<io::Result<(Self, T)>> {
@@ -203,7 +218,7 @@ impl Registry {
             }
         };
         let taken = open_rw(&round_path(&path))
-            .and_then(|round_lock| Ok((round_lock, Self::take_slot(&file)?)));
+            .and_then(|round_lock| Ok((round_lock, Self::take_slot(&file, want)?)));
         let (round_lock, (slot, owner)) = match taken {
             Ok(t) => t,
             Err(e) => {
@@ -249,8 +264,9 @@ impl Registry {
     }
 
     /// Under the table's lock: takes back the slots of members that are
-    /// gone, then takes the first free slot and its liveness lock.
-    fn take_slot(file: &File) -> io::Result<(usize, Owner)> {
+    /// gone, then takes slot `want` (or the first free one) and its
+    /// liveness lock.
+    fn take_slot(file: &File, want: Option<usize>) -> io::Result<(usize, Owner)> {
         if read_word(file, W_MAGIC) != FILE_MAGIC {
             for w in 0..FILE_WORDS {
                 write_word(file, w, 0)?;
@@ -266,7 +282,11 @@ impl Registry {
             }
             // A slot whose lock someone holds is not free, even if its
             // words were cleared.
-            if free.is_none() && !alive && ofd_lock::lock(file, lock_byte(s)).is_ok() {
+            if free.is_none()
+                && want.is_none_or(|w| w == s)
+                && !alive
+                && ofd_lock::lock(file, lock_byte(s)).is_ok()
+            {
                 free = Some(s);
             }
         }
@@ -764,7 +784,7 @@ mod tests {
     }
 
     fn join(path: &std::path::Path) -> Registry {
-        Registry::join_at(path.to_path_buf(), || Ok(()), |(), _| {}).unwrap().unwrap().0
+        Registry::join_at(path.to_path_buf(), None, || Ok(()), |(), _| {}).unwrap().unwrap().0
     }
 
     fn id_of(slot: u32) -> u32 {
@@ -876,6 +896,7 @@ mod tests {
         let mut steered = None;
         let (c, ()) = Registry::join_at(
             path.clone(),
+            None,
             || Ok(()),
             |(), prog| {
                 steered = Some(run(prog, &bth_to(2 << QPN_SHIFT)));
@@ -887,6 +908,7 @@ mod tests {
         assert_eq!(read_table(&a.file), vec![(0, 0), (1, 1), (2, 2)]);
         let failed = Registry::join_at(
             path.clone(),
+            None,
             || Err::<(), _>(io::ErrorKind::AddrInUse.into()),
             |(), _| panic!("no program for a socket that did not bind"),
         )
@@ -900,6 +922,30 @@ mod tests {
         assert_eq!(a.live_slots(), vec![0, 2]);
         drop((a, c));
         assert!(!path.exists());
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A context's other addresses are joined in the slot its QPNs name:
+    /// given if free (however many lower ones are), refused while a live
+    /// member holds it, given again once that member is gone.
+    #[test]
+    fn a_second_address_is_joined_in_the_named_slot() {
+        let (dir, path) = table_in_fresh_dir("named");
+        let join_as = |s| Registry::join_at(path.clone(), Some(s), || Ok(()), |(), _| {});
+        let (c, ()) = join_as(3).unwrap().unwrap();
+        assert_eq!(c.slot(), 3);
+        assert_eq!(read_table(&c.file), vec![(3, 0)], "alone: index 0");
+        let a = join(&path);
+        assert_eq!(a.slot(), 0, "a plain join takes the first free slot");
+        assert_eq!(read_table(&a.file), vec![(0, 1), (3, 0)]);
+        assert_eq!(join_as(3).unwrap_err().kind(), io::ErrorKind::AddrInUse, "slot 3 is live");
+        assert_eq!(join_as(SLOTS).unwrap_err().kind(), io::ErrorKind::AddrInUse, "no such slot");
+        assert_eq!(a.live_slots(), vec![0, 3], "a refused join leaves nothing behind");
+        c.leave(|_| {});
+        let (again, ()) = join_as(3).unwrap().unwrap();
+        assert_eq!(again.slot(), 3);
+        assert_eq!(read_table(&a.file), vec![(0, 0), (3, 1)]);
+        drop((a, again));
         let _ = std::fs::remove_dir_all(&dir);
     }
 

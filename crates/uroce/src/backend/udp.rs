@@ -31,7 +31,9 @@ const MAX_GSO_BYTES: usize = 65000;
 
 /// The device's sockets: one per local address in use (the configured
 /// address first, then the GIDs a QP or AH has used), all on the device's
-/// port, plus one per joined multicast group.
+/// port, plus one per joined multicast group. Each local address is shared
+/// with the other contexts of the device (a `SO_REUSEPORT` group and slot
+/// table of its own, see `share`) if the configured one is.
 #[derive(Debug)]
 pub(crate) struct UdpBackend {
     ports: Vec<Port>,
@@ -42,8 +44,9 @@ pub(crate) struct UdpBackend {
     /// One socket per joined multicast group, bound to (group, port): a
     /// socket bound to a unicast address never sees multicast datagrams.
     groups: Vec<(IpAddr, UdpSocket)>,
-    /// The configured address shared with other contexts, if it is.
-    sharing: Option<Sharing>,
+    /// The ports this context's CM listens on, published in every shared
+    /// address's table (an address bound later publishes them too).
+    listening: Vec<u16>,
 }
 
 /// One bound unicast socket.
@@ -51,6 +54,11 @@ pub(crate) struct UdpBackend {
 struct Port {
     sock: UdpSocket,
     ip: IpAddr,
+    /// What the socket is bound to (with the scope of a link-local
+    /// address): where this member's steering probes go.
+    bound: SocketAddr,
+    /// This context's part in the address's group, if it is shared.
+    sharing: Option<Sharing>,
     /// Interface index for link-local addresses (0 otherwise).
     scope: u32,
     gro: bool,
@@ -197,17 +205,9 @@ const SOON_NS: u64 = 5_000_000;
 const ROUND_LIMIT_NS: u64 = 200_000_000;
 
 impl Drop for UdpBackend {
-    /// A shared address's socket closes under the table's lock (see
-    /// `Registry::leave`).
     fn drop(&mut self) {
-        if let Some(s) = self.sharing.take() {
-            let ports = std::mem::take(&mut self.ports);
-            s.registry.leave(move |prog| {
-                if let Some(p) = ports.first() {
-                    let _ = attach_steering(&p.sock, prog);
-                }
-                drop(ports);
-            });
+        for port in std::mem::take(&mut self.ports).into_iter().rev() {
+            port.close();
         }
     }
 }
@@ -374,10 +374,17 @@ impl UdpBackend {
             // No usable table: the address is this context's alone.
             None => (None, Port::bind(addr, 0, false)?),
         };
-        let local = port.sock.local_addr()?;
+        let mut port = port;
+        port.sharing = registry.map(Sharing::new);
+        let local = port.bound;
         let gso = std::env::var_os("UROCE_NO_GSO").is_none();
-        let sharing = registry.map(Sharing::new);
-        Ok(Self { ports: vec![port], local, gso, next_rx: 0, groups: Vec::new(), sharing })
+        let listening = Vec::new();
+        Ok(Self { ports: vec![port], local, gso, next_rx: 0, groups: Vec::new(), listening })
+    }
+
+    /// The configured address's part in its group, if it is shared.
+    fn sharing(&self) -> Option<&Sharing> {
+        self.ports.first().and_then(|p| p.sharing.as_ref())
     }
 
     /// Binds another local address of the device (a GID in use) on the
@@ -391,7 +398,34 @@ impl UdpBackend {
         } else {
             0
         };
-        let port = Port::bind(SocketAddr::new(ip, self.local.port()), scope, false)?;
+        let addr = SocketAddr::new(ip, self.local.port());
+        // Shared like the configured address, in the slot that names this
+        // context's QPNs; alone if that slot is another's here (a context
+        // of another device using this address) or the table cannot be
+        // used.
+        let joined = self.sharing().map(|s| {
+            share::Registry::join_as(
+                addr,
+                s.registry.slot(),
+                || Port::bind(addr, scope, true),
+                |port, prog| {
+                    let _ = attach_steering(&port.sock, prog);
+                },
+            )
+        });
+        let port = match joined {
+            Some(Ok(bound)) => {
+                let (registry, mut port) = bound?;
+                let mut sharing = Sharing::new(registry);
+                if !self.listening.is_empty() {
+                    sharing.set_listening(&self.listening, &port.sock);
+                }
+                port.sharing = Some(sharing);
+                port
+            }
+            Some(Err(e)) if e.kind() == io::ErrorKind::AddrInUse => return Err(e),
+            _ => Port::bind(addr, scope, false)?,
+        };
         self.ports.push(port);
         Ok(())
     }
@@ -400,7 +434,7 @@ impl UdpBackend {
     /// configured one).
     fn unbind_local_addr(&mut self, ip: IpAddr) {
         if let Some(i) = self.ports.iter().skip(1).position(|p| p.ip == ip) {
-            self.ports.remove(i + 1);
+            self.ports.remove(i + 1).close();
             self.next_rx = 0;
         }
     }
@@ -519,28 +553,27 @@ impl UdpBackend {
     fn recv_any(&mut self, buf: &mut [u8]) -> io::Result<Option<super::Received>> {
         const MAX_PROBES: usize = 2 * share::SLOTS;
         for _ in 0..MAX_PROBES {
-            let Some((len, seg, from, ip)) = self.recv_datagram(buf)? else {
+            let Some((i, (len, seg, from, ip))) = self.recv_datagram(buf)? else {
                 return Ok(None);
             };
-            let Some(sharing) = &mut self.sharing else {
+            let Some(sharing) = &mut self.ports[i].sharing else {
                 return Ok(Some((len, seg, from, ip)));
             };
-            if ip == self.local.ip() {
-                if from.ip() == ip
-                    && let Some((round, index)) = share::parse_probe(&buf[..len])
-                {
-                    sharing.registry.answer_probe(round, index);
-                    continue;
-                }
-                sharing.check_owner(&buf[..len]);
+            if from.ip() == ip
+                && let Some((round, index)) = share::parse_probe(&buf[..len])
+            {
+                sharing.registry.answer_probe(round, index);
+                continue;
             }
+            sharing.check_owner(&buf[..len]);
             return Ok(Some((len, seg, from, ip)));
         }
         Ok(None)
     }
 
-    /// The next datagram of any socket, taking them in turn.
-    fn recv_datagram(&mut self, buf: &mut [u8]) -> io::Result<Option<super::Received>> {
+    /// The next datagram of any socket, taking them in turn, with the
+    /// index of the port it came to.
+    fn recv_datagram(&mut self, buf: &mut [u8]) -> io::Result<Option<(usize, super::Received)>> {
         let n = self.ports.len();
         for k in 0..n {
             let i = (self.next_rx + k) % n;
@@ -548,7 +581,7 @@ impl UdpBackend {
             match port.recv(buf) {
                 Ok(Some((len, seg, from))) => {
                     self.next_rx = (i + 1) % n;
-                    return Ok(Some((len, seg, from, port.ip)));
+                    return Ok(Some((i, (len, seg, from, port.ip))));
                 }
                 Ok(None) => {}
                 Err(e) if i == 0 => return Err(e),
@@ -567,26 +600,38 @@ impl super::Backend for UdpBackend {
     }
 
     fn qpn_range(&self) -> (u32, u32) {
-        self.sharing.as_ref().map_or((0, 0), |s| {
+        self.sharing().map_or((0, 0), |s| {
             ((s.registry.slot() as u32) << share::QPN_SHIFT, s.registry.qpn_start())
         })
     }
 
     fn tick(&mut self, now_ns: u64) {
-        if let Some(sharing) = &mut self.sharing {
-            sharing.tick(now_ns, &self.ports[0].sock, self.local);
+        for p in &mut self.ports {
+            if let Some(sharing) = &mut p.sharing {
+                sharing.tick(now_ns, &p.sock, p.bound);
+            }
         }
     }
 
     fn cm_id_prefix(&self) -> Option<(u32, u32)> {
-        self.sharing.as_ref().map(|s| (s.registry.slot() as u32, share::COMM_ID_SLOT_BITS))
+        self.sharing().map(|s| (s.registry.slot() as u32, share::COMM_ID_SLOT_BITS))
     }
 
     fn set_listening(&mut self, ports: &[u16]) -> bool {
-        match &mut self.sharing {
-            Some(sharing) => sharing.set_listening(ports, &self.ports[0].sock),
-            None => true,
+        let Some((first, rest)) = self.ports.split_first_mut() else { return true };
+        let Some(sharing) = &mut first.sharing else { return true };
+        if !sharing.set_listening(ports, &first.sock) {
+            return false;
         }
+        // The configured address decides (a port has one listener among
+        // the device's contexts); the others follow it.
+        for p in rest {
+            if let Some(s) = &mut p.sharing {
+                s.set_listening(ports, &p.sock);
+            }
+        }
+        self.listening = ports.to_vec();
+        true
     }
 
     fn batch(&self) -> super::SendBatch {
@@ -690,7 +735,20 @@ impl Port {
             IpAddr::V4(_) => setsockopt_int(fd, libc::IPPROTO_IP, libc::IP_RECVERR, 1),
             IpAddr::V6(_) => setsockopt_int(fd, libc::IPPROTO_IPV6, libc::IPV6_RECVERR, 1),
         };
-        Ok(Self { sock, ip: addr.ip(), scope, gro, errors: std::cell::Cell::new(false) })
+        let bound = sock.local_addr()?;
+        let errors = std::cell::Cell::new(false);
+        Ok(Self { sock, ip: addr.ip(), bound, sharing: None, scope, gro, errors })
+    }
+
+    /// Closes the socket; a shared address's under its table's lock, after
+    /// steering the group as it will be without it (`Registry::leave`).
+    fn close(mut self) {
+        if let Some(s) = self.sharing.take() {
+            s.registry.leave(move |prog| {
+                let _ = attach_steering(&self.sock, prog);
+                drop(self);
+            });
+        }
     }
 
     /// Reads the socket's error queue: the destinations that answered
