@@ -1013,6 +1013,47 @@ fn rping_server_and_client_on_one_device() {
     assert_eq!(p.client.matches("ping data: rdma-ping-").count(), 10, "{p}");
 }
 
+/// A program SIGKILLed with a connection up, alone on its device: `uroce
+/// run` ends the connection for it once it is dead (the DREQ a host's
+/// kernel CM sends when a process's cm_ids die with it), so the peer sees
+/// the disconnect though nothing else would tell it. Debian's `rping`
+/// client connects to a listener of this test's and is killed.
+#[test]
+fn uroce_run_ends_the_connections_of_a_killed_program() {
+    let _g = serial();
+    env();
+    const T: Duration = Duration::from_secs(20);
+    let udp = uroce::testing::free_port();
+    let port = tcp_port();
+    let server = uroce::testing::open("127.0.0.1", udp);
+    let listener = server.cm_listen(port).unwrap();
+    let ps = port.to_string();
+    let args = ["run", "--no-device-files", "--", "rping", "-c", "-a", "127.0.0.1", "-p", &ps];
+    let run = cmd(&env().uroce, &args, "127.0.0.2", udp).spawn().unwrap();
+    let pd = server.alloc_pd().unwrap();
+    let cq = server.create_cq(16).unwrap();
+    let caps = uroce::QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = uroce::testing::rc_qp(&pd, &cq, caps, true);
+    // Accepted, never answered: the client waits for our reply.
+    let conn = listener.accept(&qp, b"", T).unwrap();
+    // The client's list is published within 100 ms of the connection.
+    std::thread::sleep(Duration::from_millis(500));
+    let children = format!("/proc/{0}/task/{0}/children", run.id());
+    let rping: i32 = std::fs::read_to_string(&children).unwrap().trim().parse().unwrap();
+    // SAFETY: signals a child process of ours, by pid.
+    assert_eq!(unsafe { libc::kill(rping, libc::SIGKILL) }, 0);
+    let disconnected = conn.wait_disconnect(T).unwrap();
+    let (out, timed_out) = finish(run, Instant::now() + T);
+    assert!(disconnected, "no DREQ for the killed rping's connection:\n{}", text(&out));
+    assert!(!timed_out && out.status.code() == Some(128 + 9), "{:?}:\n{}", out.status, text(&out));
+}
+
 /// Two `ib_write_bw` servers on one device address, each pid 1 of a PID
 /// namespace of its own (containers on the host network): neither takes
 /// the other for dead (a slot's liveness is its lock, not a pid), so both

@@ -268,6 +268,40 @@ const DEFAULT_RETRIES: u8 = 15;
 /// RDMA CM asks (`CMA_CM_RESPONSE_TIMEOUT`).
 pub const RESPONSE_TIMEOUT: u8 = 20;
 
+/// A connection of a context that ended without disconnecting it (a
+/// SIGKILLed process): what another context of the device needs to send
+/// its peer the DREQ the kernel CM would have sent when the process's
+/// cm_ids were destroyed, so that the peer sees DISCONNECTED instead of
+/// waiting on an idle QP forever.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Leftover {
+    /// The peer's address.
+    pub peer: IpAddr,
+    /// The connection's communication ID on this side.
+    pub local_id: u32,
+    /// The peer's communication ID.
+    pub remote_id: u32,
+    /// The peer's QP.
+    pub remote_qpn: u32,
+    /// The transaction ID of the connection's MADs.
+    pub tid: u64,
+}
+
+impl Leftover {
+    /// The DREQ that ends it. Sent by a context that does not know the
+    /// connection, so nobody resends it or waits for the DREP (which the
+    /// device drops as an answer to an unknown ID).
+    pub fn dreq(&self) -> CmMad {
+        let dreq = Dreq {
+            local_comm_id: self.local_id,
+            remote_comm_id: self.remote_id,
+            remote_qpn: self.remote_qpn,
+            private_data: [0; 220],
+        };
+        CmMad { header: MadHeader::cm(attr::DREQ, self.tid), message: CmMessage::Dreq(dreq) }
+    }
+}
+
 /// One port's connection manager.
 #[derive(Debug)]
 pub struct CmAgent {
@@ -646,6 +680,22 @@ impl CmAgent {
             let _ = self.disconnect(now, id);
         }
         ids.len()
+    }
+
+    /// The connections a DREQ would end now (those
+    /// [`CmAgent::disconnect_all`] ends), as another context can end them
+    /// for this one (see [`Leftover`]).
+    pub fn connected(&self) -> impl Iterator<Item = Leftover> + '_ {
+        self.conns
+            .iter()
+            .filter(|(_, c)| matches!(c.state, State::Established | State::RepSent))
+            .map(|(&id, c)| Leftover {
+                peer: c.peer,
+                local_id: id,
+                remote_id: c.remote_id,
+                remote_qpn: c.remote_qpn,
+                tid: c.tid,
+            })
     }
 
     /// Asks `peer` which UD QP serves `service_id` (SIDR_REQ), resending

@@ -94,6 +94,25 @@ impl Device {
         }
     }
 
+    /// Ends the CM connections that contexts of this device left up when
+    /// their process died without closing them (SIGKILL), if no context
+    /// sharing the device has yet: opens a context for a moment, which
+    /// takes back their places and sends each connection's peer the DREQ
+    /// a host's kernel CM sends when a process's cm_ids die with it.
+    /// `uroce run` calls this when its program ends. Whether a context
+    /// was opened (a dead process's list was there).
+    ///
+    /// # Errors
+    /// Opening the context's.
+    pub fn end_leftover_connections(&self) -> Result<bool> {
+        if self.is_simulated() || !crate::backend::has_connection_lists(self.socket_addr()) {
+            return Ok(false);
+        }
+        let ctx = self.open()?;
+        ctx.progress();
+        Ok(true)
+    }
+
     /// Name (`uroce0`, …).
     pub fn name(&self) -> &str {
         &self.cfg.name

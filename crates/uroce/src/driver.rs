@@ -46,6 +46,9 @@ pub(crate) struct Driver {
     /// Whether the port is active, and when it was last checked.
     pub(crate) port_up: bool,
     port_checked: Option<Instant>,
+    /// The fingerprint (count, hash) of the CM connections last
+    /// published (`publish_connections`).
+    conns_published: (u64, u64),
     backend: Box<dyn Backend>,
     origin: StdInstant,
     pub(crate) next_pd: u32,
@@ -123,6 +126,7 @@ impl Driver {
             channels: FastMap::default(),
             port_up: true,
             port_checked: None,
+            conns_published: (0, 0),
             backend,
             origin,
             next_pd: 1,
@@ -338,8 +342,9 @@ impl Driver {
 
     /// [`Driver::progress`] at a time the caller read.
     pub(crate) fn progress_at(&mut self, now: Instant) -> bool {
-        self.check_port(now);
+        self.housekeeping(now);
         self.backend.tick(now.as_nanos());
+        self.end_leftovers();
         let mut work = self.receive(now, 256) > 0;
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             work |= self.ep.handle_timeout(now) > 0;
@@ -382,14 +387,64 @@ impl Driver {
         self.ep.take_moved()
     }
 
-    /// Looks at the device's interface every 100 ms: a port that goes
-    /// down raises PORT_ERR, one that comes back PORT_ACTIVE.
-    fn check_port(&mut self, now: Instant) {
+    /// Every 100 ms: looks at the device's interface and republishes the
+    /// CM's connections if they changed.
+    fn housekeeping(&mut self, now: Instant) {
         const EVERY: u64 = 100_000_000;
         if self.port_checked.is_some_and(|t| now.as_nanos() < t.as_nanos() + EVERY) {
             return;
         }
         self.port_checked = Some(now);
+        self.publish_connections();
+        self.check_port();
+    }
+
+    /// Lists the CM's established connections where another context of
+    /// the device finds them if this one dies without ending them
+    /// (`Leftover`); rewritten only when they changed. A connection made
+    /// less than 100 ms before a SIGKILL may be missing.
+    fn publish_connections(&mut self) {
+        let Some(cm) = self.cm.as_ref() else { return };
+        let (mut count, mut sum) = (0u64, 0u64);
+        for c in cm.agent.connected() {
+            count += 1;
+            let key = u64::from(c.local_id) << 32 | u64::from(c.remote_id ^ c.remote_qpn);
+            sum = sum.wrapping_add(key.wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        }
+        let fingerprint = (count, sum);
+        if fingerprint == self.conns_published {
+            return;
+        }
+        let conns: Vec<_> = cm.agent.connected().collect();
+        if self.backend.publish_connections(&conns) {
+            self.conns_published = fingerprint;
+        }
+    }
+
+    /// Sends the DREQs of connections that dead contexts of the device
+    /// left up (their slots taken back by this one, `Leftover`): the
+    /// kernel CM sends them when a process's cm_ids die with it. Each goes
+    /// twice, since nobody resends it.
+    fn end_leftovers(&mut self) {
+        let leftovers = self.backend.take_leftovers();
+        if leftovers.is_empty() {
+            return;
+        }
+        let port = self.backend.local().port();
+        for l in &leftovers {
+            let mut b = [0u8; uroce_wire::cm::MAD_LEN];
+            l.dreq().emit(&mut b);
+            let sgid = self.gid_for(l.peer).and_then(|i| u8::try_from(i).ok()).unwrap_or(0);
+            let sgid = if self.source_for(sgid, l.peer).is_ok() { sgid } else { 0 };
+            for _ in 0..2 {
+                self.ep.send_gsi(l.peer, port, sgid, &b);
+            }
+        }
+    }
+
+    /// Raises PORT_ERR when the device's interface goes down and
+    /// PORT_ACTIVE when it comes back; forgets GIDs whose address went.
+    fn check_port(&mut self) {
         if !self.backend.on_host() {
             return;
         }

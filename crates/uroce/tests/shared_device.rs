@@ -187,6 +187,62 @@ fn contexts_share_the_devices_other_gids() {
     exchange(&f1, &e1, 17);
 }
 
+/// A process that dies with a connection up (SIGKILL: no exit code of its
+/// runs) is disconnected from its peer all the same, as a host's kernel CM
+/// does when the process's cm_ids die with it: a context sharing its
+/// device takes back its slot and sends the DREQ from the connection list
+/// the dead one left. The peer's connection is idle, so nothing else would
+/// ever tell it.
+#[test]
+fn a_killed_processs_connection_is_ended_by_a_context_that_shares_its_device() {
+    const T: Duration = Duration::from_secs(10);
+    if let Ok(arg) = std::env::var("UROCE_TEST_KILLED_CLIENT") {
+        // The process to be killed: connects, says so, and waits.
+        let (udp, port) = arg.split_once(':').unwrap();
+        let ctx = uroce::testing::open("127.0.0.2", udp.parse().unwrap());
+        let (_pd, _cq, qp) = rc_qp(&ctx);
+        let peer = "127.0.0.1".parse().unwrap();
+        let _conn = ctx.cm_connect(&qp, peer, port.parse().unwrap(), b"doomed", T).unwrap();
+        println!("connected");
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    use std::io::BufRead as _;
+    let udp = uroce::testing::free_port();
+    let port = 7300 + (udp % 500);
+    let server = uroce::testing::open("127.0.0.1", udp);
+    let survivor = uroce::testing::open("127.0.0.2", udp);
+    let listener = server.cm_listen(port).unwrap();
+    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+        .args([
+            "--exact",
+            "a_killed_processs_connection_is_ended_by_a_context_that_shares_its_device",
+            "--nocapture",
+        ])
+        .env("UROCE_TEST_KILLED_CLIENT", format!("{udp}:{port}"))
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (_pd, _cq, qp) = rc_qp(&server);
+    let conn = listener.accept(&qp, b"ok", T).unwrap();
+    assert_eq!(&conn.private_data()[..6], b"doomed");
+    let mut out = std::io::BufReader::new(child.stdout.take().unwrap());
+    let mut line = String::new();
+    while !line.contains("connected") {
+        line.clear();
+        assert!(out.read_line(&mut line).unwrap() > 0, "the client ended before connecting");
+    }
+    // Its list is published within 100 ms of the connection.
+    std::thread::sleep(Duration::from_millis(300));
+    child.kill().unwrap();
+    child.wait().unwrap();
+    assert!(
+        conn.wait_disconnect(T).unwrap(),
+        "no DREQ for the killed client's connection; counters:\n{}",
+        counters(&[&server, &survivor])
+    );
+}
+
 /// Every context's non-zero device counters, for a failure message.
 fn counters(all: &[&Context]) -> String {
     all.iter()

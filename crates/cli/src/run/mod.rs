@@ -164,6 +164,13 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
         }
         if let Some(status) = child.try_wait()? {
             use std::os::unix::process::ExitStatusExt;
+            // A program killed with connections up (SIGKILL) never sent
+            // their DREQs: sent for it here, as the kernel CM would.
+            for d in &devices {
+                if let Err(e) = d.end_leftover_connections() {
+                    eprintln!("uroce run: ending {}'s leftover connections: {e}", d.name());
+                }
+            }
             let code = status.code().or(status.signal().map(|s| 128 + s)).unwrap_or(1);
             return Ok(ExitCode::from(code as u8));
         }

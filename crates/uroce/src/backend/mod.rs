@@ -4,6 +4,8 @@
 
 mod share;
 
+pub(crate) use share::has_connection_lists;
+
 /// Bits of QPN each context owns on a shared address
 /// ([`Backend::qpn_range`]).
 pub(crate) const QPN_RANGE_BITS: u32 = share::QPN_SHIFT;
@@ -16,6 +18,7 @@ use std::net::{IpAddr, SocketAddr};
 use std::time::Duration;
 
 use uroce_transport::Instant;
+use uroce_transport::cm::Leftover;
 
 /// How many packets, and bytes, one batched send may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -59,6 +62,19 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
     /// listens on one of them.
     fn set_listening(&mut self, _ports: &[u16]) -> bool {
         true
+    }
+
+    /// Lists this context's CM connections where a context that takes
+    /// back its place after it died finds them (a shared address); whether
+    /// the list was written (or nothing is published here).
+    fn publish_connections(&mut self, _conns: &[Leftover]) -> bool {
+        true
+    }
+
+    /// The connections of dead contexts this one took back the places
+    /// of since the last call, for the driver to end with DREQs.
+    fn take_leftovers(&mut self) -> Vec<Leftover> {
+        Vec::new()
     }
 
     /// How runs of equal-sized packets to one destination may leave

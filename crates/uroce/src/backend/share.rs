@@ -29,7 +29,9 @@ use std::fs::{File, OpenOptions};
 use std::io;
 use std::net::SocketAddr;
 use std::os::unix::fs::FileExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
+
+use uroce_transport::cm::Leftover;
 
 use crate::ofd_lock;
 
@@ -108,6 +110,9 @@ pub(crate) struct Registry {
     path: PathBuf,
     /// [`Registry::leave`] ran: nothing left for `Drop`.
     left: bool,
+    /// Connections of dead members whose slots this member took back,
+    /// for the caller to end (see [`Registry::take_leftovers`]).
+    leftovers: Vec<Leftover>,
 }
 
 /// Whether `path` still names the open `file` (not removed or replaced).
@@ -217,8 +222,10 @@ impl Registry {
                 break file;
             }
         };
-        let taken = open_rw(&round_path(&path))
-            .and_then(|round_lock| Ok((round_lock, Self::take_slot(&file, want)?)));
+        let mut leftovers = Vec::new();
+        let taken = open_rw(&round_path(&path)).and_then(|round_lock| {
+            Ok((round_lock, Self::take_slot(&file, &path, want, &mut leftovers)?))
+        });
         let (round_lock, (slot, owner)) = match taken {
             Ok(t) => t,
             Err(e) => {
@@ -242,7 +249,7 @@ impl Registry {
             let _ = ofd_lock::unlock(&file, lock_byte(slot));
         }
         let _ = file.unlock();
-        Ok(bound.map(|t| (Self { file, round_lock, slot, owner, path, left: false }, t)))
+        Ok(bound.map(|t| (Self { file, round_lock, slot, owner, path, left: false, leftovers }, t)))
     }
 
     /// Leaves the group: under the table's lock, the table predicts the
@@ -266,7 +273,12 @@ impl Registry {
     /// Under the table's lock: takes back the slots of members that are
     /// gone, then takes slot `want` (or the first free one) and its
     /// liveness lock.
-    fn take_slot(file: &File, want: Option<usize>) -> io::Result<(usize, Owner)> {
+    fn take_slot(
+        file: &File,
+        path: &Path,
+        want: Option<usize>,
+        leftovers: &mut Vec<Leftover>,
+    ) -> io::Result<(usize, Owner)> {
         if read_word(file, W_MAGIC) != FILE_MAGIC {
             for w in 0..FILE_WORDS {
                 write_word(file, w, 0)?;
@@ -279,6 +291,7 @@ impl Registry {
             if slot_owner(file, s).pid != 0 && !alive {
                 clear_slot(file, s)?;
                 predict_leave(file, s);
+                take_connections(path, s, leftovers);
             }
             // A slot whose lock someone holds is not free, even if its
             // words were cleared.
@@ -337,7 +350,7 @@ impl Registry {
 
     /// The live members' slots, taking back (under the lock) those whose
     /// process is gone. `None` if the lock could not be had.
-    pub(crate) fn live_slots(&self) -> Vec<usize> {
+    pub(crate) fn live_slots(&mut self) -> Vec<usize> {
         let mut live = Vec::new();
         let mut dead = Vec::new();
         for s in 0..SLOTS {
@@ -358,6 +371,7 @@ impl Registry {
                     let _ = clear_slot(&self.file, s);
                     let _ = bump(&self.file);
                     predict_leave(&self.file, s);
+                    take_connections(&self.path, s, &mut self.leftovers);
                 }
             }
             let _ = self.file.unlock();
@@ -547,14 +561,51 @@ impl Registry {
             let _ = clear_slot(&self.file, self.slot);
             let _ = bump(&self.file);
             predict_leave(&self.file, self.slot);
+            let _ = std::fs::remove_file(connections_path(&self.path, self.slot));
         }
         let others = (0..SLOTS).any(|s| s != self.slot && slot_alive(&self.file, s));
         if !others && same_file(&self.file, &self.path) {
             // Removed under the lock; a context that opened it and waits
-            // for the lock sees it gone and starts a new one.
+            // for the lock sees it gone and starts a new one. With it go
+            // the lists of members that died unnoticed (no one is left to
+            // end their connections).
+            for s in 0..SLOTS {
+                let _ = std::fs::remove_file(connections_path(&self.path, s));
+            }
             let _ = std::fs::remove_file(round_path(&self.path));
             let _ = std::fs::remove_file(&self.path);
         }
+    }
+
+    /// Lists this member's connections where a member that takes back its
+    /// slot after it died finds them (written beside and renamed, so a
+    /// reader sees a whole list; no file for none).
+    pub(crate) fn publish_connections(&self, conns: &[Leftover]) -> io::Result<()> {
+        use std::fmt::Write as _;
+        let path = connections_path(&self.path, self.slot);
+        if conns.is_empty() {
+            return match std::fs::remove_file(&path) {
+                Err(e) if e.kind() != io::ErrorKind::NotFound => Err(e),
+                _ => Ok(()),
+            };
+        }
+        let mut text = String::new();
+        for c in conns {
+            let _ = writeln!(
+                text,
+                "{} {:08x} {:08x} {:06x} {:016x}",
+                c.peer, c.local_id, c.remote_id, c.remote_qpn, c.tid
+            );
+        }
+        let tmp = crate::published::with_suffix(&path, ".new");
+        std::fs::write(&tmp, text)?;
+        std::fs::rename(&tmp, &path)
+    }
+
+    /// The connections of dead members this member took back slots of
+    /// since the last call: the caller sends their DREQs.
+    pub(crate) fn take_leftovers(&mut self) -> Vec<Leftover> {
+        std::mem::take(&mut self.leftovers)
     }
 }
 
@@ -567,6 +618,44 @@ impl Drop for Registry {
             let _ = self.file.unlock();
         }
     }
+}
+
+/// Where slot `s`'s owner lists its connections.
+fn connections_path(table: &Path, s: usize) -> PathBuf {
+    crate::published::with_suffix(table, &format!(".conns-{s}"))
+}
+
+/// Whether a context of the device at `addr` has listed connections (a
+/// live one, or one that died and whose slot nobody took back yet).
+pub(crate) fn has_connection_lists(addr: SocketAddr) -> bool {
+    has_connection_lists_at(&path_of(addr))
+}
+
+fn has_connection_lists_at(table: &Path) -> bool {
+    (0..SLOTS).any(|s| connections_path(table, s).exists())
+}
+
+/// Appends the connections dead slot `s`'s owner listed to `out`, and
+/// removes the list (under the table's lock, before the slot is given
+/// again).
+fn take_connections(table: &Path, s: usize, out: &mut Vec<Leftover>) {
+    let path = connections_path(table, s);
+    if let Ok(text) = std::fs::read_to_string(&path) {
+        out.extend(text.lines().filter_map(parse_connection));
+    }
+    let _ = std::fs::remove_file(&path);
+}
+
+/// One line of a connections list.
+fn parse_connection(line: &str) -> Option<Leftover> {
+    let mut f = line.split(' ');
+    let peer = f.next()?.parse().ok()?;
+    let mut hex = || f.next().and_then(|v| u64::from_str_radix(v, 16).ok());
+    let local_id = u32::try_from(hex()?).ok()?;
+    let remote_id = u32::try_from(hex()?).ok()?;
+    let remote_qpn = u32::try_from(hex()?).ok()?;
+    let tid = hex()?;
+    Some(Leftover { peer, local_id, remote_id, remote_qpn, tid })
 }
 
 /// The kernel appended slot `s`'s socket to the group: so does the table.
@@ -843,7 +932,7 @@ mod tests {
     #[test]
     fn a_dead_members_slot_is_taken_back() {
         let (dir, path) = table_in_fresh_dir("test");
-        let a = join(&path);
+        let mut a = join(&path);
         let b = join(&path);
         let c = join(&path);
         assert_eq!((a.slot(), b.slot(), c.slot()), (0, 1, 2));
@@ -889,7 +978,7 @@ mod tests {
     #[test]
     fn joins_and_leaves_steer_under_the_lock() {
         let (dir, path) = table_in_fresh_dir("steer");
-        let a = join(&path);
+        let mut a = join(&path);
         assert_eq!(read_table(&a.file), vec![(0, 0)], "alone: index 0");
         assert_eq!(a.measured(), a.generation(), "nothing to measure");
         let b = join(&path);
@@ -935,7 +1024,7 @@ mod tests {
         let (c, ()) = join_as(3).unwrap().unwrap();
         assert_eq!(c.slot(), 3);
         assert_eq!(read_table(&c.file), vec![(3, 0)], "alone: index 0");
-        let a = join(&path);
+        let mut a = join(&path);
         assert_eq!(a.slot(), 0, "a plain join takes the first free slot");
         assert_eq!(read_table(&a.file), vec![(0, 1), (3, 0)]);
         assert_eq!(join_as(3).unwrap_err().kind(), io::ErrorKind::AddrInUse, "slot 3 is live");
@@ -949,13 +1038,53 @@ mod tests {
         let _ = std::fs::remove_dir_all(&dir);
     }
 
+    /// A member's connection list reads back as written (IPv4 and IPv6
+    /// peers, full-width IDs), is gone when it has none, and a torn or
+    /// foreign line is skipped.
+    #[test]
+    fn connection_lists_read_back() {
+        let (dir, path) = table_in_fresh_dir("conns");
+        let a = join(&path);
+        let conns = [
+            Leftover {
+                peer: "10.0.0.2".parse().unwrap(),
+                local_id: 0xfc00_0001,
+                remote_id: 0x1234_5678,
+                remote_qpn: 0xff_ffff,
+                tid: u64::MAX,
+            },
+            Leftover {
+                peer: "fe80::1".parse().unwrap(),
+                local_id: 1,
+                remote_id: 2,
+                remote_qpn: 3,
+                tid: 4,
+            },
+        ];
+        a.publish_connections(&conns).unwrap();
+        assert!(has_connection_lists_at(&path));
+        let list = connections_path(&path, a.slot());
+        let mut text = std::fs::read_to_string(&list).unwrap();
+        text.push_str("10.0.0.3 zz\n");
+        std::fs::write(&list, text).unwrap();
+        let mut got = Vec::new();
+        take_connections(&path, a.slot(), &mut got);
+        assert_eq!(got, conns);
+        assert!(!list.exists(), "taken lists are removed");
+        a.publish_connections(&conns).unwrap();
+        a.publish_connections(&[]).unwrap();
+        assert!(!has_connection_lists_at(&path), "no list for no connections");
+        drop(a);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
     /// Liveness is the slot's lock, not a pid: a member whose pid means
     /// something else in this PID namespace (pid 1 of a container, a pid
     /// that exited here) is alive while it holds its lock.
     #[test]
     fn a_member_lives_while_its_lock_does() {
         let (dir, path) = table_in_fresh_dir("lock");
-        let a = join(&path);
+        let mut a = join(&path);
         let b = join(&path);
         for pid in [1, 0x7fff_fff0] {
             write_word(&a.file, W_SLOTS + 2, pid).unwrap();

@@ -23,6 +23,7 @@ use std::os::fd::AsRawFd;
 use std::time::Duration;
 
 use super::share;
+use uroce_transport::cm::Leftover;
 
 /// The most segments one GSO send carries.
 const MAX_SEGMENTS: usize = 64;
@@ -632,6 +633,17 @@ impl super::Backend for UdpBackend {
         }
         self.listening = ports.to_vec();
         true
+    }
+
+    fn publish_connections(&mut self, conns: &[Leftover]) -> bool {
+        self.sharing().is_none_or(|s| s.registry.publish_connections(conns).is_ok())
+    }
+
+    fn take_leftovers(&mut self) -> Vec<Leftover> {
+        match self.ports.first_mut().and_then(|p| p.sharing.as_mut()) {
+            Some(s) => s.registry.take_leftovers(),
+            None => Vec::new(),
+        }
     }
 
     fn batch(&self) -> super::SendBatch {
