@@ -492,6 +492,62 @@ fn libfabric_verbs_msg_endpoints_connect_through_the_cm() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// UCX's client/server connection establishment through the RDMA CM
+/// (`ucp_listener` and `ucp_ep` by socket address, UCX's `rdmacm`
+/// component only): UCX's own example `ucp_client_server.c` (from
+/// libucx-dev, built here) between the two hosts, three tag messages,
+/// each checked by the server.
+#[test]
+fn ucx_client_server_connects_through_the_rdma_cm() {
+    if !can_run() {
+        return;
+    }
+    let examples = std::path::Path::new("/usr/share/doc/libucx-dev/examples");
+    if !examples.join("ucp_client_server.c").exists() {
+        assert!(std::env::var_os("CI").is_none(), "no UCX examples (libucx-dev) in CI");
+        eprintln!("no libucx-dev examples: skipped");
+        return;
+    }
+    let dir = std::env::temp_dir().join(format!("uroce-ucpcs-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let exe = dir.join("ucp_client_server");
+    let cc = Command::new("cc")
+        .args(["-O1", "-o"])
+        .arg(&exe)
+        .arg(examples.join("ucp_client_server.c"))
+        .args(["-lucp", "-lucs"])
+        .output()
+        .unwrap();
+    assert!(cc.status.success(), "cc: {}", text(&cc));
+    let hosts = Hosts::new();
+    let exe = exe.to_string_lossy().into_owned();
+    let port = uroce::testing::free_tcp_port().to_string();
+    let only_rdmacm = ("UCX_SOCKADDR_TLS_PRIORITY", "rdmacm");
+    // The server serves one client after another until stopped; its lines
+    // are read after the stop, so they must not wait in a buffer.
+    let sargs = ["stdbuf", "-oL", &exe, "-l", ADDR_A, "-p", &port, "-c", "tag", "-i", "3"];
+    let mut server = hosts.cmd(true, &sargs).env(only_rdmacm.0, only_rdmacm.1).spawn().unwrap();
+    // It listens through the CM (no TCP socket to look for): its word.
+    let mut out = std::io::BufReader::new(server.stdout.take().unwrap());
+    let mut said = String::new();
+    while !said.contains("Waiting for connection")
+        && std::io::BufRead::read_line(&mut out, &mut said).unwrap() > 0
+    {}
+    assert!(said.contains("Waiting for connection"), "the server did not listen: {said}");
+    let cargs = [exe.as_str(), "-a", ADDR_A, "-p", &port, "-c", "tag", "-i", "3"];
+    let client = hosts.cmd(false, &cargs).env(only_rdmacm.0, only_rdmacm.1).spawn().unwrap();
+    let (co, ct) = finish(client, Instant::now() + Duration::from_secs(60));
+    // SAFETY: signals the server's process group (its own, see `cmd`).
+    unsafe { libc::kill(-(server.id() as i32), libc::SIGTERM) };
+    let (so, st) = finish(server, Instant::now() + Duration::from_secs(20));
+    let _ = std::io::Read::read_to_string(&mut out, &mut said);
+    let all = format!("--- server ---\n{said}{}\n--- client ---\n{}", text(&so), text(&co));
+    assert!(!ct && !st && co.status.success(), "{all}");
+    assert_eq!(said.matches("UCX data message was received").count(), 2, "{all}");
+    assert!(said.contains("ABCDEFGHIJKLMNO"), "{all}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// `tests/c/more_names.c` under `uroce run`: `ibv_read_ibdev_sysfs_file`
 /// reads the device's files, the import family says EOPNOTSUPP.
 #[test]

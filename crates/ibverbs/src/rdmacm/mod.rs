@@ -412,14 +412,25 @@ fn uroce_of(verbs: usize) -> Option<uroce::Context> {
     crate::objects::live_ctx(verbs as *mut ibv_context).map(|c| c.uroce().clone())
 }
 
+/// Gives `b` device context `verbs`, port 1 and the device's PD, as
+/// librdmacm fills `id->verbs` and `id->pd` once an id has a device
+/// (UCX creates its placeholder QP on `id->pd`).
+fn attach_device(b: &IdBox, st: &mut IdState, verbs: *mut ibv_context) {
+    st.verbs = verbs as usize;
+    let c = b.c();
+    c.verbs = verbs;
+    c.port_num = 1;
+    if c.pd.is_null() {
+        c.pd = default_pd(verbs);
+    }
+}
+
 /// Binds `b` to local address `local` on device `index` (fills the C
 /// struct's verbs, port and source address).
 fn bind_to(b: &IdBox, st: &mut IdState, index: Option<usize>, local: SocketAddr) -> c_int {
     if let Some(i) = index {
         let Some(verbs) = device_context(i) else { return libc::ENODEV };
-        st.verbs = verbs as usize;
-        b.c().verbs = verbs;
-        b.c().port_num = 1;
+        attach_device(b, st, verbs);
     }
     st.local = Some(local);
     write_sockaddr(&mut b.c().route.addr.src, local);
@@ -1497,9 +1508,7 @@ fn connect_request(
     let local_ip = hdr.dst;
     let _ = bind_to(b, &mut st, None, SocketAddr::new(local_ip, local_port));
     if let Some(v) = verbs {
-        st.verbs = v as usize;
-        b.c().verbs = v;
-        b.c().port_num = 1;
+        attach_device(b, &mut st, v);
     }
     set_remote(b, &mut st, SocketAddr::new(from, hdr.src_port));
     let mut ev = new_event(id, event::CONNECT_REQUEST, 0);

@@ -61,6 +61,8 @@ static void options(struct rdma_event_channel *ch)
 	struct sockaddr_in a = addr4("127.0.0.1", 0);
 	REQUIRE(rdma_bind_addr(id, SA(a)) == 0, "bind with port 0");
 	CHECK(rdma_get_src_port(id) != 0, "an ephemeral port was chosen");
+	CHECK(id->verbs != NULL && id->pd != NULL && id->pd->context == id->verbs,
+	      "a bound id has the device's context and PD (UCX makes QPs on id->pd)");
 	CHECK(fails_with(rdma_set_option(id, RDMA_OPTION_ID, RDMA_OPTION_ID_AFONLY, &one,
 					 sizeof one), EINVAL), "AFONLY after bind");
 	CHECK(fails_with(rdma_bind_addr(id, SA(a)), EINVAL), "binding a bound id");
