@@ -120,6 +120,13 @@ impl Drop for Hosts {
     }
 }
 
+/// Builds C program `src` into `exe` with `args` (flags and libraries,
+/// which follow the source).
+fn compile(src: &std::path::Path, exe: &std::path::Path, args: &[&str]) {
+    let cc = Command::new("cc").arg("-o").arg(exe).arg(src).args(args).output().unwrap();
+    assert!(cc.status.success(), "cc {}: {}", src.display(), text(&cc));
+}
+
 fn can_run() -> bool {
     use std::os::unix::fs::MetadataExt;
     let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
@@ -459,14 +466,7 @@ fn libfabric_verbs_msg_endpoints_connect_through_the_cm() {
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("fi_msg_check");
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/fi_msg_check.c");
-    let cc = Command::new("cc")
-        .args(["-std=gnu11", "-O1", "-Wall", "-Werror", "-o"])
-        .arg(&exe)
-        .arg(&src)
-        .arg("-lfabric")
-        .output()
-        .unwrap();
-    assert!(cc.status.success(), "cc: {}", text(&cc));
+    compile(&src, &exe, &["-std=gnu11", "-O1", "-Wall", "-Werror", "-lfabric"]);
     let hosts = Hosts::new();
     let exe = exe.to_string_lossy().into_owned();
     let port = uroce::testing::free_tcp_port().to_string();
@@ -511,14 +511,7 @@ fn ucx_client_server_connects_through_the_rdma_cm() {
     let dir = std::env::temp_dir().join(format!("uroce-ucpcs-{}", std::process::id()));
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("ucp_client_server");
-    let cc = Command::new("cc")
-        .args(["-O1", "-o"])
-        .arg(&exe)
-        .arg(examples.join("ucp_client_server.c"))
-        .args(["-lucp", "-lucs"])
-        .output()
-        .unwrap();
-    assert!(cc.status.success(), "cc: {}", text(&cc));
+    compile(&examples.join("ucp_client_server.c"), &exe, &["-O1", "-lucp", "-lucs"]);
     let hosts = Hosts::new();
     let exe = exe.to_string_lossy().into_owned();
     let port = uroce::testing::free_tcp_port().to_string();
@@ -559,8 +552,7 @@ fn sysfs_reads_and_imports_through_the_drop_in() {
     std::fs::create_dir_all(&dir).unwrap();
     let exe = dir.join("more_names");
     let src = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/c/more_names.c");
-    let cc = Command::new("cc").arg("-o").arg(&exe).arg(&src).arg("-libverbs").output().unwrap();
-    assert!(cc.status.success(), "cc: {}", text(&cc));
+    compile(&src, &exe, &["-libverbs"]);
     let out = Command::new(&env().uroce)
         .args(["run", "--"])
         .arg(&exe)
