@@ -276,11 +276,17 @@ impl Driver {
         let port = self.backend.local().port();
         let any = !out.is_empty();
         for (to, b) in out {
-            let sgid = self.gid_for(to).and_then(|i| u8::try_from(i).ok()).unwrap_or(0);
-            let sgid = if self.source_for(sgid, to).is_ok() { sgid } else { 0 };
+            let sgid = self.cm_source_gid(to);
             self.ep.send_gsi(to, port, sgid, &b);
         }
         any
+    }
+
+    /// The GID a CM datagram to `to` leaves from: the first of the peer's
+    /// family and scope, if it can be bound; else GID 0.
+    fn cm_source_gid(&mut self, to: IpAddr) -> u8 {
+        let sgid = self.gid_for(to).and_then(|i| u8::try_from(i).ok()).unwrap_or(0);
+        if self.source_for(sgid, to).is_ok() { sgid } else { 0 }
     }
 
     /// At process exit: every CM connection still up is disconnected
@@ -434,8 +440,7 @@ impl Driver {
         for l in &leftovers {
             let mut b = [0u8; uroce_wire::cm::MAD_LEN];
             l.dreq().emit(&mut b);
-            let sgid = self.gid_for(l.peer).and_then(|i| u8::try_from(i).ok()).unwrap_or(0);
-            let sgid = if self.source_for(sgid, l.peer).is_ok() { sgid } else { 0 };
+            let sgid = self.cm_source_gid(l.peer);
             for _ in 0..2 {
                 self.ep.send_gsi(l.peer, port, sgid, &b);
             }

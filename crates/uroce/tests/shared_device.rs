@@ -232,8 +232,9 @@ fn a_killed_processs_connection_is_ended_by_a_context_that_shares_its_device() {
         line.clear();
         assert!(out.read_line(&mut line).unwrap() > 0, "the client ended before connecting");
     }
-    // Its list is published within 100 ms of the connection.
-    std::thread::sleep(Duration::from_millis(300));
+    // Its list is published within 100 ms of the connection (a progress
+    // pass at least every 100 ms); a busy host gets some slack.
+    std::thread::sleep(Duration::from_secs(1));
     child.kill().unwrap();
     child.wait().unwrap();
     assert!(
