@@ -97,6 +97,15 @@ impl Hosts {
         t
     }
 
+    /// Makes `localhost` name host a's veth address inside host a (`ip
+    /// netns exec` mounts `/etc/netns/NS/hosts` over `/etc/hosts`), for
+    /// programs that bind "localhost" as their RDMA address.
+    fn localhost_on_a_is_its_device(&self) {
+        let dir = format!("/etc/netns/{}", self.a);
+        std::fs::create_dir_all(&dir).unwrap();
+        std::fs::write(format!("{dir}/hosts"), format!("{ADDR_A} localhost\n")).unwrap();
+    }
+
     /// Waits until something listens on TCP `port` in host a.
     fn wait_listening(&self, port: u16, deadline: Instant) {
         while Instant::now() < deadline {
@@ -115,6 +124,7 @@ impl Hosts {
 impl Drop for Hosts {
     fn drop(&mut self) {
         // (the veth pair goes with its namespaces)
+        let _ = std::fs::remove_dir_all(format!("/etc/netns/{}", self.a));
         sh(&["ip", "netns", "del", &self.a]);
         sh(&["ip", "netns", "del", &self.b]);
     }
@@ -451,12 +461,44 @@ fn libfabric_verbs_lists_the_device_and_runs_dgram() {
     assert!(text(&co).contains("Mxfers/sec"), "no result: {all}");
 }
 
+/// libfabric-bin's `fi_pingpong` over the verbs provider's connected
+/// endpoints: MSG (one RC QP, connected through the RDMA CM) and RDM
+/// through `ofi_rxm` (rxm connects RC QPs on demand, by the CM), data
+/// checked (`-c`), 64 B to 1 MiB. fi_pingpong 1.17 names no server
+/// address: the provider binds "localhost" and the server hands that
+/// name to its client, so `localhost` must name the server's RDMA address
+/// (on kernel rxe too, where binding 127.0.0.1 is ENODEV); host a's
+/// `/etc/hosts` says so.
+#[test]
+fn libfabric_pingpong_runs_over_msg_and_rxm_endpoints() {
+    if !can_run() {
+        return;
+    }
+    let hosts = Hosts::new();
+    hosts.localhost_on_a_is_its_device();
+    for (prov, ep) in [("verbs", "msg"), ("verbs;ofi_rxm", "rdm")] {
+        let port = uroce::testing::free_tcp_port().to_string();
+        let args = ["fi_pingpong", "-p", prov, "-e", ep, "-I", "100", "-c"];
+        let server = hosts.cmd(true, &[&args[..], &["-B", &port]].concat()).spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        hosts.wait_listening(port.parse().unwrap(), deadline);
+        let cargs = [&args[..], &["-P", &port, ADDR_A]].concat();
+        let (co, ct) = finish(hosts.cmd(false, &cargs).spawn().unwrap(), deadline);
+        let (so, st) = finish(server, deadline + Duration::from_secs(5));
+        let all = format!("--- server ---\n{}\n--- client ---\n{}", text(&so), text(&co));
+        let ok = !ct && !st && co.status.success() && so.status.success();
+        assert!(ok, "fi_pingpong -p {prov} -e {ep}: {all}");
+        for out in [&co, &so] {
+            let rows = text(out).lines().filter(|l| l.contains("=100")).count();
+            assert_eq!(rows, 6, "fi_pingpong -p {prov} -e {ep}: not every size ran: {all}");
+        }
+    }
+}
+
 /// libfabric's verbs provider over MSG endpoints, which connect through
 /// the RDMA CM (`tests/c/fi_msg_check.c`, built against `libfabric-dev`):
 /// a passive endpoint on host a, a client on host b, messages from 1 byte
 /// to 64 KiB each way, every byte checked, then a shutdown the server sees.
-/// (fi_pingpong's MSG server cannot serve here or on rxe: it names no
-/// address, so the provider binds 127.0.0.1, which no RDMA device has.)
 #[test]
 fn libfabric_verbs_msg_endpoints_connect_through_the_cm() {
     if !can_run() {
