@@ -813,6 +813,7 @@ fn malformed_cma_headers_are_refused() {
             initiator_depth: 1,
             rnr_retry_count: 7,
             srq: false,
+            ece: uroce::cm::Ece::default(),
         },
         transport_service_type: 0,
         retry_count: 7,

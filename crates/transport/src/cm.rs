@@ -34,6 +34,19 @@ pub fn cm_timeout(timeout: u8) -> Duration {
     Duration::from_nanos(4096 << timeout.min(31))
 }
 
+/// Enhanced connection establishment (IBTA 1.4's ECE, rdma-core's
+/// `struct ibv_ece`): a vendor ID (24 bits on the wire; 0 = none) and
+/// vendor options, carried in the REQ and the REP (the options in the MAD
+/// header's attribute modifier), as Linux's CM carries them. The CM only
+/// carries them; what they mean is the two QPs' business.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Ece {
+    /// The vendor (an IEEE OUI); 0 when ECE is not offered.
+    pub vendor_id: u32,
+    /// The vendor's options.
+    pub options: u32,
+}
+
 /// What a QP brings to a connection (both sides fill one).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct QpOffer {
@@ -49,6 +62,8 @@ pub struct QpOffer {
     pub rnr_retry_count: u8,
     /// It takes receives from an SRQ.
     pub srq: bool,
+    /// ECE offered (REQ) or answered (REP).
+    pub ece: Ece,
 }
 
 /// A connection request to send ([`CmAgent::connect`]).
@@ -88,6 +103,8 @@ pub enum CmEvent {
         from: IpAddr,
         /// The request (its QP, PSN, path, private data).
         req: Box<Req>,
+        /// The requester's ECE.
+        ece: Ece,
     },
     /// The peer accepted our REQ: move the QP to RTR and RTS with the
     /// reply's numbers, then call [`CmAgent::establish`].
@@ -96,6 +113,8 @@ pub enum CmEvent {
         id: u32,
         /// The reply.
         rep: Box<Rep>,
+        /// The ECE the peer answered with.
+        ece: Ece,
     },
     /// The passive side is ready (it got the RTU, or any message that
     /// proves the peer is established). The active side, which sends the
@@ -360,14 +379,15 @@ struct Orphan {
 /// A request waiting for a listener: a connection's or a SIDR one.
 #[derive(Debug)]
 enum OrphanReq {
-    Req(Req),
+    /// With the ECE options of its MAD header.
+    Req(Req, u32),
     Sidr(SidrReq),
 }
 
 impl OrphanReq {
     fn service_id(&self) -> u64 {
         match self {
-            Self::Req(r) => r.service_id,
+            Self::Req(r, _) => r.service_id,
             Self::Sidr(r) => r.service_id,
         }
     }
@@ -375,7 +395,7 @@ impl OrphanReq {
     /// The requester's ID for it (to tell a resend from a new request).
     fn request_id(&self) -> u32 {
         match self {
-            Self::Req(r) => r.local_comm_id,
+            Self::Req(r, _) => r.local_comm_id,
             Self::Sidr(r) => r.request_id,
         }
     }
@@ -425,7 +445,7 @@ impl CmAgent {
         self.orphans = rest;
         for o in held {
             match &o.req {
-                OrphanReq::Req(r) => self.admit(self.last_now, o.from, o.tid, r),
+                OrphanReq::Req(r, options) => self.admit(self.last_now, o.from, o.tid, r, *options),
                 OrphanReq::Sidr(r) => self.on_sidr_req(self.last_now, o.from, o.tid, r),
             }
         }
@@ -491,6 +511,7 @@ impl CmAgent {
         self.next_tid = self.next_tid.wrapping_add(1);
         let req = Req {
             local_comm_id: id,
+            vendor_id: a.qp.ece.vendor_id,
             service_id: a.service_id,
             local_ca_guid: self.ca_guid,
             local_qkey: 0,
@@ -536,7 +557,8 @@ impl CmAgent {
                 remote_guid: 0,
             },
         );
-        let mad = CmMad { header: MadHeader::cm(attr::REQ, tid), message: CmMessage::Req(req) };
+        let header = MadHeader { attr_mod: a.qp.ece.options, ..MadHeader::cm(attr::REQ, tid) };
+        let mad = CmMad { header, message: CmMessage::Req(req) };
         self.send_reliably(id, now, mad);
         id
     }
@@ -569,6 +591,7 @@ impl CmAgent {
             remote_comm_id: c.remote_id,
             local_qkey: 0,
             local_qpn: qp.qpn,
+            vendor_id: qp.ece.vendor_id,
             local_eecn: 0,
             starting_psn: qp.starting_psn,
             responder_resources: qp.responder_resources,
@@ -581,7 +604,8 @@ impl CmAgent {
             local_ca_guid: self.ca_guid,
             private_data: pd,
         };
-        let mad = CmMad { header: MadHeader::cm(attr::REP, c.tid), message: CmMessage::Rep(rep) };
+        let header = MadHeader { attr_mod: qp.ece.options, ..MadHeader::cm(attr::REP, c.tid) };
+        let mad = CmMad { header, message: CmMessage::Rep(rep) };
         c.last_sent = Some(mad);
         self.send_reliably(id, now, mad);
         Ok(())
@@ -593,6 +617,16 @@ impl CmAgent {
     /// # Errors
     /// [`CmError::UnknownId`], [`CmError::InvalidState`].
     pub fn reject(&mut self, id: u32, private_data: &[u8]) -> Result<(), CmError> {
+        self.reject_for(id, rej_reason::CONSUMER_DEFINED, private_data)
+    }
+
+    /// [`CmAgent::reject`] with another reason: the consumer's (28) or
+    /// "vendor option not supported" (35, `rdma_reject_ece`), the two an
+    /// application may give (Linux refuses others).
+    ///
+    /// # Errors
+    /// As [`CmAgent::reject`].
+    pub fn reject_for(&mut self, id: u32, reason: u16, private_data: &[u8]) -> Result<(), CmError> {
         let c = self.conns.get(&id).ok_or(CmError::UnknownId)?;
         let message_rejected = match c.state {
             State::ReqRcvd => 0,
@@ -607,7 +641,7 @@ impl CmAgent {
             remote_comm_id: c.remote_id,
             message_rejected,
             rejected_info_length: 0,
-            reason: rej_reason::CONSUMER_DEFINED,
+            reason,
             ari: [0; 72],
             private_data: pd,
         };
@@ -780,7 +814,7 @@ impl CmAgent {
     /// Nobody listens: REJ (invalid service ID), or SIDR_REP status 1.
     fn refuse(&mut self, from: IpAddr, tid: u64, req: &OrphanReq) {
         let mad = match req {
-            OrphanReq::Req(r) => {
+            OrphanReq::Req(r, _) => {
                 rej_mad(tid, 0, r.local_comm_id, rej_reason::INVALID_SERVICE_ID, State::ReqRcvd)
             }
             OrphanReq::Sidr(r) => sidr_rep_mad(tid, r.request_id, 1, 0, 0, r.service_id, [0; 136]),
@@ -948,8 +982,14 @@ impl CmAgent {
     pub fn handle(&mut self, now: Instant, from: IpAddr, mad: &CmMad) {
         self.last_now = self.last_now.max(now);
         match &mad.message {
-            CmMessage::Req(req) => self.on_req(now, from, mad.header.tid, req),
-            CmMessage::Rep(rep) => self.on_rep(from, rep),
+            CmMessage::Req(req) => self.on_req(now, from, mad.header, req),
+            CmMessage::Rep(rep) => {
+                self.on_rep(
+                    from,
+                    rep,
+                    Ece { vendor_id: rep.vendor_id, options: mad.header.attr_mod },
+                );
+            }
             CmMessage::Rtu(rtu) => {
                 if let Some(id) = self.by_local(rtu.remote_comm_id, from) {
                     self.established_by_peer(id);
@@ -973,7 +1013,8 @@ impl CmAgent {
         }
     }
 
-    fn on_req(&mut self, now: Instant, from: IpAddr, tid: u64, req: &Req) {
+    fn on_req(&mut self, now: Instant, from: IpAddr, header: MadHeader, req: &Req) {
+        let tid = header.tid;
         // A duplicate (the peer resent it): answer as before, or, while
         // the application has not answered yet, tell the peer to wait
         // longer (MRA) rather than give up after its retries.
@@ -1009,15 +1050,15 @@ impl CmAgent {
         if !self.listening.contains(&req.service_id) {
             // Answered before the requester's first resend.
             let wait = ORPHAN_WAIT.min(cm_timeout(req.remote_cm_response_timeout) / 2);
-            self.hold_orphan(now, wait, from, tid, OrphanReq::Req(*req));
+            self.hold_orphan(now, wait, from, tid, OrphanReq::Req(*req, header.attr_mod));
             return;
         }
-        self.admit(now, from, tid, req);
+        self.admit(now, from, tid, req, header.attr_mod);
     }
 
     /// A REQ for a service listened on: checked, and handed to the
     /// application.
-    fn admit(&mut self, now: Instant, from: IpAddr, tid: u64, req: &Req) {
+    fn admit(&mut self, now: Instant, from: IpAddr, tid: u64, req: &Req, ece_options: u32) {
         // A REQ from a QP we are still connected to (the peer restarted
         // and reused the QPN): refuse it as stale and end the old
         // connection, as IBTA §12.9.8.3.1 and Linux do; the requester's
@@ -1072,7 +1113,8 @@ impl CmAgent {
                 remote_guid: req.local_ca_guid,
             },
         );
-        self.events.push_back(CmEvent::ConnectRequest { id, from, req: Box::new(*req) });
+        let ece = Ece { vendor_id: req.vendor_id, options: ece_options };
+        self.events.push_back(CmEvent::ConnectRequest { id, from, req: Box::new(*req), ece });
     }
 
     /// The peer needs more time for our REQ (or REP): wait the service
@@ -1087,7 +1129,7 @@ impl CmAgent {
         }
     }
 
-    fn on_rep(&mut self, from: IpAddr, rep: &Rep) {
+    fn on_rep(&mut self, from: IpAddr, rep: &Rep, ece: Ece) {
         let Some(id) = self.by_local(rep.remote_comm_id, from) else { return };
         let c = self.conns.get_mut(&id).expect("looked up");
         match c.state {
@@ -1098,7 +1140,7 @@ impl CmAgent {
                 c.remote_id = rep.local_comm_id;
                 c.remote_qpn = rep.local_qpn;
                 c.remote_guid = rep.local_ca_guid;
-                self.events.push_back(CmEvent::ConnectReply { id, rep: Box::new(*rep) });
+                self.events.push_back(CmEvent::ConnectReply { id, rep: Box::new(*rep), ece });
             }
             // Our RTU was lost: send it again.
             State::Established => {

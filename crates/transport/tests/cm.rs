@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use uroce_transport::Instant;
 use uroce_transport::cm::{
-    CmAgent, CmEvent, ConnectArgs, GONE_RETRY, ORPHAN_WAIT, QpOffer, cm_timeout,
+    CmAgent, CmEvent, ConnectArgs, Ece, GONE_RETRY, ORPHAN_WAIT, QpOffer, cm_timeout,
 };
 use uroce_wire::cm::{
     CmMad, CmMessage, CmPath, MAD_LEN, attr, port_space, rdma_cm_service_id, rej_reason,
@@ -58,8 +58,8 @@ fn rxe_requests_get_the_reply_rxe_gives() {
     a.listen(rdma_cm_service_id(port_space::TCP, 7174)).unwrap();
     a.handle(t0, client, &m[0]);
     let ev = events(&mut a);
-    let [CmEvent::ConnectRequest { id, from, req: got }] = &ev[..] else { panic!("{ev:?}") };
-    assert_eq!((*from, **got), (client, req));
+    let [CmEvent::ConnectRequest { id, from, req: got, ece }] = &ev[..] else { panic!("{ev:?}") };
+    assert_eq!((*from, **got, *ece), (client, req, Ece::default()));
     let id = *id;
 
     // The values each side picks (QPN, PSN) are ours; the READ depths and
@@ -71,6 +71,7 @@ fn rxe_requests_get_the_reply_rxe_gives() {
         initiator_depth: 1,
         rnr_retry_count: 7,
         srq: false,
+        ece: Ece::default(),
     };
     a.accept(t0, id, &qp, &[]).unwrap();
     let (to, ours) = a.poll_transmit().unwrap();
@@ -181,6 +182,7 @@ fn offer(qpn: u32) -> QpOffer {
         initiator_depth: 4,
         rnr_retry_count: 7,
         srq: false,
+        ece: Ece::default(),
     }
 }
 
@@ -219,7 +221,7 @@ fn establish(p: &mut Pair) -> (u32, u32) {
     p.flush();
     loop {
         if let Some(ev) = p.a.poll_event() {
-            let CmEvent::ConnectReply { id, rep } = ev else { panic!("{ev:?}") };
+            let CmEvent::ConnectReply { id, rep, .. } = ev else { panic!("{ev:?}") };
             assert_eq!((id, rep.local_qpn, &rep.private_data[..7]), (ida, 0x22, &b"welcome"[..]));
             break;
         }
@@ -317,6 +319,43 @@ fn a_consumer_reject_carries_its_private_data() {
     assert_eq!((*rid, *reason), (id, rej_reason::CONSUMER_DEFINED));
     assert_eq!(&private_data[..7], b"go away");
     assert!(p.b.accept(p.now, idb, &offer(1), &[]).is_err(), "the request is gone");
+}
+
+/// ECE rides in the REQ and the REP (vendor ID in the message, options
+/// in the MAD header's attribute modifier, as Linux puts them), resent
+/// copies included; a request whose options cannot be met is refused
+/// with reason 35.
+#[test]
+fn ece_is_carried_both_ways_and_refused_with_its_own_reason() {
+    let mellanox = Ece { vendor_id: 0x02c9, options: 0x5 };
+    let mut p = Pair::new(|_, _| false);
+    p.b.listen(SVC).unwrap();
+    let mut args = connect_args(SVC);
+    args.qp.ece = mellanox;
+    let id = p.a.connect(p.now, &args);
+    let (_, req) = p.a.poll_transmit().unwrap();
+    assert_eq!(req.header.attr_mod, 5);
+    let CmMessage::Req(r) = req.message else { panic!() };
+    assert_eq!(r.vendor_id, 0x02c9);
+    // (that copy is lost: the resent one must carry it too)
+    p.tick();
+    let Some(CmEvent::ConnectRequest { id: idb, ece, .. }) = p.b.poll_event() else { panic!() };
+    assert_eq!(ece, mellanox, "the resent REQ carries it too");
+    let answer = Ece { vendor_id: 0x02c9, options: 0x1 };
+    p.b.accept(p.now, idb, &QpOffer { ece: answer, ..offer(0x21) }, &[]).unwrap();
+    p.flush();
+    let Some(CmEvent::ConnectReply { id: ida, ece, .. }) = p.a.poll_event() else { panic!() };
+    assert_eq!((ida, ece), (id, answer));
+
+    args.qp.qpn = 0x12; // another QP (0x11's connection still stands)
+    let id = p.a.connect(p.now, &args);
+    p.flush();
+    let Some(CmEvent::ConnectRequest { id: idb, .. }) = p.b.poll_event() else { panic!() };
+    p.b.reject_for(idb, rej_reason::VENDOR_OPTION_NOT_SUPPORTED, b"no").unwrap();
+    p.flush();
+    let ev = events(&mut p.a);
+    let [CmEvent::Rejected { id: rid, reason, .. }] = &ev[..] else { panic!("{ev:?}") };
+    assert_eq!((*rid, *reason), (id, 35));
 }
 
 #[test]

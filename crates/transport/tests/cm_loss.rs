@@ -9,7 +9,7 @@ use std::net::IpAddr;
 use std::time::Duration;
 
 use uroce_transport::Instant;
-use uroce_transport::cm::{CmAgent, CmEvent, ConnectArgs, QpOffer};
+use uroce_transport::cm::{CmAgent, CmEvent, ConnectArgs, Ece, QpOffer};
 use uroce_wire::cm::{CmMad, CmPath, port_space, rdma_cm_service_id};
 
 const A: &str = "10.0.0.1";
@@ -89,6 +89,7 @@ fn offer(qpn: u32) -> QpOffer {
         initiator_depth: 4,
         rnr_retry_count: 7,
         srq: false,
+        ece: Ece::default(),
     }
 }
 

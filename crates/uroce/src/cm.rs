@@ -229,6 +229,7 @@ impl Context {
                 initiator_depth: RD_ATOMIC,
                 rnr_retry_count: 7,
                 srq: false,
+                ece: Ece::default(),
             },
             transport_service_type: 0,
             retry_count: 7,
@@ -298,7 +299,7 @@ impl CmListener {
             return Err(Error::InvalidArgument("REP private data is at most 196 bytes"));
         }
         let service = self.service_id;
-        let Some(CmEvent::ConnectRequest { id, from, req }) = wait(
+        let Some(CmEvent::ConnectRequest { id, from, req, .. }) = wait(
             &self.ctx,
             timeout,
             |e| matches!(e, CmEvent::ConnectRequest { req, .. } if req.service_id == service),
@@ -347,6 +348,7 @@ fn answer_request(
         initiator_depth: RD_ATOMIC.min(req.responder_resources),
         rnr_retry_count: 7,
         srq: false,
+        ece: Ece::default(),
     };
     let mut d = ctx.inner.lock();
     let now = d.now();
@@ -399,7 +401,7 @@ pub use async_cm::AsyncCmChannel;
 
 pub use crate::driver::CmChannelEvent;
 pub use uroce_transport::cm::{
-    CmEvent as AgentEvent, ConnectArgs as RequestArgs, QpOffer as Offer,
+    CmEvent as AgentEvent, ConnectArgs as RequestArgs, Ece, QpOffer as Offer,
 };
 
 /// A CM event channel (`rdma_event_channel`): the events of the
@@ -552,11 +554,20 @@ impl Context {
     /// # Errors
     /// As [`Context::cm_accept`].
     pub fn cm_reject(&self, id: u32, private_data: &[u8]) -> Result<()> {
+        self.cm_reject_for(id, uroce_wire::cm::rej_reason::CONSUMER_DEFINED, private_data)
+    }
+
+    /// Refuses request `id` with REJ reason `reason`: the consumer's (28)
+    /// or "vendor option not supported" (35, an ECE the QP cannot do).
+    ///
+    /// # Errors
+    /// As [`Context::cm_accept`].
+    pub fn cm_reject_for(&self, id: u32, reason: u16, private_data: &[u8]) -> Result<()> {
         let mut d = self.inner.lock();
         let r = d
             .cm()
             .agent
-            .reject(id, private_data)
+            .reject_for(id, reason, private_data)
             .map_err(|_| Error::InvalidArgument("no connection request to reject"));
         d.send_cm_now();
         r
@@ -697,7 +708,7 @@ impl Context {
         let rep = loop {
             let CmChannelEvent::Cm { event, .. } = ch.next().await? else { continue };
             match event {
-                CmEvent::ConnectReply { id: i, rep } if i == id => break rep,
+                CmEvent::ConnectReply { id: i, rep, .. } if i == id => break rep,
                 CmEvent::Rejected { id: i, reason, private_data } if i == id => {
                     return Err(Error::Rejected { reason, private_data: private_data.to_vec() });
                 }
@@ -758,7 +769,7 @@ impl AsyncCmListener {
         // Events of connections already handed out go to the context's
         // queue: only requests (and the handshakes below) come here.
         let (id, from, req) = loop {
-            if let CmEvent::ConnectRequest { id, from, req } = self.next().await? {
+            if let CmEvent::ConnectRequest { id, from, req, .. } = self.next().await? {
                 break (id, from, req);
             }
         };

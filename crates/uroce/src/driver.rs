@@ -211,11 +211,15 @@ impl Driver {
         }
         while let Some(e) = cm.agent.poll_event() {
             work = true;
-            // The end of TimeWait concerns only the agent here (nobody
-            // reuses an ID), and would otherwise pile up.
+            // The end of TimeWait goes to the connection's channel
+            // (librdmacm's RDMA_CM_EVENT_TIMEWAIT_EXIT) and ends its
+            // route; a connection without one (the listener/connect calls)
+            // has nobody to tell, and its events would pile up.
             if matches!(e, CmEvent::TimeWaitExit { .. }) {
-                cm.routes.remove(&e.id());
                 cm.detached.remove(&e.id());
+                if let Some(q) = cm.routes.remove(&e.id()) {
+                    q.push(CmChannelEvent::Cm { ctx: cm.key, event: e });
+                }
                 continue;
             }
             if cm.detached.contains_key(&e.id()) {

@@ -166,6 +166,7 @@ fn channels_carry_each_connections_events() {
             initiator_depth: 1,
             rnr_retry_count: 7,
             srq: false,
+            ece: uroce::cm::Ece::default(),
         },
         transport_service_type: 0,
         retry_count: 7,
@@ -186,7 +187,7 @@ fn channels_carry_each_connections_events() {
     assert_eq!((req.local_qpn, req.private_data[0]), (0x51, 7));
     let offer = Offer { qpn: 0x61, ..args(0).qp };
     server.cm_accept(sid1, &offer, b"hi").unwrap();
-    let AgentEvent::ConnectReply { id, rep } = get(&cch) else { panic!() };
+    let AgentEvent::ConnectReply { id, rep, .. } = get(&cch) else { panic!() };
     assert_eq!((id, rep.local_qpn, &rep.private_data[..2]), (cid, 0x61, &b"hi"[..]));
     client.cm_establish(cid).unwrap();
     assert!(matches!(get(&sch), AgentEvent::Established { id } if id == sid1));

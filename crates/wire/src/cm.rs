@@ -109,6 +109,8 @@ pub mod rej_reason {
     pub const INVALID_MTU: u16 = 26;
     /// Consumer reject (`rdma_reject`), with private data.
     pub const CONSUMER_DEFINED: u16 = 28;
+    /// The ECE options asked for are not supported (`rdma_reject_ece`).
+    pub const VENDOR_OPTION_NOT_SUPPORTED: u16 = 35;
 }
 
 /// `value` of `width` bits at bit `off` of `byte` (bit 0 the MSB).
@@ -262,6 +264,10 @@ impl CmPath {
 pub struct Req {
     /// The sender's communication ID.
     pub local_comm_id: u32,
+    /// ECE (enhanced connection establishment, IBTA 1.4): the sender's
+    /// vendor ID (24 bits; 0 = none). Its options ride in the MAD
+    /// header's attribute modifier.
+    pub vendor_id: u32,
     /// The service asked for (RDMA CM: [`rdma_cm_service_id`]).
     pub service_id: u64,
     /// The sender's CA GUID.
@@ -319,6 +325,7 @@ impl Req {
     fn parse(b: &[u8]) -> Self {
         Self {
             local_comm_id: be32(b, 0),
+            vendor_id: be24(b, 5),
             service_id: be64(b, 8),
             local_ca_guid: be64(b, 16),
             local_qkey: be32(b, 28),
@@ -349,6 +356,7 @@ impl Req {
 
     fn emit(&self, b: &mut [u8]) {
         set_be32(b, 0, self.local_comm_id);
+        set_be24(b, 5, self.vendor_id & 0xff_ffff);
         set_be64(b, 8, self.service_id);
         set_be64(b, 16, self.local_ca_guid);
         set_be32(b, 28, self.local_qkey);
@@ -422,6 +430,10 @@ pub struct Rep {
     pub local_qkey: u32,
     /// The sender's QP number.
     pub local_qpn: u32,
+    /// ECE: the vendor ID the sender answers with (24 bits, carried in
+    /// the three bytes after the QPN, EECN and PSN); options in the MAD
+    /// header's attribute modifier.
+    pub vendor_id: u32,
     /// The sender's EE context (RD).
     pub local_eecn: u32,
     /// The sender's first PSN.
@@ -599,6 +611,7 @@ impl CmMessage {
                 remote_comm_id: be32(b, 4),
                 local_qkey: be32(b, 8),
                 local_qpn: be24(b, 12),
+                vendor_id: u32::from(b[15]) << 16 | u32::from(b[19]) << 8 | u32::from(b[23]),
                 local_eecn: be24(b, 16),
                 starting_psn: be24(b, 20),
                 responder_resources: b[24],
@@ -671,6 +684,8 @@ impl CmMessage {
                 set_be24(b, 12, m.local_qpn & 0xff_ffff);
                 set_be24(b, 16, m.local_eecn & 0xff_ffff);
                 set_be24(b, 20, m.starting_psn & 0xff_ffff);
+                let [_, h, m_, l] = m.vendor_id.to_be_bytes();
+                (b[15], b[19], b[23]) = (h, m_, l);
                 b[24] = m.responder_resources;
                 b[25] = m.initiator_depth;
                 set_bits(&mut b[26], 0, 5, m.target_ack_delay);
@@ -951,6 +966,45 @@ mod tests {
         assert_eq!(CmMad::parse(&mad[..255]), Err(CmError::Truncated));
         mad[1] = 0x81;
         assert_eq!(CmMad::parse(&mad), Err(CmError::NotCm { class: 0x81, version: 2 }));
+    }
+
+    #[test]
+    fn ece_vendor_ids_sit_where_linux_puts_them() {
+        // REQ: bytes 5..8 of the message; REP: bytes 15, 19 and 23 (high,
+        // middle, low), each after a 24-bit field (Linux's
+        // CM_REQ_VENDOR_ID, CM_REP_VENDOR_ID_H/M/L).
+        let mut mad = [0u8; MAD_LEN];
+        MadHeader::cm(attr::REQ, 1).emit(&mut mad[..MAD_HEADER_LEN]);
+        mad[MAD_HEADER_LEN + 5..MAD_HEADER_LEN + 8].copy_from_slice(&[0x02, 0xc9, 0x15]);
+        mad[MAD_HEADER_LEN + 4] = 0xff; // reserved, not part of it
+        let CmMessage::Req(req) = CmMad::parse(&mad).unwrap().message else { panic!() };
+        assert_eq!((req.vendor_id, req.local_comm_id), (0x02c915, 0));
+        let mut rep = [0u8; MAD_LEN];
+        MadHeader::cm(attr::REP, 1).emit(&mut rep[..MAD_HEADER_LEN]);
+        let m = Rep {
+            local_comm_id: 1,
+            remote_comm_id: 2,
+            local_qkey: 0,
+            local_qpn: 0xab_cdef,
+            vendor_id: 0x12_3456,
+            local_eecn: 0,
+            starting_psn: 0xff_ffff,
+            responder_resources: 0,
+            initiator_depth: 0,
+            target_ack_delay: 0,
+            failover_accepted: 0,
+            end_to_end_flow_control: false,
+            rnr_retry_count: 0,
+            srq: false,
+            local_ca_guid: 0,
+            private_data: [0; 196],
+        };
+        let header = MadHeader { attr_mod: 0xdead_beef, ..MadHeader::cm(attr::REP, 1) };
+        CmMad { header, message: CmMessage::Rep(m) }.emit(&mut rep);
+        let b = &rep[MAD_HEADER_LEN..];
+        assert_eq!(&b[12..24], &[0xab, 0xcd, 0xef, 0x12, 0, 0, 0, 0x34, 0xff, 0xff, 0xff, 0x56]);
+        assert_eq!(&rep[20..24], &[0xde, 0xad, 0xbe, 0xef]);
+        assert_eq!(CmMad::parse(&rep).unwrap(), CmMad { header, message: CmMessage::Rep(m) });
     }
 
     #[test]

@@ -30,6 +30,16 @@ pub(crate) mod event {
     pub(crate) const DISCONNECTED: c_int = 10;
     pub(crate) const MULTICAST_JOIN: c_int = 12;
     pub(crate) const MULTICAST_ERROR: c_int = 13;
+    pub(crate) const TIMEWAIT_EXIT: c_int = 15;
+}
+
+/// `struct ibv_ece` (enhanced connection establishment).
+#[repr(C)]
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct ibv_ece {
+    pub(crate) vendor_id: u32,
+    pub(crate) options: u32,
+    pub(crate) comp_mask: u32,
 }
 
 /// `RAI_PASSIVE`.

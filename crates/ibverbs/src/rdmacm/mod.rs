@@ -23,8 +23,12 @@
 //! link (binding to an address, resolving, listening), as the kernel's CM
 //! refuses them on RoCE.
 //!
-//! Not yet: the rsocket calls (ENOSYS, `rsocket`), ECE,
-//! `RDMA_CM_EVENT_TIMEWAIT_EXIT`.
+//! ECE (`rdma_set_local_ece`, `rdma_get_remote_ece`, `rdma_reject_ece`)
+//! rides in the REQ and REP as Linux's CM carries it; uroce's QPs have no
+//! vendor options, so an id whose QP the library makes offers none, as on
+//! rxe.
+//!
+//! Not yet: the rsocket calls (ENOSYS, `rsocket`).
 
 mod abi;
 mod mcast;
@@ -47,8 +51,10 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Mutex, MutexGuard};
 
-use uroce::cm::{AgentEvent, CmChannel, CmChannelEvent, Offer, RequestArgs};
-use uroce::wire::cm::{CmPath, CmaHeader, Req, SidrReq, port_space, rdma_cm_service_id};
+use uroce::cm::{AgentEvent, CmChannel, CmChannelEvent, Ece, Offer, RequestArgs};
+use uroce::wire::cm::{
+    CmPath, CmaHeader, Req, SidrReq, port_space, rdma_cm_service_id, rej_reason,
+};
 
 use self::abi::*;
 use crate::abi::*;
@@ -144,6 +150,10 @@ struct IdState {
     groups: Vec<mcast::Group>,
     /// What `rdma_set_option` set.
     opts: options::Options,
+    /// ECE: ours (`rdma_set_local_ece`, or the QP's when the library made
+    /// it) and the peer's (from its REQ or REP), as librdmacm keeps them.
+    local_ece: Ece,
+    remote_ece: Ece,
 }
 
 /// An event the library raises itself; `group`: the multicast group a
@@ -936,6 +946,10 @@ fn finish_create_qp(
     c.pd = pd;
     c.srq = srq;
     c.qp_type = qp_type;
+    // librdmacm takes the id's ECE from the QP it makes (`ibv_query_ece`);
+    // uroce's QPs have no vendor options (EOPNOTSUPP, as rxe's), so the
+    // id offers none and answers a REQ's ECE with none.
+    lock(&b.st).local_ece = Ece::default();
     0
 }
 
@@ -1113,6 +1127,7 @@ unsafe extern "C" fn rdma_connect_start(id: *mut rdma_cm_id, param: *mut rdma_co
                 initiator_depth: cp.initiator_depth,
                 rnr_retry_count: cp.rnr_retry_count.min(7),
                 srq: !c.srq.is_null(),
+                ece: st.local_ece,
             },
             transport_service_type: 0,
             retry_count: cp.retry_count.min(7),
@@ -1191,6 +1206,8 @@ unsafe extern "C" fn rdma_accept_start(id: *mut rdma_cm_id, param: *mut rdma_con
             initiator_depth: cp.initiator_depth.min(peer_resp),
             rnr_retry_count: cp.rnr_retry_count.min(7),
             srq: !c.srq.is_null(),
+            // The requester's vendor, with our options (librdmacm's REP).
+            ece: Ece { vendor_id: st.remote_ece.vendor_id, options: st.local_ece.options },
         };
         match ctx.cm_accept(cm, &offer, data) {
             Ok(()) => 0,
@@ -1204,6 +1221,27 @@ pub(crate) unsafe extern "C" fn rdma_reject(
     data: *const c_void,
     len: u8,
 ) -> c_int {
+    // SAFETY: as the caller's.
+    unsafe { reject_for(id, data, len, rej_reason::CONSUMER_DEFINED) }
+}
+
+/// `rdma_reject_ece`: refuses a request whose ECE options the QP cannot
+/// do (REJ reason 35, "vendor option not supported").
+pub(crate) unsafe extern "C" fn rdma_reject_ece(
+    id: *mut rdma_cm_id,
+    data: *const c_void,
+    len: u8,
+) -> c_int {
+    // SAFETY: as the caller's.
+    unsafe { reject_for(id, data, len, rej_reason::VENDOR_OPTION_NOT_SUPPORTED) }
+}
+
+/// A REJ with `reason` (a UD id's SIDR reply says "rejected" whatever the
+/// reason, as the kernel's).
+///
+/// # Safety
+/// `data` points to `len` readable bytes (or is null).
+unsafe fn reject_for(id: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u16) -> c_int {
     on_id(id, |b| {
         let st = lock(&b.st);
         let Some((ctx, cm)) = &st.conn else { return minus_one(libc::EINVAL) };
@@ -1214,8 +1252,11 @@ pub(crate) unsafe extern "C" fn rdma_reject(
             unsafe { std::slice::from_raw_parts(data.cast(), usize::from(len)) }
         };
         // SIDR refuses with status 2 (rejected by the service).
-        let r =
-            if is_ud(b) { ctx.cm_sidr_reply(*cm, 2, 0, 0, data) } else { ctx.cm_reject(*cm, data) };
+        let r = if is_ud(b) {
+            ctx.cm_sidr_reply(*cm, 2, 0, 0, data)
+        } else {
+            ctx.cm_reject_for(*cm, reason, data)
+        };
         match r {
             Ok(()) => 0,
             Err(e) => minus_one(e.errno()),
@@ -1235,15 +1276,24 @@ pub(crate) unsafe extern "C" fn rdma_establish(id: *mut rdma_cm_id) -> c_int {
     })
 }
 
+/// Moves `qp` to the error state (its outstanding work flushed).
+///
+/// # Safety
+/// `qp` is a live QP.
+unsafe fn qp_to_error(qp: *mut ibv_qp) {
+    let attr = ibv_qp_attr { qp_state: QPS_ERR, ..ibv_qp_attr::default() };
+    // SAFETY: the caller's live QP and a live attribute struct.
+    unsafe { crate::qp::ibv_modify_qp(qp, (&raw const attr).cast_mut(), QP_STATE) };
+}
+
 pub(crate) unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
     on_id(id, |b| {
         let st = lock(&b.st);
         let Some((ctx, cm)) = &st.conn else { return minus_one(libc::EINVAL) };
         let qp = b.c().qp;
         if !qp.is_null() {
-            let attr = ibv_qp_attr { qp_state: QPS_ERR, ..ibv_qp_attr::default() };
-            // SAFETY: the id's live QP and a live attribute struct.
-            unsafe { crate::qp::ibv_modify_qp(qp, (&raw const attr).cast_mut(), QP_STATE) };
+            // SAFETY: the id's live QP.
+            unsafe { qp_to_error(qp) };
         }
         // The peer may have disconnected first (its DREQ answered): then
         // there is nothing more to send.
@@ -1413,11 +1463,14 @@ fn translate(channel: *mut rdma_event_channel, raw: CmChannelEvent) -> Option<Bo
                 None => Some(new_event(id, e.kind, e.status)),
             }
         }
-        CmChannelEvent::Cm { ctx, event: AgentEvent::ConnectRequest { id: cm, from, req } } => {
+        CmChannelEvent::Cm {
+            ctx,
+            event: AgentEvent::ConnectRequest { id: cm, from, req, ece },
+        } => {
             let sid = req.service_id;
             let listener = with_registry(|r| r.listens.get(&(ctx, sid)).copied())?;
             let lb = live_id(listener as *mut rdma_cm_id)?;
-            connect_request(channel, lb, ctx, cm, from, Request::Rc(req))
+            connect_request(channel, lb, ctx, cm, from, Request::Rc(req, ece))
         }
         CmChannelEvent::Cm { ctx, event: AgentEvent::SidrRequest { id: cm, from, req } } => {
             let sid = req.service_id;
@@ -1434,16 +1487,17 @@ fn translate(channel: *mut rdma_event_channel, raw: CmChannelEvent) -> Option<Bo
     }
 }
 
-/// A request to a listening id: a connection's (REQ) or a UD id's (SIDR).
+/// A request to a listening id: a connection's (REQ, with its ECE) or a
+/// UD id's (SIDR).
 enum Request {
-    Rc(Box<Req>),
+    Rc(Box<Req>, Ece),
     Ud(Box<SidrReq>),
 }
 
 impl Request {
     fn private_data(&self) -> &[u8] {
         match self {
-            Self::Rc(r) => &r.private_data,
+            Self::Rc(r, _) => &r.private_data,
             Self::Ud(r) => &r.private_data,
         }
     }
@@ -1493,7 +1547,7 @@ fn connect_request(
         .filter(|h| h.version == 0 && ctx.gid_index_of(h.dst).is_some())
     else {
         let _ = match req {
-            Request::Rc(_) => ctx.cm_reject(cm, &[]),
+            Request::Rc(..) => ctx.cm_reject(cm, &[]),
             Request::Ud(_) => ctx.cm_sidr_reply(cm, 2, 0, 0, &[]),
         };
         return None;
@@ -1523,7 +1577,10 @@ fn connect_request(
             with_registry(|r| r.conns.insert((key, cm), id as usize));
             return Some(ev);
         }
-        Request::Rc(req) => req,
+        Request::Rc(req, ece) => {
+            st.remote_ece = ece;
+            req
+        }
     };
     let c = conn(
         req.initiator_depth,
@@ -1552,7 +1609,7 @@ fn connect_request(
 fn conn_event(id: *mut rdma_cm_id, b: &IdBox, event: AgentEvent) -> Option<Box<EventBox>> {
     let mut st = lock(&b.st);
     match event {
-        AgentEvent::ConnectReply { id: cm, rep } => {
+        AgentEvent::ConnectReply { id: cm, rep, ece } => {
             st.peer = Some(Peer {
                 qpn: rep.local_qpn,
                 psn: rep.starting_psn,
@@ -1564,7 +1621,20 @@ fn conn_event(id: *mut rdma_cm_id, b: &IdBox, event: AgentEvent) -> Option<Box<E
             let ctx = st.conn.as_ref().map(|(c, _)| c.clone())?;
             let mut kind = event::CONNECT_RESPONSE;
             let mut status = 0;
-            if !b.c().qp.is_null() {
+            if b.c().qp.is_null() {
+                // The application moves its own QP: it reads the answer
+                // with rdma_get_remote_ece.
+                st.remote_ece = ece;
+            } else if ece.vendor_id != 0 && ece.vendor_id != st.local_ece.vendor_id {
+                // An answer from another vendor than the one asked: the
+                // handshake went wrong (librdmacm's check).
+                let _ = ctx.cm_reject(cm, &[]);
+                // SAFETY: the id's live QP.
+                unsafe { qp_to_error(b.c().qp) };
+                kind = event::CONNECT_ERROR;
+                status = -libc::EINVAL;
+            } else {
+                st.remote_ece.vendor_id = ece.vendor_id;
                 let r = connect_qp(b, &st);
                 if r != 0 {
                     let _ = ctx.cm_reject(cm, &[]);
@@ -1616,9 +1686,16 @@ fn conn_event(id: *mut rdma_cm_id, b: &IdBox, event: AgentEvent) -> Option<Box<E
         AgentEvent::DisconnectRequest { .. } | AgentEvent::Disconnected { .. } => {
             Some(new_event(id, event::DISCONNECTED, 0))
         }
-        AgentEvent::ConnectRequest { .. }
-        | AgentEvent::SidrRequest { .. }
-        | AgentEvent::TimeWaitExit { .. } => None,
+        AgentEvent::TimeWaitExit { id: cm } => {
+            // The CM forgets the connection; the id keeps it (a late
+            // rdma_disconnect still returns 0, as the kernel's).
+            if let Some((ctx, _)) = &st.conn {
+                let key = ctx.key();
+                with_registry(|r| r.conns.remove(&(key, cm)));
+            }
+            Some(new_event(id, event::TIMEWAIT_EXIT, 0))
+        }
+        AgentEvent::ConnectRequest { .. } | AgentEvent::SidrRequest { .. } => None,
     }
 }
 
@@ -1867,8 +1944,46 @@ pub(crate) unsafe extern "C" fn rdma_notify(id: *mut rdma_cm_id, _event: c_int) 
     on_id(id, |_| 0)
 }
 
+/// `rdma_set_local_ece`: the ECE an id whose QP the application makes
+/// itself offers in its REQ (or answers in its REP). EINVAL once the id
+/// has a QP, for a null or vendor-less ECE, or unknown `comp_mask` bits,
+/// as librdmacm.
+pub(crate) unsafe extern "C" fn rdma_set_local_ece(
+    id: *mut rdma_cm_id,
+    ece: *mut ibv_ece,
+) -> c_int {
+    on_id(id, |b| {
+        // SAFETY: the caller's ECE, if not null.
+        let Some(e) = (unsafe { ece.as_ref() }) else { return minus_one(libc::EINVAL) };
+        if !b.c().qp.is_null() || e.vendor_id == 0 || e.comp_mask != 0 {
+            return minus_one(libc::EINVAL);
+        }
+        lock(&b.st).local_ece = Ece { vendor_id: e.vendor_id, options: e.options };
+        0
+    })
+}
+
+/// `rdma_get_remote_ece`: the ECE of the peer's REQ (passive side) or REP
+/// (active side, when the application moves its own QP); zero when it
+/// sent none. EINVAL once the id has a QP, as librdmacm.
+pub(crate) unsafe extern "C" fn rdma_get_remote_ece(
+    id: *mut rdma_cm_id,
+    ece: *mut ibv_ece,
+) -> c_int {
+    on_id(id, |b| {
+        // SAFETY: the caller's ECE, if not null.
+        let Some(e) = (unsafe { ece.as_mut() }) else { return minus_one(libc::EINVAL) };
+        if !b.c().qp.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        let r = lock(&b.st).remote_ece;
+        *e = ibv_ece { vendor_id: r.vendor_id, options: r.options, comp_mask: 0 };
+        0
+    })
+}
+
 /// Defines `rdma_*` functions that fail with `errno` for what is not
-/// there yet: extended SRQs, ECE (see the module doc).
+/// there yet: extended SRQs (see the module doc).
 macro_rules! refused {
     ($($name:ident($($arg:ident: $ty:ty),*) => $errno:expr;)*) => {$(
         pub(crate) unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
@@ -1880,7 +1995,4 @@ macro_rules! refused {
 
 refused! {
     rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut c_void) => libc::EOPNOTSUPP;
-    rdma_set_local_ece(id: *mut rdma_cm_id, ece: *mut c_void) => libc::EOPNOTSUPP;
-    rdma_get_remote_ece(id: *mut rdma_cm_id, ece: *mut c_void) => libc::EOPNOTSUPP;
-    rdma_reject_ece(id: *mut rdma_cm_id, data: *const c_void, len: u8, reason: u8) => libc::EOPNOTSUPP;
 }

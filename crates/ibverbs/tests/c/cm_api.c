@@ -1,7 +1,8 @@
 /* The librdmacm C API on uroce's drop-in library, as a C program compiled
  * against rdma-core 44's headers sees it: rdma_set_option's checks and
  * effects, the port rules of rdma_bind_addr and rdma_listen (the kernel's:
- * EADDRINUSE, EADDRNOTAVAIL, REUSEADDR until listen), and multicast joins.
+ * EADDRINUSE, EADDRNOTAVAIL, REUSEADDR until listen), multicast joins and
+ * ECE (enhanced connection establishment).
  * Run by tests/drop_in.rs with the device uroce0 on 127.0.0.1. */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -279,6 +280,159 @@ static void connection(struct rdma_event_channel *ch)
 	rdma_destroy_id(l);
 }
 
+/* An id to 127.0.0.1:port with its address and route resolved. */
+static struct rdma_cm_id *resolved(struct rdma_event_channel *ch, struct sockaddr_in *srv)
+{
+	struct rdma_cm_id *c = new_id(ch, RDMA_PS_TCP);
+	struct rdma_cm_event *ev;
+
+	REQUIRE(rdma_resolve_addr(c, NULL, SA(*srv), 1000) == 0, "resolve_addr");
+	REQUIRE(next_event(ch, RDMA_CM_EVENT_ADDR_RESOLVED, &ev), "ADDR_RESOLVED");
+	rdma_ack_cm_event(ev);
+	REQUIRE(rdma_resolve_route(c, 1000) == 0, "resolve_route");
+	REQUIRE(next_event(ch, RDMA_CM_EVENT_ROUTE_RESOLVED, &ev), "ROUTE_RESOLVED");
+	rdma_ack_cm_event(ev);
+	return c;
+}
+
+/* An RC QP of the application's own (not the id's) on `verbs`. */
+static struct ibv_qp *own_qp(struct ibv_context *verbs, struct ibv_pd **pd, struct ibv_cq **cq)
+{
+	*pd = ibv_alloc_pd(verbs);
+	*cq = ibv_create_cq(verbs, 8, NULL, NULL, 0);
+	REQUIRE(*pd && *cq, "PD and CQ");
+	struct ibv_qp_init_attr qa = {
+		.send_cq = *cq,
+		.recv_cq = *cq,
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	struct ibv_qp *qp = ibv_create_qp(*pd, &qa);
+	REQUIRE(qp != NULL, "an RC QP");
+	return qp;
+}
+
+static void free_qp(struct ibv_qp *qp, struct ibv_pd *pd, struct ibv_cq *cq)
+{
+	ibv_destroy_qp(qp);
+	ibv_destroy_cq(cq);
+	ibv_dealloc_pd(pd);
+}
+
+/* ECE between ids whose QPs the application makes: the client's vendor
+ * and options reach the server (rdma_get_remote_ece), the server's answer
+ * reaches the client; rdma_reject_ece refuses with REJ reason 35; after a
+ * disconnect both ids get RDMA_CM_EVENT_TIMEWAIT_EXIT; the
+ * calls' argument checks, and an id with a library-made QP refuses both
+ * calls (EINVAL), as librdmacm. */
+static void ece(struct rdma_event_channel *ch)
+{
+	struct sockaddr_in srv = addr4("127.0.0.1", 7473);
+	struct rdma_cm_id *l = new_id(ch, RDMA_PS_TCP);
+	struct rdma_cm_event *ev;
+	struct ibv_ece mine = { .vendor_id = 0x02c9, .options = 0x5 }, got;
+
+	REQUIRE(rdma_bind_addr(l, SA(srv)) == 0 && rdma_listen(l, 4) == 0, "listen");
+	for (int round = 0; round < 2; round++) {
+		struct rdma_cm_id *c = resolved(ch, &srv), *s;
+		struct ibv_pd *pd, *spd;
+		struct ibv_cq *cq, *scq;
+		struct ibv_qp *qp = own_qp(c->verbs, &pd, &cq), *sqp;
+
+		if (round == 0) {
+			struct ibv_ece none = { .options = 1 }, masked = mine;
+			masked.comp_mask = 1;
+			CHECK(fails_with(rdma_set_local_ece(c, NULL), EINVAL), "NULL ECE");
+			CHECK(fails_with(rdma_set_local_ece(c, &none), EINVAL), "no vendor");
+			CHECK(fails_with(rdma_set_local_ece(c, &masked), EINVAL), "comp_mask");
+			CHECK(fails_with(rdma_get_remote_ece(c, NULL), EINVAL), "NULL out");
+			CHECK(rdma_get_remote_ece(c, &got) == 0 && got.vendor_id == 0, "none yet");
+		}
+		CHECK(rdma_set_local_ece(c, &mine) == 0, "set_local_ece");
+		struct rdma_conn_param p = {
+			.responder_resources = 1,
+			.initiator_depth = 1,
+			.retry_count = 7,
+			.rnr_retry_count = 7,
+			.qp_num = qp->qp_num,
+		};
+		REQUIRE(rdma_connect(c, &p) == 0, "connect");
+		REQUIRE(next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, &ev), "CONNECT_REQUEST");
+		s = ev->id;
+		rdma_ack_cm_event(ev);
+		memset(&got, 0xff, sizeof(got));
+		CHECK(rdma_get_remote_ece(s, &got) == 0 && got.vendor_id == 0x02c9 &&
+			      got.options == 0x5 && got.comp_mask == 0,
+		      "the REQ's ECE: %#x %#x %#x", got.vendor_id, got.options, got.comp_mask);
+		if (round == 0) {
+			REQUIRE(rdma_reject_ece(s, "no", 3) == 0, "reject_ece");
+			REQUIRE(next_event(ch, RDMA_CM_EVENT_REJECTED, &ev), "REJECTED");
+			CHECK(ev->status == 35, "REJ reason %d", ev->status);
+			CHECK(ev->param.conn.private_data_len >= 3 &&
+				      !memcmp(ev->param.conn.private_data, "no", 3),
+			      "the REJ's private data");
+			rdma_ack_cm_event(ev);
+			rdma_destroy_id(s);
+		} else {
+			struct ibv_ece answer = { .vendor_id = 0x02c9, .options = 0x1 };
+			sqp = own_qp(s->verbs, &spd, &scq);
+			CHECK(rdma_set_local_ece(s, &answer) == 0, "the server's ECE");
+			p.qp_num = sqp->qp_num;
+			REQUIRE(rdma_accept(s, &p) == 0, "accept");
+			REQUIRE(next_event(ch, RDMA_CM_EVENT_CONNECT_RESPONSE, &ev), "CONNECT_RESPONSE");
+			rdma_ack_cm_event(ev);
+			CHECK(rdma_get_remote_ece(c, &got) == 0 && got.vendor_id == 0x02c9 &&
+				      got.options == 0x1,
+			      "the REP's ECE: %#x %#x", got.vendor_id, got.options);
+			REQUIRE(rdma_establish(c) == 0, "establish");
+			REQUIRE(next_event(ch, RDMA_CM_EVENT_ESTABLISHED, &ev), "server ESTABLISHED");
+			rdma_ack_cm_event(ev);
+			REQUIRE(rdma_disconnect(c) == 0, "disconnect");
+			for (int n = 0; n < 2; n++) {
+				REQUIRE(next_event(ch, RDMA_CM_EVENT_DISCONNECTED, &ev), "DISCONNECTED");
+				rdma_ack_cm_event(ev);
+			}
+			/* Both ids still live: each hears when its TimeWait ends. */
+			int exited = 0;
+			for (int n = 0; n < 2; n++) {
+				REQUIRE(next_event(ch, RDMA_CM_EVENT_TIMEWAIT_EXIT, &ev), "TIMEWAIT_EXIT");
+				exited |= (ev->id == c) | (ev->id == s) << 1;
+				rdma_ack_cm_event(ev);
+			}
+			CHECK(exited == 3, "TIMEWAIT_EXIT for both ids (%d)", exited);
+			CHECK(rdma_disconnect(c) == 0, "a late disconnect is harmless");
+			rdma_destroy_id(s);
+			free_qp(sqp, spd, scq);
+		}
+		rdma_destroy_id(c);
+		free_qp(qp, pd, cq);
+	}
+
+	/* librdmacm's own QP: the id's ECE is the QP's (none on uroce, as on
+	 * rxe) and neither call is allowed any more. */
+	struct rdma_cm_id *c = resolved(ch, &srv);
+	struct ibv_qp_init_attr qa = {
+		.qp_type = IBV_QPT_RC,
+		.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+	};
+	REQUIRE(rdma_create_qp(c, NULL, &qa) == 0, "rdma_create_qp");
+	CHECK(fails_with(rdma_set_local_ece(c, &mine), EINVAL), "set with a QP");
+	CHECK(fails_with(rdma_get_remote_ece(c, &got), EINVAL), "get with a QP");
+	REQUIRE(rdma_connect(c, NULL) == 0, "connect");
+	REQUIRE(next_event(ch, RDMA_CM_EVENT_CONNECT_REQUEST, &ev), "CONNECT_REQUEST");
+	struct rdma_cm_id *s = ev->id;
+	rdma_ack_cm_event(ev);
+	CHECK(rdma_get_remote_ece(s, &got) == 0 && got.vendor_id == 0, "no ECE offered");
+	rdma_reject(s, NULL, 0);
+	REQUIRE(next_event(ch, RDMA_CM_EVENT_REJECTED, &ev), "REJECTED");
+	CHECK(ev->status == 28, "consumer reject, reason %d", ev->status);
+	rdma_ack_cm_event(ev);
+	rdma_destroy_id(s);
+	rdma_destroy_qp(c);
+	rdma_destroy_id(c);
+	rdma_destroy_id(l);
+}
+
 static volatile int late_reader_returned;
 
 static void *late_reader(void *arg)
@@ -318,6 +472,7 @@ int main(void)
 	ports(ch);
 	multicast(ch);
 	connection(ch);
+	ece(ch);
 	rdma_destroy_event_channel(ch);
 	late_reader_on_a_destroyed_channel();
 	if (failures) {
