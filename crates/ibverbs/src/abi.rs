@@ -271,6 +271,28 @@ pub struct ibv_srq_init_attr {
     pub attr: ibv_srq_attr,
 }
 
+/// `struct ibv_srq_init_attr_ex`: `ibv_srq_init_attr` first, then the
+/// extended fields.
+#[repr(C)]
+pub struct ibv_srq_init_attr_ex {
+    pub srq_context: *mut c_void,
+    pub attr: ibv_srq_attr,
+    pub comp_mask: u32,
+    pub srq_type: c_int,
+    pub pd: *mut ibv_pd,
+    pub xrcd: *mut c_void,
+    pub cq: *mut ibv_cq,
+    pub tm_cap: [u32; 2],
+}
+
+// rdma-core 44's verbs.h on LP64 (not in the measured layout file).
+const _: () = {
+    assert!(size_of::<ibv_srq_init_attr_ex>() == 64);
+    assert!(std::mem::offset_of!(ibv_srq_init_attr_ex, comp_mask) == 20);
+    assert!(std::mem::offset_of!(ibv_srq_init_attr_ex, pd) == 32);
+    assert!(std::mem::offset_of!(ibv_srq_init_attr_ex, tm_cap) == 56);
+};
+
 #[repr(C)]
 pub struct ibv_qp {
     pub context: *mut ibv_context,

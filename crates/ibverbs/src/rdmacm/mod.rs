@@ -1924,6 +1924,38 @@ pub(crate) unsafe extern "C" fn rdma_create_srq(
     })
 }
 
+/// `rdma_create_srq_ex`: as `rdma_create_srq`, from extended attributes
+/// (a type is required, as librdmacm requires it). Basic SRQs only: XRC
+/// and tag-matching SRQs, and the fields only they use, are EOPNOTSUPP,
+/// as `ibv_create_srq_ex` answers on a device without them.
+pub(crate) unsafe extern "C" fn rdma_create_srq_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> c_int {
+    const TYPE: u32 = 1 << 0;
+    const PD: u32 = 1 << 1;
+    const SRQT_BASIC: c_int = 0;
+    on_id(id, |b| {
+        // SAFETY: the caller's writable attributes, if not null.
+        let Some(a) = (unsafe { attr.as_mut() }) else { return minus_one(libc::EINVAL) };
+        if a.comp_mask & TYPE == 0 || b.c().verbs.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        if a.comp_mask & !(TYPE | PD) != 0 || a.srq_type != SRQT_BASIC {
+            return minus_one(libc::EOPNOTSUPP);
+        }
+        let pd = if a.comp_mask & PD != 0 && !a.pd.is_null() { a.pd } else { std::ptr::null_mut() };
+        // SAFETY: the extended attributes begin with `ibv_srq_init_attr`;
+        // our own call (the PD chosen as rdma_create_srq chooses it).
+        let r = unsafe { rdma_create_srq(id, pd, attr.cast()) };
+        if r == 0 {
+            a.pd = b.c().pd;
+            a.comp_mask |= PD;
+        }
+        r
+    })
+}
+
 /// `rdma_destroy_srq`: the SRQ `rdma_create_srq` made.
 pub(crate) unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
     guard((), || {
@@ -1980,19 +2012,4 @@ pub(crate) unsafe extern "C" fn rdma_get_remote_ece(
         *e = ibv_ece { vendor_id: r.vendor_id, options: r.options, comp_mask: 0 };
         0
     })
-}
-
-/// Defines `rdma_*` functions that fail with `errno` for what is not
-/// there yet: extended SRQs (see the module doc).
-macro_rules! refused {
-    ($($name:ident($($arg:ident: $ty:ty),*) => $errno:expr;)*) => {$(
-        pub(crate) unsafe extern "C" fn $name($($arg: $ty),*) -> c_int {
-            $(let _ = $arg;)*
-            minus_one($errno)
-        }
-    )*};
-}
-
-refused! {
-    rdma_create_srq_ex(id: *mut rdma_cm_id, attr: *mut c_void) => libc::EOPNOTSUPP;
 }

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
+#include <rdma/rdma_verbs.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -433,6 +434,30 @@ static void ece(struct rdma_event_channel *ch)
 	rdma_destroy_id(l);
 }
 
+/* rdma_create_srq_ex: a basic SRQ on the id's device (PD chosen as
+ * rdma_create_srq chooses it, written back); no type is EINVAL, XRC (no
+ * XRC domains on uroce yet) EOPNOTSUPP. */
+static void srq_ex(struct rdma_event_channel *ch)
+{
+	struct sockaddr_in srv = addr4("127.0.0.1", 7474);
+	struct rdma_cm_id *c = resolved(ch, &srv);
+	struct ibv_srq_init_attr_ex a = { .attr = { .max_wr = 16, .max_sge = 1 } };
+
+	CHECK(fails_with(rdma_create_srq_ex(c, &a), EINVAL), "no type");
+	a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE;
+	a.srq_type = IBV_SRQT_XRC;
+	CHECK(fails_with(rdma_create_srq_ex(c, &a), EOPNOTSUPP), "XRC");
+	a.srq_type = IBV_SRQT_BASIC;
+	REQUIRE(rdma_create_srq_ex(c, &a) == 0, "a basic SRQ");
+	CHECK(c->srq != NULL && a.pd != NULL && c->srq->pd == a.pd, "the id's SRQ and PD");
+	CHECK(a.comp_mask & IBV_SRQ_INIT_ATTR_PD, "the PD written back");
+	struct ibv_srq_attr sa;
+	CHECK(ibv_query_srq(c->srq, &sa) == 0 && sa.max_wr >= 16, "query the SRQ");
+	rdma_destroy_srq(c);
+	CHECK(c->srq == NULL, "destroyed");
+	rdma_destroy_id(c);
+}
+
 static volatile int late_reader_returned;
 
 static void *late_reader(void *arg)
@@ -473,6 +498,7 @@ int main(void)
 	multicast(ch);
 	connection(ch);
 	ece(ch);
+	srq_ex(ch);
 	rdma_destroy_event_channel(ch);
 	late_reader_on_a_destroyed_channel();
 	if (failures) {
