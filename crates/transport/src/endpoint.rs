@@ -481,6 +481,7 @@ impl Endpoint {
             dst_port,
             src_port: crate::wire::udp::rxe_ud_sport(GSI_QPN),
             sgid_index,
+            traffic_class: 0,
         })
     }
 

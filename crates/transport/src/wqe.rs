@@ -124,6 +124,8 @@ pub struct UdDest {
     /// Source GID index (the AH's `grh.sgid_index`): which local address
     /// the datagram leaves from.
     pub sgid_index: u8,
+    /// The AH's traffic class (the IP header's TOS / traffic class).
+    pub traffic_class: u8,
 }
 
 /// A send work request (`ibv_send_wr`).

@@ -56,6 +56,7 @@ fn ud_datagrams_arrive_intact_or_not_at_all() {
                 remote_qpn: p.b.qp().qpn(),
                 remote_qkey: qkey,
                 sgid_index: 0,
+                traffic_class: 0,
             };
             let sge = [Sge { addr: at, length: len as u32, lkey: lk }];
             p.a.qp_mut()

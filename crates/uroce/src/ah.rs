@@ -119,6 +119,7 @@ impl Ah {
             remote_qpn,
             remote_qkey,
             sgid_index: self.attr.sgid_index,
+            traffic_class: self.attr.traffic_class,
         }
     }
 }

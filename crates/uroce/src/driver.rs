@@ -749,6 +749,7 @@ impl Driver {
                 && run.src == src
                 && run.dst == Some(dst)
                 && run.qpn == qpn
+                && run.tos == t.traffic_class
                 && t.len <= run.seg
                 && run.count < limits.segments
                 && run.off + t.len <= limits.bytes;
@@ -762,6 +763,7 @@ impl Driver {
                 run.src = src;
                 run.dst = Some(dst);
                 run.qpn = qpn;
+                run.tos = t.traffic_class;
             }
             let at = run.off;
             let udp = UdpRepr {
@@ -799,6 +801,7 @@ struct Run {
     src: IpAddr,
     dst: Option<SocketAddr>,
     qpn: u32,
+    tos: u8,
     seg: usize,
     off: usize,
     count: usize,
@@ -808,7 +811,7 @@ impl Run {
     fn flush(&mut self, backend: &mut dyn Backend, batch: &[u8], stats: &mut Stats) {
         if let Some(dst) = self.dst
             && self.count > 0
-            && backend.send(self.src, dst, &batch[..self.off], self.seg).is_err()
+            && backend.send(self.src, dst, &batch[..self.off], self.seg, self.tos).is_err()
         {
             stats.send_err += self.count as u64;
         }
@@ -822,6 +825,7 @@ impl Default for Run {
             src: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             dst: None,
             qpn: 0,
+            tos: 0,
             seg: 0,
             off: 0,
             count: 0,

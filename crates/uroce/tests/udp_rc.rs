@@ -804,3 +804,117 @@ fn a_closed_context_can_be_opened_again_at_once() {
         drop(ctx);
     }
 }
+
+/// The next datagram on `sock` (with `IP_RECVTOS` / `IPV6_RECVTCLASS`
+/// on): its TOS or traffic class.
+fn recv_tos(sock: &UdpSocket, v6: bool) -> u8 {
+    use std::os::fd::AsRawFd;
+    let (level, on_opt, kind) = if v6 {
+        (libc::IPPROTO_IPV6, libc::IPV6_RECVTCLASS, libc::IPV6_TCLASS)
+    } else {
+        (libc::IPPROTO_IP, libc::IP_RECVTOS, libc::IP_TOS)
+    };
+    let on: i32 = 1;
+    // SAFETY: a live int of the stated size, on a socket we own.
+    let r = unsafe { libc::setsockopt(sock.as_raw_fd(), level, on_opt, (&raw const on).cast(), 4) };
+    assert_eq!(r, 0, "enabling TOS reports");
+    let mut buf = [0u8; 4096];
+    let mut iov = libc::iovec { iov_base: buf.as_mut_ptr().cast(), iov_len: buf.len() };
+    #[repr(C, align(8))]
+    struct Control([u8; 128]);
+    let mut control = Control([0; 128]);
+    // SAFETY: all-zero is a valid msghdr; it points at live buffers for
+    // the call; the control messages walked stay inside `control`.
+    unsafe {
+        let mut msg: libc::msghdr = std::mem::zeroed();
+        msg.msg_iov = &raw mut iov;
+        msg.msg_iovlen = 1;
+        msg.msg_control = control.0.as_mut_ptr().cast();
+        msg.msg_controllen = control.0.len();
+        let n = libc::recvmsg(sock.as_raw_fd(), &raw mut msg, 0);
+        assert!(n > 0, "no datagram: {}", std::io::Error::last_os_error());
+        let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+        while !c.is_null() {
+            if (*c).cmsg_level == level && (*c).cmsg_type == kind {
+                return *libc::CMSG_DATA(c);
+            }
+            c = libc::CMSG_NXTHDR(&raw const msg, c);
+        }
+    }
+    panic!("no TOS control message");
+}
+
+/// The IP header carries the address vector's traffic class, as rxe
+/// writes it: an RC QP's path (IPv4 TOS) and a UD address handle's (IPv4
+/// TOS, IPv6 traffic class), read by plain sockets standing in for peers.
+#[test]
+fn packets_carry_the_traffic_class_in_their_ip_header() {
+    let a = end("127.0.0.1", uroce::testing::free_port());
+    let timeout = Some(Duration::from_secs(5));
+    // RC: the path's traffic class.
+    let sink = UdpSocket::bind("127.0.0.3:0").unwrap();
+    sink.set_read_timeout(timeout).unwrap();
+    let mut attr = uroce::QpAttr { state: uroce::QpState::Init, access: ALL, ..Default::default() };
+    use uroce::AttrMask as M;
+    a.qp.modify(&attr, M::STATE | M::PKEY_INDEX | M::PORT | M::ACCESS_FLAGS).unwrap();
+    attr.state = uroce::QpState::ReadyToReceive;
+    attr.path = Some(uroce::Path {
+        dst: sink.local_addr().unwrap().ip(),
+        dst_port: sink.local_addr().unwrap().port(),
+        sgid_index: 0,
+        flow_label: 0,
+        hop_limit: 64,
+        traffic_class: 96,
+    });
+    attr.dest_qpn = 0x11;
+    let rtr = M::STATE | M::AV | M::PATH_MTU | M::DEST_QPN | M::RQ_PSN;
+    a.qp.modify(&attr, rtr | M::MAX_DEST_RD_ATOMIC | M::MIN_RNR_TIMER).unwrap();
+    attr.state = uroce::QpState::ReadyToSend;
+    let rts = M::STATE | M::TIMEOUT | M::RETRY_CNT | M::RNR_RETRY | M::SQ_PSN;
+    a.qp.modify(&attr, rts | M::MAX_QP_RD_ATOMIC).unwrap();
+    let sgl = [a.mr.sge(0, 64).unwrap()];
+    a.qp.post_send(&[SendWr { sgl: &sgl, ..SendWr::default() }]).unwrap();
+    assert_eq!(recv_tos(&sink, false), 96, "RC over IPv4");
+
+    // UD: each address handle's.
+    let cap = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 4,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let pd = a.ctx.alloc_pd().unwrap();
+    let mr = pd.alloc_mr(4096, ALL).unwrap();
+    let ud = pd
+        .create_qp(&QpInitAttr {
+            send_cq: &a.cq,
+            recv_cq: &a.cq,
+            cap,
+            qp_type: QpType::Ud,
+            sq_sig_all: false,
+            srq: None,
+        })
+        .unwrap();
+    uroce::activate_ud(&ud, 0x1234, 0).unwrap();
+    let sink6 = UdpSocket::bind("[::1]:0").unwrap();
+    sink6.set_read_timeout(timeout).unwrap();
+    for (sock, tc, v6) in [(&sink, 40, false), (&sink6, 0x48, true)] {
+        let to = sock.local_addr().unwrap();
+        let mut ah = uroce::AhAttr::new(to.ip());
+        ah.port = to.port();
+        ah.traffic_class = tc;
+        ah.sgid_index = a
+            .ctx
+            .gid_index_of(if v6 { "::1" } else { "127.0.0.1" }.parse().unwrap())
+            .expect("a GID of the family") as u8;
+        let ah = pd.create_ah(&ah).unwrap();
+        ud.post_send(&[SendWr {
+            sgl: &[mr.sge(0, 8).unwrap()],
+            ud: Some(ah.dest(0x22, 0x1234)),
+            ..SendWr::default()
+        }])
+        .unwrap();
+        assert_eq!(recv_tos(sock, v6), tc, "UD over IPv{}", if v6 { 6 } else { 4 });
+    }
+}

@@ -97,6 +97,9 @@ pub struct Transmit {
     /// Source GID index: the local address the packet leaves from (the
     /// I/O layer resolves it in its GID table).
     pub sgid_index: u8,
+    /// The IP header's TOS (IPv4) or traffic class (IPv6): the address
+    /// vector's GRH traffic class, as rxe writes it.
+    pub traffic_class: u8,
 }
 
 /// Asynchronous events a QP raises (`ibv_event_type`).
@@ -738,6 +741,7 @@ impl Qp {
             dst_port: path.dst_port,
             src_port: self.src_port,
             sgid_index: path.sgid_index,
+            traffic_class: path.traffic_class,
         })
     }
 

@@ -90,6 +90,7 @@ impl Qp {
             dst_port: ud.dst_port,
             src_port: rxe_ud_sport(self.init.qpn),
             sgid_index: ud.sgid_index,
+            traffic_class: ud.traffic_class,
         })
     }
 

@@ -82,8 +82,16 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
     fn batch(&self) -> SendBatch;
 
     /// Sends from local address `src`: one packet, or (with `seg` <
-    /// `data.len()`) a run of `seg`-byte packets as one send.
-    fn send(&mut self, src: IpAddr, dst: SocketAddr, data: &[u8], seg: usize) -> io::Result<()>;
+    /// `data.len()`) a run of `seg`-byte packets as one send; `tos`: the IP
+    /// header's TOS (IPv4) or traffic class (IPv6).
+    fn send(
+        &mut self,
+        src: IpAddr,
+        dst: SocketAddr,
+        data: &[u8],
+        seg: usize,
+        tos: u8,
+    ) -> io::Result<()>;
 
     /// The next datagram (or run), if one waits.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<Received>>;

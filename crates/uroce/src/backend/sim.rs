@@ -249,6 +249,7 @@ impl super::Backend for SimPort {
         dst: SocketAddr,
         data: &[u8],
         seg: usize,
+        _tos: u8,
     ) -> std::io::Result<()> {
         for p in data.chunks(seg.max(1)) {
             self.send_one(dst, p);

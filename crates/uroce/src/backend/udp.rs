@@ -506,6 +506,7 @@ impl UdpBackend {
         dst: SocketAddr,
         data: &[u8],
         seg: usize,
+        tos: u8,
     ) -> io::Result<()> {
         let i = match self.ports.iter().position(|p| p.ip == src) {
             Some(i) => i,
@@ -523,16 +524,18 @@ impl UdpBackend {
             }
             d => d,
         };
-        if seg >= data.len() || !self.gso {
+        let gso = (seg < data.len() && self.gso).then_some(seg);
+        if gso.is_none() && tos == 0 {
             let r = port.sock.send_to(data, dst).map(|_| ());
             // A failed send may leave an entry in the error queue
             // (`IP_RECVERR`), which keeps the socket readable until read.
             port.errors.set(port.errors.get() || r.is_err());
             return r;
         }
-        let r = port.send_gso(dst, data, seg);
+        let r = port.send_msg(dst, data, gso, tos);
         port.errors.set(port.errors.get() || r.is_err());
-        if let Err(e) = &r
+        if gso.is_some()
+            && let Err(e) = &r
             && matches!(
                 e.raw_os_error(),
                 Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
@@ -654,8 +657,15 @@ impl super::Backend for UdpBackend {
         }
     }
 
-    fn send(&mut self, src: IpAddr, dst: SocketAddr, data: &[u8], seg: usize) -> io::Result<()> {
-        self.send_from(src, dst, data, seg)
+    fn send(
+        &mut self,
+        src: IpAddr,
+        dst: SocketAddr,
+        data: &[u8],
+        seg: usize,
+        tos: u8,
+    ) -> io::Result<()> {
+        self.send_from(src, dst, data, seg, tos)
     }
 
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<super::Received>> {
@@ -835,8 +845,15 @@ impl Port {
         Ok((n as usize, addr))
     }
 
-    /// One GSO send of `seg`-byte packets.
-    fn send_gso(&self, dst: SocketAddr, data: &[u8], seg: usize) -> io::Result<()> {
+    /// One send with control messages: a GSO run of `gso`-byte packets
+    /// (`UDP_SEGMENT`) and/or a TOS / traffic class other than 0.
+    fn send_msg(
+        &self,
+        dst: SocketAddr,
+        data: &[u8],
+        gso: Option<usize>,
+        tos: u8,
+    ) -> io::Result<()> {
         let (mut addr, alen) = to_raw(dst);
         let mut iov =
             libc::iovec { iov_base: data.as_ptr() as *mut libc::c_void, iov_len: data.len() };
@@ -848,17 +865,38 @@ impl Port {
         msg.msg_iov = &raw mut iov;
         msg.msg_iovlen = 1;
         msg.msg_control = cbuf.0.as_mut_ptr().cast();
+        let (tos_level, tos_type) = match dst {
+            SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_TOS),
+            SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_TCLASS),
+        };
+        let cmsgs = [
+            gso.map(|s| (libc::SOL_UDP, libc::UDP_SEGMENT, u32::from(s as u16), 2u32)),
+            (tos != 0).then_some((tos_level, tos_type, u32::from(tos), 4u32)),
+        ];
         // SAFETY: CMSG_SPACE only computes a size.
-        msg.msg_controllen = unsafe { libc::CMSG_SPACE(size_of::<u16>() as u32) } as _;
-        // SAFETY: the control buffer is 64 aligned bytes, larger than
-        // CMSG_SPACE(2), so CMSG_FIRSTHDR is non-null and the header and
-        // its 2-byte payload fit inside it.
+        msg.msg_controllen = cmsgs
+            .iter()
+            .flatten()
+            .map(|c| unsafe { libc::CMSG_SPACE(c.3) } as usize)
+            .sum::<usize>() as _;
+        // SAFETY: the control buffer is 64 aligned bytes, more than
+        // CMSG_SPACE(2) + CMSG_SPACE(4) = 48, so each header CMSG_FIRSTHDR
+        // and CMSG_NXTHDR hand out is non-null, and it and its 2- or
+        // 4-byte payload lie inside the buffer's first msg_controllen
+        // bytes.
         unsafe {
-            let c = libc::CMSG_FIRSTHDR(&raw const msg);
-            (*c).cmsg_level = libc::SOL_UDP;
-            (*c).cmsg_type = libc::UDP_SEGMENT;
-            (*c).cmsg_len = libc::CMSG_LEN(size_of::<u16>() as u32) as _;
-            libc::CMSG_DATA(c).cast::<u16>().write_unaligned(seg as u16);
+            let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
+            for &(level, kind, value, len) in cmsgs.iter().flatten() {
+                (*c).cmsg_level = level;
+                (*c).cmsg_type = kind;
+                (*c).cmsg_len = libc::CMSG_LEN(len) as _;
+                if len == 2 {
+                    libc::CMSG_DATA(c).cast::<u16>().write_unaligned(value as u16);
+                } else {
+                    libc::CMSG_DATA(c).cast::<u32>().write_unaligned(value);
+                }
+                c = libc::CMSG_NXTHDR(&raw const msg, c);
+            }
         }
         // SAFETY: msg points to live address, iovec (over `data`) and
         // control buffers for the duration of the call.
