@@ -448,8 +448,16 @@ fn libfabric_verbs_lists_the_device_and_runs_dgram() {
     {
         assert!(t.contains(want), "no {want:?} in fi_info -p verbs:\n{t}");
     }
+    let args = ["-p", "verbs", "-e", "dgram", "-I", "1000", "-S", "64"];
+    let (client, all) = fi_pingpong(&hosts, &args);
+    assert!(client.contains("Mxfers/sec"), "no result: {all}");
+}
+
+/// `fi_pingpong ARGS`: the server on host a, the client on host b, both
+/// ending well within a minute; the client's output and both outputs.
+fn fi_pingpong(hosts: &Hosts, args: &[&str]) -> (String, String) {
     let port = uroce::testing::free_tcp_port().to_string();
-    let args = ["fi_pingpong", "-p", "verbs", "-e", "dgram", "-I", "1000", "-S", "64"];
+    let args = [&["fi_pingpong"], args].concat();
     let server = hosts.cmd(true, &[&args[..], &["-B", &port]].concat()).spawn().unwrap();
     let deadline = Instant::now() + Duration::from_secs(60);
     hosts.wait_listening(port.parse().unwrap(), deadline);
@@ -457,8 +465,9 @@ fn libfabric_verbs_lists_the_device_and_runs_dgram() {
     let (co, ct) = finish(hosts.cmd(false, &cargs).spawn().unwrap(), deadline);
     let (so, st) = finish(server, deadline + Duration::from_secs(5));
     let all = format!("--- server ---\n{}\n--- client ---\n{}", text(&so), text(&co));
-    assert!(!ct && !st && co.status.success() && so.status.success(), "fi_pingpong dgram: {all}");
-    assert!(text(&co).contains("Mxfers/sec"), "no result: {all}");
+    let ok = !ct && !st && co.status.success() && so.status.success();
+    assert!(ok, "{}: {all}", args.join(" "));
+    (text(&co), all)
 }
 
 /// libfabric-bin's `fi_pingpong` over the verbs provider's connected
@@ -477,21 +486,10 @@ fn libfabric_pingpong_runs_over_msg_and_rxm_endpoints() {
     let hosts = Hosts::new();
     hosts.localhost_on_a_is_its_device();
     for (prov, ep) in [("verbs", "msg"), ("verbs;ofi_rxm", "rdm")] {
-        let port = uroce::testing::free_tcp_port().to_string();
-        let args = ["fi_pingpong", "-p", prov, "-e", ep, "-I", "100", "-c"];
-        let server = hosts.cmd(true, &[&args[..], &["-B", &port]].concat()).spawn().unwrap();
-        let deadline = Instant::now() + Duration::from_secs(60);
-        hosts.wait_listening(port.parse().unwrap(), deadline);
-        let cargs = [&args[..], &["-P", &port, ADDR_A]].concat();
-        let (co, ct) = finish(hosts.cmd(false, &cargs).spawn().unwrap(), deadline);
-        let (so, st) = finish(server, deadline + Duration::from_secs(5));
-        let all = format!("--- server ---\n{}\n--- client ---\n{}", text(&so), text(&co));
-        let ok = !ct && !st && co.status.success() && so.status.success();
-        assert!(ok, "fi_pingpong -p {prov} -e {ep}: {all}");
-        for out in [&co, &so] {
-            let rows = text(out).lines().filter(|l| l.contains("=100")).count();
-            assert_eq!(rows, 6, "fi_pingpong -p {prov} -e {ep}: not every size ran: {all}");
-        }
+        let (_, all) = fi_pingpong(&hosts, &["-p", prov, "-e", ep, "-I", "100", "-c"]);
+        // Each side prints a row per size, 64 B to 1 MiB.
+        let rows = all.lines().filter(|l| l.contains("=100")).count();
+        assert_eq!(rows, 12, "fi_pingpong -p {prov} -e {ep}: not every size ran: {all}");
     }
 }
 

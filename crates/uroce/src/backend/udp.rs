@@ -495,59 +495,6 @@ impl UdpBackend {
         v
     }
 
-    /// Sends `data` from local address `src`: one packet, or (with `seg` <
-    /// `data.len()`) a run of `seg`-byte packets, the last possibly
-    /// shorter, as one GSO send. `WouldBlock` means the socket buffer is
-    /// full: the caller counts the packets as lost (the transport
-    /// retransmits). A source not bound yet is bound now.
-    fn send_from(
-        &mut self,
-        src: IpAddr,
-        dst: SocketAddr,
-        data: &[u8],
-        seg: usize,
-        tos: u8,
-    ) -> io::Result<()> {
-        let i = match self.ports.iter().position(|p| p.ip == src) {
-            Some(i) => i,
-            None => {
-                self.bind_local_addr(src)?;
-                self.ports.len() - 1
-            }
-        };
-        let port = &self.ports[i];
-        let dst = match dst {
-            // A link-local destination is reached through the interface
-            // of the address we send from.
-            SocketAddr::V6(d) if d.scope_id() == 0 && crate::gid::is_link_local(dst.ip()) => {
-                SocketAddr::V6(SocketAddrV6::new(*d.ip(), d.port(), d.flowinfo(), port.scope))
-            }
-            d => d,
-        };
-        let gso = (seg < data.len() && self.gso).then_some(seg);
-        if gso.is_none() && tos == 0 {
-            let r = port.sock.send_to(data, dst).map(|_| ());
-            // A failed send may leave an entry in the error queue
-            // (`IP_RECVERR`), which keeps the socket readable until read.
-            port.errors.set(port.errors.get() || r.is_err());
-            return r;
-        }
-        let r = port.send_msg(dst, data, gso, tos);
-        port.errors.set(port.errors.get() || r.is_err());
-        if gso.is_some()
-            && let Err(e) = &r
-            && matches!(
-                e.raw_os_error(),
-                Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
-            )
-        {
-            // No GSO here: later runs go one packet per send. These packets'
-            // ICRCs assumed GSO's IP IDs, so they are lost (and resent).
-            self.gso = false;
-        }
-        r
-    }
-
     /// Receives one datagram (with GRO, possibly a run of packets) into
     /// `buf`: `(bytes, segment size, sender, local address it came to)`, or
     /// `None` when none waits on any socket. Probes of the shared group's
@@ -665,7 +612,49 @@ impl super::Backend for UdpBackend {
         seg: usize,
         tos: u8,
     ) -> io::Result<()> {
-        self.send_from(src, dst, data, seg, tos)
+        // One packet, or (with `seg` < `data.len()`) a run of `seg`-byte
+        // packets, the last possibly shorter, as one GSO send. `WouldBlock`
+        // means the socket buffer is full: the caller counts the packets as
+        // lost (the transport retransmits). A source not bound yet is
+        // bound now.
+        let i = match self.ports.iter().position(|p| p.ip == src) {
+            Some(i) => i,
+            None => {
+                self.bind_local_addr(src)?;
+                self.ports.len() - 1
+            }
+        };
+        let port = &self.ports[i];
+        let dst = match dst {
+            // A link-local destination is reached through the interface
+            // of the address we send from.
+            SocketAddr::V6(d) if d.scope_id() == 0 && crate::gid::is_link_local(dst.ip()) => {
+                SocketAddr::V6(SocketAddrV6::new(*d.ip(), d.port(), d.flowinfo(), port.scope))
+            }
+            d => d,
+        };
+        let gso = (seg < data.len() && self.gso).then_some(seg);
+        if gso.is_none() && tos == 0 {
+            let r = port.sock.send_to(data, dst).map(|_| ());
+            // A failed send may leave an entry in the error queue
+            // (`IP_RECVERR`), which keeps the socket readable until read.
+            port.errors.set(port.errors.get() || r.is_err());
+            return r;
+        }
+        let r = port.send_msg(dst, data, gso, tos);
+        port.errors.set(port.errors.get() || r.is_err());
+        if gso.is_some()
+            && let Err(e) = &r
+            && matches!(
+                e.raw_os_error(),
+                Some(libc::EIO | libc::EINVAL | libc::ENOPROTOOPT | libc::EOPNOTSUPP)
+            )
+        {
+            // No GSO here: later runs go one packet per send. These packets'
+            // ICRCs assumed GSO's IP IDs, so they are lost (and resent).
+            self.gso = false;
+        }
+        r
     }
 
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<super::Received>> {
