@@ -886,17 +886,7 @@ fn packets_carry_the_traffic_class_in_their_ip_header() {
     };
     let pd = a.ctx.alloc_pd().unwrap();
     let mr = pd.alloc_mr(4096, ALL).unwrap();
-    let ud = pd
-        .create_qp(&QpInitAttr {
-            send_cq: &a.cq,
-            recv_cq: &a.cq,
-            cap,
-            qp_type: QpType::Ud,
-            sq_sig_all: false,
-            srq: None,
-        })
-        .unwrap();
-    uroce::activate_ud(&ud, 0x1234, 0).unwrap();
+    let ud = uroce::testing::ud_qp(&pd, &a.cq, cap, 0x1234, 0);
     let sink6 = UdpSocket::bind("[::1]:0").unwrap();
     sink6.set_read_timeout(timeout).unwrap();
     for (sock, tc, v6) in [(&sink, 40, false), (&sink6, 0x48, true)] {

@@ -159,7 +159,8 @@ fn from_raw(r: &RawAddr) -> Option<SocketAddr> {
     }
 }
 
-/// Room for one `int`/`u16` control message.
+/// Room for the control messages of one send (a GSO segment size and a
+/// TOS) or one receive.
 #[repr(C, align(8))]
 struct CmsgBuf([u8; 64]);
 
@@ -858,16 +859,16 @@ impl Port {
             SocketAddr::V4(_) => (libc::IPPROTO_IP, libc::IP_TOS),
             SocketAddr::V6(_) => (libc::IPPROTO_IPV6, libc::IPV6_TCLASS),
         };
-        let cmsgs = [
-            gso.map(|s| (libc::SOL_UDP, libc::UDP_SEGMENT, u32::from(s as u16), 2u32)),
-            (tos != 0).then_some((tos_level, tos_type, u32::from(tos), 4u32)),
+        // (level, type, payload): a u16 segment size, an int TOS.
+        let seg = gso.map(|s| (s as u16).to_ne_bytes());
+        let class = i32::from(tos).to_ne_bytes();
+        let cmsgs: [Option<(i32, i32, &[u8])>; 2] = [
+            seg.as_ref().map(|b| (libc::SOL_UDP, libc::UDP_SEGMENT, &b[..])),
+            (tos != 0).then_some((tos_level, tos_type, &class[..])),
         ];
         // SAFETY: CMSG_SPACE only computes a size.
-        msg.msg_controllen = cmsgs
-            .iter()
-            .flatten()
-            .map(|c| unsafe { libc::CMSG_SPACE(c.3) } as usize)
-            .sum::<usize>() as _;
+        let space = |len: usize| unsafe { libc::CMSG_SPACE(len as u32) } as usize;
+        msg.msg_controllen = cmsgs.iter().flatten().map(|c| space(c.2.len())).sum::<usize>() as _;
         // SAFETY: the control buffer is 64 aligned bytes, more than
         // CMSG_SPACE(2) + CMSG_SPACE(4) = 48, so each header CMSG_FIRSTHDR
         // and CMSG_NXTHDR hand out is non-null, and it and its 2- or
@@ -875,15 +876,11 @@ impl Port {
         // bytes.
         unsafe {
             let mut c = libc::CMSG_FIRSTHDR(&raw const msg);
-            for &(level, kind, value, len) in cmsgs.iter().flatten() {
+            for &(level, kind, payload) in cmsgs.iter().flatten() {
                 (*c).cmsg_level = level;
                 (*c).cmsg_type = kind;
-                (*c).cmsg_len = libc::CMSG_LEN(len) as _;
-                if len == 2 {
-                    libc::CMSG_DATA(c).cast::<u16>().write_unaligned(value as u16);
-                } else {
-                    libc::CMSG_DATA(c).cast::<u32>().write_unaligned(value);
-                }
+                (*c).cmsg_len = libc::CMSG_LEN(payload.len() as u32) as _;
+                std::ptr::copy_nonoverlapping(payload.as_ptr(), libc::CMSG_DATA(c), payload.len());
                 c = libc::CMSG_NXTHDR(&raw const msg, c);
             }
         }
