@@ -87,6 +87,7 @@ fn create(
         srq: srq.map(|s| &s.inner),
     };
     let inner = p.inner.create_qp(&init).map_err(|e| e.errno())?;
+    cap.max_inline_data = inner.cap().max_inline_data;
     let qpn = inner.qpn();
     // SAFETY: ibv_qp_ex is C data; all-zero is valid (NULL fn pointers,
     // static-initialiser mutex/cond).

@@ -428,6 +428,17 @@ fn rdmacm_utils_connect_through_the_cm() {
         End::Both,
     );
     assert!(p.client_has("rdma_client: end 0") && p.server.contains("rdma_server: end 0"), "{p}");
+    // rdma_xserver / rdma_xclient over RC (their default; `-c x` needs
+    // XRC, issue 16): synchronous endpoints, the client's inline SEND
+    // received by the server, each side's rdma_disconnect waiting for
+    // DISCONNECTED.
+    let p = cm_pair(
+        ("rdma_xserver", &["-p", "{port}"]),
+        ("rdma_xclient", &["-s", "127.0.0.1", "-p", "{port}"]),
+        limit,
+        End::Both,
+    );
+    assert!(p.client_has("rdma_xclient: end 0") && p.server.contains("rdma_xserver: end 0"), "{p}");
     // cmtime: 20 connections set up and torn down concurrently, each
     // step timed (the server serves on).
     let p = cm_pair(

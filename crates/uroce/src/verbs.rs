@@ -219,6 +219,14 @@ impl Pd {
         if init.srq.is_some_and(|s| !Arc::ptr_eq(&s.inner.ctx, &self.ctx)) {
             return Err(Error::InvalidArgument("SRQ belongs to another context"));
         }
+        // A send WQE holds its SGEs or its inline bytes in one place, so
+        // the inline room is at least the SGEs' (16 bytes each), as rxe
+        // grants it: programs that ask for no inline data and post small
+        // inline SENDs (rdma_xclient) work as on rxe and NICs.
+        let c = QpCaps {
+            max_inline_data: c.max_inline_data.max(c.max_send_sge * 16).min(limits::MAX_INLINE),
+            ..c
+        };
         let mut e = self.ctx.lock();
         if e.ep.qp_count() as u32 >= limits::MAX_QP {
             return Err(Error::Limit("max_qp"));
@@ -239,6 +247,7 @@ impl Pd {
         Ok(Qp {
             ctx: self.ctx.clone(),
             qpn,
+            cap: c,
             qp_type: init.qp_type,
             _pd: self.clone(),
             _cqs: [init.send_cq.clone(), init.recv_cq.clone()],
@@ -457,6 +466,8 @@ pub struct QpInitAttr<'a> {
 pub struct Qp {
     ctx: Arc<Inner>,
     qpn: u32,
+    /// The queue sizes granted (`ibv_create_qp` writes them back).
+    cap: QpCaps,
     qp_type: QpType,
     _pd: Pd,
     _cqs: [Cq; 2],
@@ -478,6 +489,12 @@ impl Qp {
     /// Transport type.
     pub fn qp_type(&self) -> QpType {
         self.qp_type
+    }
+
+    /// The queue sizes granted: those asked for, with at least 16 inline
+    /// bytes per send SGE (as rxe grants them).
+    pub fn cap(&self) -> QpCaps {
+        self.cap
     }
 
     /// The source GID index for reaching `peer`: the first GID of the

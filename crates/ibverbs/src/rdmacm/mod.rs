@@ -588,6 +588,7 @@ pub(crate) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             with_registry(|r| r.ports.release(id as usize));
         }
         let own = if lock(&b.st).sync { b.c().channel } else { std::ptr::null_mut() };
+        release_event(b.c());
         unregister(id.cast::<IdBox>(), Kind::CmId);
         // SAFETY: allocated by new_id and no longer registered.
         drop(unsafe { Box::from_raw(id.cast::<IdBox>()) });
@@ -640,6 +641,9 @@ pub(crate) unsafe extern "C" fn rdma_migrate_id(
         // moves it to its event queue and connects), and its own channel
         // goes.
         let own = if st.sync { b.c().channel } else { std::ptr::null_mut() };
+        if st.sync {
+            release_event(b.c());
+        }
         st.sync = false;
         // Events the library raised before the move wake the new
         // channel's reader, and no longer the old one's.
@@ -1297,9 +1301,38 @@ pub(crate) unsafe extern "C" fn rdma_disconnect(id: *mut rdma_cm_id) -> c_int {
         }
         // The peer may have disconnected first (its DREQ answered): then
         // there is nothing more to send.
-        let _ = ctx.cm_disconnect(*cm);
-        0
+        let sent = ctx.cm_disconnect(*cm).is_ok();
+        let sync = st.sync;
+        drop(st);
+        // A synchronous id waits for DISCONNECTED, as librdmacm's does:
+        // the DREP (or the DREQ's last timeout) for our DREQ, or the one
+        // the peer's DREQ raised, still waiting on the id's own channel.
+        // Nothing to wait for once that was taken (a second call).
+        if sync && (sent || disconnect_waits(b)) {
+            sync::complete(b, &[event::DISCONNECTED])
+        } else {
+            0
+        }
     })
+}
+
+/// Whether the id's channel holds the event of a disconnection not yet
+/// read (the channel is left as it was).
+fn disconnect_waits(b: &IdBox) -> bool {
+    let mut found = false;
+    if let Some(ch) = b.channel() {
+        ch.ch.retain(|e| {
+            found |= matches!(
+                e,
+                CmChannelEvent::Cm {
+                    event: AgentEvent::DisconnectRequest { .. } | AgentEvent::Disconnected { .. },
+                    ..
+                }
+            );
+            true
+        });
+    }
+    found
 }
 
 pub(crate) unsafe extern "C" fn rdma_init_qp_attr(
@@ -1408,6 +1441,28 @@ pub(crate) unsafe extern "C" fn rdma_ack_cm_event(event: *mut rdma_cm_event) -> 
         drop(unsafe { Box::from_raw(event.cast::<EventBox>()) });
         0
     })
+}
+
+/// Makes `ev` the id's current event (`id->event`), acknowledging the
+/// one it held, as librdmacm's synchronous calls do: a program reads the
+/// peer's private data and parameters there after `rdma_connect`,
+/// `rdma_accept` or `rdma_get_request`.
+fn keep_event(id: &mut rdma_cm_id, ev: Box<EventBox>) {
+    release_event(id);
+    let p = Box::into_raw(ev);
+    register(p, Kind::CmEvent);
+    id.event = p.cast();
+}
+
+/// Acknowledges the id's current event, if it holds one (an id's
+/// destruction, a synchronous id's next call or migration).
+fn release_event(id: &mut rdma_cm_id) {
+    let old = std::mem::replace(&mut id.event, std::ptr::null_mut());
+    if !old.is_null() {
+        // SAFETY: an event keep_event registered; one the application
+        // acknowledged itself is refused (EINVAL) rather than freed twice.
+        unsafe { rdma_ack_cm_event(old) };
+    }
 }
 
 fn new_event(id: *mut rdma_cm_id, kind: c_int, status: c_int) -> Box<EventBox> {

@@ -8,21 +8,27 @@ use std::ffi::c_int;
 
 use super::abi::*;
 use super::{
-    IdBox, event, live_id, lock, next_event, on_id, rdma_accept_start, rdma_connect_start,
-    rdma_resolve_addr_start, rdma_resolve_route_start,
+    IdBox, event, keep_event, live_id, lock, next_event, on_id, rdma_accept_start,
+    rdma_connect_start, rdma_resolve_addr_start, rdma_resolve_route_start, release_event,
 };
 use crate::abi::*;
 use crate::ffi::{guard, minus_one, set_errno};
 
 /// Waits on `b`'s own channel for the outcome of the call just made: 0
-/// for one of `want`, else -1 with the errno the event means.
-fn complete(b: &IdBox, want: &[c_int]) -> c_int {
+/// for one of `want`, else -1 with the errno the event means. The event
+/// stays in `id->event` until the id's next call or its end (librdmacm's
+/// `ucma_complete`): the peer's private data is read there.
+pub(super) fn complete(b: &IdBox, want: &[c_int]) -> c_int {
     let Some(ch) = b.channel() else { return minus_one(libc::EINVAL) };
+    // The previous call's event goes first (librdmacm acknowledges it
+    // before it waits).
+    release_event(b.c());
     let ev = match next_event(ch, b.c().channel) {
         Ok(ev) => ev,
         Err(errno) => return minus_one(errno),
     };
     let (kind, status) = (ev.ev.event, ev.ev.status);
+    keep_event(b.c(), ev);
     if want.contains(&kind) && status == 0 {
         return 0;
     }
@@ -186,13 +192,15 @@ pub(crate) unsafe extern "C" fn rdma_get_request(
         }
         let Some(ch) = lb.channel() else { return minus_one(libc::EINVAL) };
         let channel = lb.c().channel;
-        let child = loop {
+        release_event(lb.c());
+        let request = loop {
             match next_event(ch, channel) {
-                Ok(ev) if ev.ev.event == event::CONNECT_REQUEST => break ev.ev.id,
+                Ok(ev) if ev.ev.event == event::CONNECT_REQUEST => break ev,
                 Ok(_) => {}
                 Err(errno) => return minus_one(errno),
             }
         };
+        let child = request.ev.id;
         // The new id is synchronous too, on a channel of its own.
         // SAFETY: our own call.
         let own = unsafe { super::rdma_create_event_channel() };
@@ -200,8 +208,11 @@ pub(crate) unsafe extern "C" fn rdma_get_request(
         if own.is_null() || unsafe { super::rdma_migrate_id(child, own) } != 0 {
             return minus_one(libc::ENOMEM);
         }
+        // The request stays in the new id's `event` (its private data and
+        // parameters are read there), as librdmacm hands it over.
         on_id(child, |b| {
             lock(&b.st).sync = true;
+            keep_event(b.c(), request);
             0
         });
         if let Some((mut attr, pd)) = ep_attr {

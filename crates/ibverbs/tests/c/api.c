@@ -211,6 +211,20 @@ int main(void)
 	struct ibv_qp *b = ibv_create_qp_ex(ctx, &qx);
 	REQUIRE(a && b && a->qp_num != b->qp_num, "create_qp_ex");
 	CHECK(qx.cap.max_inline_data >= 64, "inline granted");
+	{
+		/* No inline asked: the SGEs' room is granted (16 bytes each), as
+		 * rxe grants it; rdma_xclient sends 16 inline bytes that way. */
+		struct ibv_qp_init_attr ia = {
+			.send_cq = ibv_cq_ex_to_cq(cqx), .recv_cq = ibv_cq_ex_to_cq(cqx),
+			.cap = {.max_send_wr = 1, .max_recv_wr = 1, .max_send_sge = 1,
+				.max_recv_sge = 1},
+			.qp_type = IBV_QPT_RC,
+		};
+		struct ibv_qp *q = ibv_create_qp(pd, &ia);
+		REQUIRE(q, "create_qp without inline");
+		CHECK(ia.cap.max_inline_data == 16, "inline granted %u", ia.cap.max_inline_data);
+		ibv_destroy_qp(q);
+	}
 	struct ibv_qp_ex *ax = ibv_qp_to_qp_ex(a);
 	REQUIRE(ax, "qp_to_qp_ex");
 	struct ibv_qp *plain = ibv_create_qp(pd, &ia);

@@ -2,10 +2,13 @@
  * against rdma-core 44's headers sees it: rdma_set_option's checks and
  * effects, the port rules of rdma_bind_addr and rdma_listen (the kernel's:
  * EADDRINUSE, EADDRNOTAVAIL, REUSEADDR until listen), multicast joins and
- * ECE (enhanced connection establishment).
+ * ECE (enhanced connection establishment), synchronous endpoints (the
+ * event kept in id->event, rdma_disconnect waiting), non-blocking
+ * channels and rdma_migrate_id.
  * Run by tests/drop_in.rs with the device uroce0 on 127.0.0.1. */
 #include <arpa/inet.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <pthread.h>
 #include <infiniband/verbs.h>
 #include <rdma/rdma_cma.h>
@@ -458,6 +461,128 @@ static void srq_ex(struct rdma_event_channel *ch)
 	rdma_destroy_id(c);
 }
 
+/* Synchronous endpoints (rdma_create_ep, no channel): each call waits for
+ * its outcome and leaves the event in id->event, where the program reads
+ * the peer's private data (as Debian's rdma_xclient does); rdma_disconnect
+ * waits for DISCONNECTED, whether this side or the peer ended first. */
+static pthread_mutex_t sync_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t sync_cv = PTHREAD_COND_INITIALIZER;
+static int sync_stage;
+
+static void sync_step(int stage)
+{
+	pthread_mutex_lock(&sync_mu);
+	sync_stage = stage;
+	pthread_cond_broadcast(&sync_cv);
+	pthread_mutex_unlock(&sync_mu);
+}
+
+static void sync_wait(int stage)
+{
+	pthread_mutex_lock(&sync_mu);
+	while (sync_stage < stage)
+		pthread_cond_wait(&sync_cv, &sync_mu);
+	pthread_mutex_unlock(&sync_mu);
+}
+
+static struct ibv_qp_init_attr sync_qp_attr = {
+	.qp_type = IBV_QPT_RC,
+	.sq_sig_all = 1,
+	.cap = { .max_send_wr = 4, .max_recv_wr = 4, .max_send_sge = 1, .max_recv_sge = 1 },
+};
+
+static void *sync_server(void *arg)
+{
+	struct rdma_addrinfo hints = { .ai_flags = RAI_PASSIVE, .ai_port_space = RDMA_PS_TCP };
+	struct rdma_addrinfo *res = NULL;
+	struct rdma_cm_id *l = NULL, *s = NULL;
+	struct rdma_conn_param p = { .private_data = "world", .private_data_len = 6 };
+	struct ibv_qp_init_attr qa = sync_qp_attr;
+
+	(void)arg;
+	REQUIRE(rdma_getaddrinfo("127.0.0.1", "7480", &hints, &res) == 0, "getaddrinfo (server)");
+	REQUIRE(rdma_create_ep(&l, res, NULL, &qa) == 0, "rdma_create_ep (server)");
+	rdma_freeaddrinfo(res);
+	REQUIRE(rdma_listen(l, 2) == 0, "listen (sync)");
+	sync_step(1);
+	REQUIRE(rdma_get_request(l, &s) == 0, "rdma_get_request");
+	REQUIRE(s->event != NULL, "the request is in id->event");
+	CHECK(s->event->event == RDMA_CM_EVENT_CONNECT_REQUEST, "%s",
+	      rdma_event_str(s->event->event));
+	CHECK(s->event->listen_id == l, "the request names its listener");
+	CHECK(s->event->param.conn.private_data_len >= 6 &&
+		      memcmp(s->event->param.conn.private_data, "hello", 6) == 0,
+	      "the client's private data in the request");
+	CHECK(s->qp != NULL, "rdma_get_request made the endpoint's QP");
+	REQUIRE(rdma_accept(s, &p) == 0, "rdma_accept (sync)");
+	CHECK(s->event != NULL && s->event->event == RDMA_CM_EVENT_ESTABLISHED,
+	      "accept left ESTABLISHED in id->event");
+	/* The client disconnects first: DISCONNECTED is waiting already. */
+	sync_wait(2);
+	CHECK(rdma_disconnect(s) == 0, "rdma_disconnect after the peer's");
+	CHECK(s->event != NULL && s->event->event == RDMA_CM_EVENT_DISCONNECTED,
+	      "the peer's DISCONNECTED in id->event");
+	CHECK(rdma_disconnect(s) == 0, "a second rdma_disconnect returns at once");
+	rdma_destroy_ep(s);
+	rdma_destroy_ep(l);
+	return NULL;
+}
+
+static void sync_endpoints(void)
+{
+	struct rdma_addrinfo hints = { .ai_port_space = RDMA_PS_TCP };
+	struct rdma_addrinfo *res = NULL;
+	struct rdma_cm_id *c = NULL;
+	struct rdma_conn_param p = { .private_data = "hello", .private_data_len = 6 };
+	struct ibv_qp_init_attr qa = sync_qp_attr;
+	pthread_t t;
+
+	REQUIRE(pthread_create(&t, NULL, sync_server, NULL) == 0, "server thread");
+	sync_wait(1);
+	REQUIRE(rdma_getaddrinfo("127.0.0.1", "7480", &hints, &res) == 0, "getaddrinfo (client)");
+	REQUIRE(rdma_create_ep(&c, res, NULL, &qa) == 0, "rdma_create_ep (client)");
+	rdma_freeaddrinfo(res);
+	CHECK(c->event != NULL && c->event->event == RDMA_CM_EVENT_ROUTE_RESOLVED,
+	      "route resolution left its event in id->event");
+	REQUIRE(rdma_connect(c, &p) == 0, "rdma_connect (sync)");
+	REQUIRE(c->event != NULL, "connect's event in id->event");
+	CHECK(c->event->event == RDMA_CM_EVENT_ESTABLISHED, "%s", rdma_event_str(c->event->event));
+	CHECK(c->event->param.conn.private_data_len >= 6 &&
+		      memcmp(c->event->param.conn.private_data, "world", 6) == 0,
+	      "the server's private data after rdma_connect");
+	CHECK(rdma_disconnect(c) == 0, "rdma_disconnect (sync)");
+	CHECK(c->event != NULL && c->event->event == RDMA_CM_EVENT_DISCONNECTED,
+	      "rdma_disconnect waited for DISCONNECTED");
+	sync_step(2);
+	pthread_join(t, NULL);
+	rdma_destroy_ep(c);
+}
+
+/* A non-blocking channel says EAGAIN when empty; an id migrated with an
+ * event not yet read takes it to its new channel. */
+static void nonblocking_and_migrate(void)
+{
+	struct rdma_event_channel *a = rdma_create_event_channel(), *b = rdma_create_event_channel();
+	struct sockaddr_in srv = addr4("127.0.0.1", 7481);
+	struct rdma_cm_event *ev = NULL;
+	struct rdma_cm_id *id;
+
+	REQUIRE(a && b, "two channels");
+	REQUIRE(fcntl(a->fd, F_SETFL, fcntl(a->fd, F_GETFL) | O_NONBLOCK) == 0, "O_NONBLOCK");
+	CHECK(fails_with(rdma_get_cm_event(a, &ev), EAGAIN), "an empty non-blocking channel");
+	id = new_id(a, RDMA_PS_TCP);
+	REQUIRE(rdma_resolve_addr(id, NULL, SA(srv), 1000) == 0, "resolve_addr");
+	REQUIRE(rdma_migrate_id(id, b) == 0, "rdma_migrate_id");
+	CHECK(id->channel == b, "the id names its new channel");
+	CHECK(fails_with(rdma_get_cm_event(a, &ev), EAGAIN), "the old channel has nothing");
+	REQUIRE(next_event(b, RDMA_CM_EVENT_ADDR_RESOLVED, &ev), "ADDR_RESOLVED on the new one");
+	CHECK(ev->id == id, "for the migrated id");
+	rdma_ack_cm_event(ev);
+	rdma_destroy_id(id);
+	rdma_destroy_event_channel(a);
+	rdma_destroy_event_channel(b);
+}
+
 static volatile int late_reader_returned;
 
 static void *late_reader(void *arg)
@@ -500,6 +625,8 @@ int main(void)
 	ece(ch);
 	srq_ex(ch);
 	rdma_destroy_event_channel(ch);
+	sync_endpoints();
+	nonblocking_and_migrate();
 	late_reader_on_a_destroyed_channel();
 	if (failures) {
 		fprintf(stderr, "%d checks failed\n", failures);
