@@ -68,7 +68,8 @@ impl Node {
 
     /// Moves the CQ's completions into `completions`.
     fn drain_cq(&mut self, trace: Option<Instant>) {
-        let Some(cq) = self.ep.cq_mut(self.cq) else { return };
+        let Some(cq) = self.ep.cq(self.cq) else { return };
+        let mut cq = cq.lock();
         while let Some(c) = cq.pop() {
             if let Some(now) = trace {
                 eprintln!("{:>12} {}: {c:?}", now.as_nanos(), self.addr);

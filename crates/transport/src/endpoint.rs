@@ -13,6 +13,7 @@
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::net::IpAddr;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use crate::fastmap::FastMap;
 use crate::memory::Memory;
@@ -77,6 +78,27 @@ pub enum DeviceEvent {
         /// SRQ handle.
         srq: u32,
     },
+}
+
+/// A completion queue as the endpoint and its pollers share it: the
+/// endpoint pushes completions while holding it for a moment, and an
+/// application polls, arms and acknowledges it without the endpoint (so a
+/// poll never waits for a progress pass, and polls of two CQs never wait
+/// for each other), as a hardware CQ sits between the device and the
+/// consumer.
+#[derive(Debug, Clone)]
+pub struct SharedCq(Arc<Mutex<CqRing>>);
+
+impl SharedCq {
+    fn new(cap: usize) -> Self {
+        Self(Arc::new(Mutex::new(CqRing::new(cap))))
+    }
+
+    /// The ring, locked. A poisoned lock (a panic while holding it) is
+    /// recovered: each push and pop leaves the ring consistent.
+    pub fn lock(&self) -> MutexGuard<'_, CqRing> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// A completion queue: its ring and its arming state.
@@ -193,7 +215,7 @@ pub struct GsiDatagram {
 #[derive(Debug)]
 pub struct Endpoint {
     qps: FastMap<u32, Slot>,
-    cqs: FastMap<u32, CqRing>,
+    cqs: FastMap<u32, SharedCq>,
     /// Ordered, so that limit events come out in one order every run.
     srqs: BTreeMap<u32, Srq>,
     /// Multicast groups and the UD QPs attached to each.
@@ -342,7 +364,7 @@ impl Endpoint {
     pub fn create_cq(&mut self, cap: usize) -> u32 {
         let id = self.next_cq;
         self.next_cq += 1;
-        self.cqs.insert(id, CqRing::new(cap));
+        self.cqs.insert(id, SharedCq::new(cap));
         id
     }
 
@@ -351,14 +373,10 @@ impl Endpoint {
         self.cqs.remove(&id).is_some()
     }
 
-    /// CQ `id`.
-    pub fn cq(&self, id: u32) -> Option<&CqRing> {
+    /// CQ `id`, to poll, arm or acknowledge (clone it to do so without
+    /// the endpoint).
+    pub fn cq(&self, id: u32) -> Option<&SharedCq> {
         self.cqs.get(&id)
-    }
-
-    /// CQ `id`, to poll or arm.
-    pub fn cq_mut(&mut self, id: u32) -> Option<&mut CqRing> {
-        self.cqs.get_mut(&id)
     }
 
     /// Live CQs.
@@ -668,7 +686,8 @@ impl Endpoint {
         while let Some(c) = slot.qp.poll_completion() {
             self.moved = true;
             let id = if c.is_recv { slot.recv_cq } else { slot.send_cq };
-            if let Some(cq) = self.cqs.get_mut(&id) {
+            if let Some(cq) = self.cqs.get(&id) {
+                let mut cq = cq.lock();
                 let was = cq.overflowed;
                 match cq.push(c) {
                     Ok(true) => self.notify.push_back(id),

@@ -27,7 +27,7 @@ pub mod stats;
 mod time;
 pub mod wqe;
 
-pub use endpoint::{CqRing, DeviceEvent, Endpoint, GsiDatagram};
+pub use endpoint::{CqRing, DeviceEvent, Endpoint, GsiDatagram, SharedCq};
 pub use memory::{AccessError, Accessor, AtomicOp, Key, Memory, MwBind, MwType};
 pub use qp::attr::{Access, AttrMask, ModifyError, Path, QpAttr, QpState, QpType};
 pub use qp::{AWAITED_RUN, AsyncEvent, PostError, Qp, QpCaps, QpInit, Transmit};

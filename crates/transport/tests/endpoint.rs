@@ -118,7 +118,7 @@ fn flow(from: &mut Side, to: &mut Side, now: Instant, drop: bool) -> (usize, usi
 }
 
 fn drain(s: &mut Side) -> Vec<uroce_transport::Completion> {
-    let cq = s.ep.cq_mut(s.cq).unwrap();
+    let mut cq = s.ep.cq(s.cq).unwrap().lock();
     std::iter::from_fn(|| cq.pop()).collect()
 }
 
@@ -211,7 +211,7 @@ fn armed_cqs_notify_once_and_events_and_gsi_reach_the_driver() {
         let sge = [Sge { addr: baddr, length: 64, lkey: blkey }];
         b.ep.qp_mut(qb).unwrap().post_recv(&[RecvWr { wr_id: i, sgl: &sge }]).unwrap();
     }
-    b.ep.cq_mut(b.cq).unwrap().arm(false);
+    b.ep.cq(b.cq).unwrap().lock().arm(false);
     for _ in 0..2 {
         let wr = SendWr { opcode: WrOpcode::Send, ..SendWr::default() };
         a.ep.qp_mut(qa).unwrap().post_send(now, &[wr]).unwrap();
@@ -220,8 +220,8 @@ fn armed_cqs_notify_once_and_events_and_gsi_reach_the_driver() {
     flow(&mut b, &mut a, now, false);
     assert_eq!(b.ep.poll_cq_notify(), Some(b.cq));
     assert_eq!(b.ep.poll_cq_notify(), None, "one notification per arming");
-    assert_eq!(b.ep.cq(b.cq).unwrap().len(), 2);
-    assert_eq!(b.ep.cq(b.cq).unwrap().unacked_events(), 1);
+    assert_eq!(b.ep.cq(b.cq).unwrap().lock().len(), 2);
+    assert_eq!(b.ep.cq(b.cq).unwrap().lock().unacked_events(), 1);
 
     // A packet to QPN 1: dropped as unknown until the GSI hook is on.
     let mut buf = vec![0u8; 8192];

@@ -143,6 +143,15 @@ impl Inner {
     pub(crate) fn lock(&self) -> MutexGuard<'_, Driver> {
         self.driver.lock().unwrap_or_else(|e| e.into_inner())
     }
+
+    /// The driver, if no other thread holds it (see [`Inner::lock`]).
+    pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, Driver>> {
+        match self.driver.try_lock() {
+            Ok(g) => Some(g),
+            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
+            Err(std::sync::TryLockError::WouldBlock) => None,
+        }
+    }
 }
 
 /// An opened device (`ibv_context`). Cheap to clone; every object created

@@ -64,7 +64,9 @@ impl Context {
             return Err(Error::Limit("max_cq"));
         }
         let id = e.create_cq(cqe as usize, channel.map(|c| c.events.clone()));
-        Ok(Cq { inner: Arc::new(CqInner { ctx: self.inner.clone(), id, cqe }) })
+        let ring = e.ep.cq(id).expect("just created").clone();
+        let inner = CqInner { ctx: self.inner.clone(), id, cqe, ring, channel: channel.is_some() };
+        Ok(Cq { inner: Arc::new(inner) })
     }
 }
 
@@ -332,6 +334,11 @@ struct CqInner {
     ctx: Arc<Inner>,
     id: u32,
     cqe: u32,
+    /// The ring, shared with the endpoint: polled, armed and acknowledged
+    /// without the context's lock.
+    ring: uroce_transport::SharedCq,
+    /// Made with a completion channel (arming needs one).
+    channel: bool,
 }
 
 impl Drop for CqInner {
@@ -372,13 +379,10 @@ impl Cq {
     /// # Errors
     /// [`Error::InvalidArgument`] if the CQ has no channel.
     pub fn req_notify(&self, solicited_only: bool) -> Result<()> {
-        let mut e = self.inner.ctx.lock();
-        if !e.channels.contains_key(&self.inner.id) {
+        if !self.inner.channel {
             return Err(Error::InvalidArgument("CQ has no completion channel"));
         }
-        let cq = e.ep.cq_mut(self.inner.id).ok_or(Error::InvalidArgument("CQ destroyed"))?;
-        cq.arm(solicited_only);
-        drop(e);
+        self.inner.ring.lock().arm(solicited_only);
         // Arming means the caller is about to sleep on the channel.
         self.inner.ctx.activity.release();
         Ok(())
@@ -387,19 +391,19 @@ impl Cq {
     /// Acknowledges `n` events taken from the channel for this CQ
     /// (`ibv_ack_cq_events`).
     pub fn ack_events(&self, n: u32) {
-        let mut e = self.inner.ctx.lock();
-        if let Some(cq) = e.ep.cq_mut(self.inner.id) {
-            cq.ack_events(u64::from(n));
-        }
+        self.inner.ring.lock().ack_events(u64::from(n));
     }
 
     /// Events raised and not yet acknowledged.
     pub fn unacked_events(&self) -> u64 {
-        self.inner.ctx.lock().ep.cq(self.inner.id).map_or(0, |c| c.unacked_events())
+        self.inner.ring.lock().unacked_events()
     }
 
     /// Fills `out` with completions, oldest first, and returns how many
-    /// (`ibv_poll_cq`). Drives progress inline first.
+    /// (`ibv_poll_cq`). Drives progress inline first, unless the ring
+    /// already holds enough or another thread is driving it (the progress
+    /// thread in a pass, another poller): a poll never waits for the
+    /// context's lock.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] once the CQ has overflowed (a completion
@@ -416,21 +420,23 @@ impl Cq {
     /// to `sink` straight from the CQ's ring, for callers that keep
     /// completions in a layout of their own (the C ABI's `ibv_wc`): one
     /// copy fewer, and no array of placeholders to fill first. `sink`
-    /// runs with the context locked: it must not call into uroce.
+    /// runs with the CQ's ring locked: it must not call into uroce.
     ///
     /// # Errors
     /// As [`Cq::poll`].
     pub fn poll_with(&self, max: usize, mut sink: impl FnMut(&Completion)) -> Result<usize> {
         let ctx = &self.inner.ctx;
-        let mut e = ctx.lock();
         // A ring that can fill the caller's array needs no progress pass
         // (and its receive system call) first.
-        if e.ep.cq(self.inner.id).is_none_or(|c| c.len() < max) {
-            ctx.app_progress(&mut e);
-        } else {
-            ctx.activity.touch_at(ctx.activity.wall_ns());
+        let enough = self.inner.ring.lock().len() >= max;
+        match (!enough).then(|| ctx.try_lock()).flatten() {
+            Some(mut e) => ctx.app_progress(&mut e),
+            // Enough already, or a pass is under way elsewhere: what it
+            // completes is on the ring for this poll or the next. The
+            // mark still tells the progress thread an application polls.
+            None => ctx.activity.touch_at(ctx.activity.wall_ns()),
         }
-        let cq = e.ep.cq_mut(self.inner.id).ok_or(Error::InvalidArgument("CQ destroyed"))?;
+        let mut cq = self.inner.ring.lock();
         if cq.overflowed() {
             return Err(Error::InvalidArgument("CQ overrun: completions were lost"));
         }
@@ -845,5 +851,66 @@ impl Qp {
         };
         self.post_send(&[wr])?;
         Ok(bind.new_rkey)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    /// A poll takes what its ring holds while another thread holds the
+    /// context (a progress pass, a post): it never waits for it.
+    #[test]
+    fn a_poll_does_not_wait_for_the_context() {
+        let port = crate::testing::free_port();
+        let ctx = crate::testing::open("127.0.0.1", port);
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(16).unwrap();
+        let cap = QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 16,
+        };
+        let qp = crate::testing::rc_qp(&pd, &cq, cap, true);
+        let mr = pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+        let local = "127.0.0.1".parse().unwrap();
+        crate::connect(&qp, local, port, qp.qpn(), 1, 1, Access::LOCAL_WRITE).unwrap();
+        qp.post_recv(&[RecvWr { wr_id: 1, sgl: &[mr.sge(0, 64).unwrap()] }]).unwrap();
+        let wr = SendWr {
+            wr_id: 2,
+            flags: SendFlags::INLINE,
+            inline_data: Some(b"ping"),
+            ..SendWr::default()
+        };
+        qp.post_send(&[wr]).unwrap();
+        // Both completions onto the ring, none polled.
+        let t = std::time::Instant::now();
+        while cq.inner.ring.lock().len() < 2 {
+            ctx.inner.lock().progress();
+            assert!(t.elapsed() < Duration::from_secs(10), "no completions");
+        }
+        let held = ctx.inner.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let poller = cq.clone();
+        std::thread::spawn(move || {
+            let mut wc = [Completion::new(
+                0,
+                uroce_transport::WcStatus::Success,
+                uroce_transport::WcOpcode::Send,
+                0,
+                false,
+            ); 4];
+            let _ = tx.send(
+                poller.poll(&mut wc).map(|n| wc[..n].iter().map(|c| c.wr_id).collect::<Vec<_>>()),
+            );
+        });
+        let got = rx.recv_timeout(Duration::from_secs(5));
+        drop(held);
+        let mut ids = got.expect("the poll waited for the context").unwrap();
+        ids.sort_unstable();
+        assert_eq!(ids, [1, 2]);
     }
 }
