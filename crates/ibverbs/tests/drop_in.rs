@@ -743,20 +743,34 @@ fn rping_client(ps: &str, udp: u16) -> Child {
     cmd(&tool("rping"), &args, "127.0.0.2", udp).spawn().unwrap()
 }
 
-/// A peer process killed in the middle of a transfer: the survivor's
+/// A peer process killed in the middle of a transfer, with the QPs
+/// connected over TCP and through the RDMA CM (`-R`): the survivor's
 /// outstanding WRITEs end in a retry-exceeded completion (status 12)
 /// within its retry budget, and it exits with an error; it neither hangs
 /// nor crashes.
 #[test]
 fn peer_killed_mid_transfer_ends_in_an_error_completion() {
-    use std::io::BufRead;
     let _g = serial();
     env();
+    for extra in [&[][..], &["-R"]] {
+        killed_mid_transfer(extra);
+    }
+}
+
+fn killed_mid_transfer(extra: &[&str]) {
+    use std::io::BufRead;
     let udp = uroce::testing::free_port();
     let port = tcp_port().to_string();
-    let args = ["-p", port.as_str(), "-D", "30"];
+    let args = [&["-p", port.as_str(), "-D", "30"][..], extra].concat();
     let mut srv = cmd(&tool("ib_write_bw"), &args, "127.0.0.1", udp).spawn().unwrap();
-    uroce::testing::wait_tcp_listening(port.parse().unwrap(), Duration::from_secs(20));
+    // Ready when it listens on TCP, or (-R) has opened its device.
+    let ready = Instant::now() + Duration::from_secs(20);
+    while !(uroce::testing::tcp_listening(port.parse().unwrap())
+        || uroce::testing::wait_udp_bound(udp, Duration::ZERO))
+        && Instant::now() < ready
+    {
+        std::thread::sleep(Duration::from_millis(10));
+    }
     // Line-buffered (stdbuf), so the table's header shows when the run
     // starts.
     let cargs = [&["-oL", "ib_write_bw"], args.as_slice(), &["127.0.0.1"]].concat();
@@ -782,11 +796,12 @@ fn peer_killed_mid_transfer_ends_in_an_error_completion() {
     let killed = Instant::now();
     let (out, timed_out) = finish(cli, killed + Duration::from_secs(20));
     let err = String::from_utf8_lossy(&out.stderr).to_string();
-    assert!(started, "the transfer never started: {err}\n--- server ---\n{}", text(&so));
-    assert!(!timed_out, "the survivor hung after its peer died: {err}");
-    assert!(!out.status.success(), "the survivor should fail: {err}");
-    assert!(err.contains("Failed status 12"), "a retry-exceeded completion: {err}");
-    eprintln!("the survivor ended {:?} after the kill", killed.elapsed());
+    let label = format!("ib_write_bw {}", args.join(" "));
+    assert!(started, "{label}: the transfer never started: {err}\n--- server ---\n{}", text(&so));
+    assert!(!timed_out, "{label}: the survivor hung after its peer died: {err}");
+    assert!(!out.status.success(), "{label}: the survivor should fail: {err}");
+    assert!(err.contains("Failed status 12"), "{label}: a retry-exceeded completion: {err}");
+    eprintln!("{label}: the survivor ended {:?} after the kill", killed.elapsed());
 }
 
 /// Forged and malformed rdma_cm headers in a REQ to Debian's rping
