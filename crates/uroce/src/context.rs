@@ -8,6 +8,7 @@ use crate::device::Device;
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::progress::{Activity, Driven, Post, progress_thread};
+use crate::staging::QpPost;
 use uroce_transport::Instant;
 
 /// Who drives the protocol (retransmissions, serving a peer's READ, WRITE
@@ -66,6 +67,11 @@ pub(crate) struct Inner {
     bell: crate::channel::EventQueue<()>,
     /// Where the progress thread publishes the counters (see `published`).
     published: crate::published::Publication,
+    /// QPs with send WRs staged while the driver was held elsewhere
+    /// (see `staging`); taken in by whoever locks the driver next.
+    staged: Mutex<Vec<Arc<QpPost>>>,
+    /// `staged` is not empty (read without its lock on every lock).
+    staged_any: AtomicBool,
 }
 
 impl Inner {
@@ -140,17 +146,58 @@ impl Inner {
         }
     }
 
+    ///
+    /// Send WRs staged meanwhile enter their QPs first, so whatever the
+    /// holder does next (a pass, a modify, a destroy, a post) comes after
+    /// them. Never call it holding a QP's staging (see `staging`).
     pub(crate) fn lock(&self) -> MutexGuard<'_, Driver> {
-        self.driver.lock().unwrap_or_else(|e| e.into_inner())
+        let mut d = self.driver.lock().unwrap_or_else(|e| e.into_inner());
+        self.take_staged(&mut d);
+        d
     }
 
     /// The driver, if no other thread holds it (see [`Inner::lock`]).
     pub(crate) fn try_lock(&self) -> Option<MutexGuard<'_, Driver>> {
-        match self.driver.try_lock() {
-            Ok(g) => Some(g),
-            Err(std::sync::TryLockError::Poisoned(e)) => Some(e.into_inner()),
-            Err(std::sync::TryLockError::WouldBlock) => None,
+        let mut d = match self.driver.try_lock() {
+            Ok(g) => g,
+            Err(std::sync::TryLockError::Poisoned(e)) => e.into_inner(),
+            Err(std::sync::TryLockError::WouldBlock) => return None,
+        };
+        self.take_staged(&mut d);
+        Some(d)
+    }
+
+    /// Puts `q` on the list of QPs with staged WRs (once: see
+    /// `QpPost::stage`) and wakes a sleeping progress thread to take them
+    /// in; a thread stepping aside, or the application's next poll, does
+    /// it otherwise.
+    pub(crate) fn list_staged(&self, q: &Arc<QpPost>) {
+        let mut l = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+        l.push(q.clone());
+        self.staged_any.store(true, Ordering::Release);
+        drop(l);
+        if self.activity.wake_sleeping() {
+            self.bell.push(());
         }
+    }
+
+    /// Moves every staged WR into its QP (see [`Inner::lock`]); they
+    /// count as posts waiting for a transmit.
+    fn take_staged(&self, d: &mut Driver) {
+        if !self.staged_any.load(Ordering::Acquire) {
+            return;
+        }
+        let mut list = std::mem::take(&mut d.staged_spare);
+        {
+            let mut l = self.staged.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::swap(&mut *l, &mut list);
+            self.staged_any.store(false, Ordering::Release);
+        }
+        let now = d.now();
+        for q in list.drain(..) {
+            d.deferred_posts += q.drain(&mut d.ep, now);
+        }
+        d.staged_spare = list;
     }
 }
 
@@ -243,6 +290,8 @@ impl Device {
             activity: Arc::new(Activity::new(origin)),
             stop: AtomicBool::new(false),
             published: crate::published::Publication::new(self.name()),
+            staged: Mutex::new(Vec::new()),
+            staged_any: AtomicBool::new(false),
         });
         live_contexts_add(&inner);
         if options.progress == ProgressMode::Thread {
@@ -415,7 +464,7 @@ fn live_contexts_add(inner: &Arc<Inner>) {
     live.push(Arc::downgrade(inner));
 }
 
-/// At process exit, posts a burst left queued and ACKs held for replies
+/// At process exit, posts a burst left queued (or staged) and ACKs held for replies
 /// that will never come leave (see `Qp::release_held_ack`), and connections the CM set up are
 /// disconnected, as the kernel does for a process's ids: a program that
 /// returns from `main` right after its last completion, without closing
@@ -428,6 +477,7 @@ extern "C" fn send_held_acks_at_exit() {
         let Some(live) = try_lock_briefly(&LIVE) else { return };
         for inner in live.iter().filter_map(std::sync::Weak::upgrade) {
             if let Some(mut driver) = try_lock_briefly(&inner.driver) {
+                inner.take_staged(&mut driver);
                 driver.flush_posts();
                 driver.send_held_acks(None);
                 driver.cm_disconnect_all();

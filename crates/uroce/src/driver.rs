@@ -63,6 +63,9 @@ pub(crate) struct Driver {
     /// Posts queued without a transmit pass since the last one (see
     /// `Inner::doorbell`).
     pub(crate) deferred_posts: u32,
+    /// The context's list of QPs with staged posts, swapped out to be
+    /// drained (kept for its capacity: see `Inner::take_staged`).
+    pub(crate) staged_spare: Vec<std::sync::Arc<crate::staging::QpPost>>,
     /// Destinations the backend reported unreachable (reused buffer).
     gone: Vec<SocketAddr>,
     /// The connection manager on QP1, once the application uses it.
@@ -137,6 +140,7 @@ impl Driver {
             peers: FastMap::default(),
             gids,
             deferred_posts: 0,
+            staged_spare: Vec::new(),
             gone: Vec::new(),
             cm: None,
             key: {

@@ -99,6 +99,7 @@ mod ofd_lock;
 mod progress;
 #[allow(unsafe_code)]
 mod sched;
+mod staging;
 mod verbs;
 
 pub use ah::{Ah, AhAttr};

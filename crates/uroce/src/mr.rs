@@ -137,6 +137,16 @@ impl MemTable {
 /// goes to the region table unchanged.
 pub(crate) struct UncheckedInline<'a>(pub(crate) &'a MemTable);
 
+/// Copies `out.len()` bytes of this process's memory at `addr` (an inline
+/// WR's gather entry under the C verbs contract, read without an L_Key).
+///
+/// # Safety
+/// `addr .. addr + out.len()` is readable memory of this process.
+pub(crate) unsafe fn copy_from_process(addr: u64, out: &mut [u8]) {
+    // SAFETY: the caller's promise; `out` is a distinct, writable buffer.
+    unsafe { std::ptr::copy(addr as usize as *const u8, out.as_mut_ptr(), out.len()) };
+}
+
 impl Memory for UncheckedInline<'_> {
     fn check(
         &self,
@@ -155,9 +165,7 @@ impl Memory for UncheckedInline<'_> {
                 // SAFETY: `Qp::post_send_unchecked_inline`'s contract: the
                 // gather list of an inline WR names memory readable for the
                 // duration of the post; the transport reads only that range.
-                unsafe {
-                    std::ptr::copy(addr as usize as *const u8, out.as_mut_ptr(), out.len());
-                }
+                unsafe { copy_from_process(addr, out) };
                 Ok(())
             }
             Key::Local(_) => Ok(()),

@@ -279,6 +279,15 @@ impl Activity {
         Post::Queue { wake }
     }
 
+    /// A post staged its WRs (see `staging`): whether the progress thread
+    /// sleeps and must be woken to take them in (it is marked running, so
+    /// that one wake serves every stager until it sleeps again).
+    pub(crate) fn wake_sleeping(&self) -> bool {
+        self.thread_state
+            .compare_exchange(SLEEPING, RUNNING, Ordering::SeqCst, Ordering::SeqCst)
+            .is_ok()
+    }
+
     /// The post's transmit is done: the next post's gap counts from now,
     /// so that this transmit does not make it look isolated.
     pub(crate) fn post_sent(&self) {

@@ -12,6 +12,7 @@ use crate::context::{Context, Inner};
 use crate::error::{Error, Result};
 use crate::limits;
 use crate::mr::OwnedBuf;
+use crate::staging::{Gather, QpPost};
 
 /// A protection domain (`ibv_pd`): MRs and QPs of one PD only work together.
 #[derive(Clone)]
@@ -234,7 +235,7 @@ impl Pd {
             return Err(Error::Limit("max_qp"));
         }
         let qpn = e.ep.alloc_qpn();
-        let qp = uroce_transport::Qp::new(QpInit {
+        let qp_init = QpInit {
             qpn,
             qp_type: init.qp_type,
             pd: self.handle,
@@ -243,12 +244,15 @@ impl Pd {
             max_unacked_psns: limits::SEND_WINDOW_PSNS,
             port_mtu: self.ctx.device.port_attr().active_mtu,
             uses_srq: init.srq.is_some(),
-        });
+        };
+        let qp = uroce_transport::Qp::new(qp_init);
+        let post = Arc::new(QpPost::new(qp_init, qp.send_gauge()));
         let srq = init.srq.map(|s| s.inner.id);
         e.ep.add_qp(qp, init.send_cq.inner.id, init.recv_cq.inner.id, srq);
         Ok(Qp {
             ctx: self.ctx.clone(),
             qpn,
+            post,
             cap: c,
             qp_type: init.qp_type,
             _pd: self.clone(),
@@ -472,6 +476,8 @@ pub struct QpInitAttr<'a> {
 pub struct Qp {
     ctx: Arc<Inner>,
     qpn: u32,
+    /// Its posting state: where WRs wait while the driver is busy.
+    post: Arc<QpPost>,
     /// The queue sizes granted (`ibv_create_qp` writes them back).
     cap: QpCaps,
     qp_type: QpType,
@@ -540,14 +546,48 @@ impl Qp {
     /// # Errors
     /// [`Error::Post`] naming the first WR that was not posted.
     pub fn post_send(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        let mut e = self.ctx.lock();
+        self.post_with(wrs, None)
+    }
+
+    /// Posts `wrs` at once if no other thread holds the driver (after the
+    /// WRs staged before them), else stages them for whoever holds it
+    /// (see `staging`): a post never waits for a progress pass. `gather`
+    /// reads an inline WR's gather list without a key (the C contract);
+    /// without it such WRs are read through the key table, under the
+    /// driver.
+    fn post_with(&self, wrs: &[SendWr<'_>], gather: Option<Gather<'_>>) -> Result<()> {
+        let keyed_gather = gather.is_none()
+            && wrs.iter().any(|w| {
+                w.flags.contains(SendFlags::INLINE)
+                    && w.inline_data.is_none()
+                    && !w.opcode.is_read_or_atomic()
+            });
+        let mut e = if keyed_gather {
+            self.ctx.lock()
+        } else if let Some(e) = self.ctx.try_lock() {
+            e
+        } else {
+            // Without a gather function, no WR here reads its gather list.
+            let (r, list) = self.post.stage(wrs, gather.unwrap_or(&|_, _| {}));
+            if list {
+                self.ctx.list_staged(&self.post);
+            }
+            return r.map_err(|(index, error)| Error::Post { index, error });
+        };
         let (wall_ns, now) = self.ctx.clock(&e);
         let eng = &mut *e;
-        let qp = eng.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
-        // Inline WRs without their bytes take them from their gather list,
-        // read now (ibv_post_send semantics).
-        let r = qp.post_send_gather(now, wrs, &eng.mem);
-        let awaited = qp.take_awaited_post();
+        let (ep, mem) = (&mut eng.ep, &eng.mem);
+        let qpn = self.qpn;
+        let (r, staged) = self.post.post_after_staged(ep, now, |ep| {
+            let qp = ep.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+            let r = match gather {
+                Some(_) => qp.post_send_gather(now, wrs, &crate::mr::UncheckedInline(mem)),
+                None => qp.post_send_gather(now, wrs, mem),
+            };
+            Ok::<_, Error>((r, qp.take_awaited_post()))
+        });
+        eng.deferred_posts += staged;
+        let (r, awaited) = r?;
         self.ctx.doorbell(&mut e, awaited, wall_ns, now);
         r.map_err(|(index, error)| Error::Post { index, error })
     }
@@ -565,15 +605,12 @@ impl Qp {
     /// [`Error::Post`] naming the first WR that was not posted.
     #[allow(unsafe_code)]
     pub unsafe fn post_send_unchecked_inline(&self, wrs: &[SendWr<'_>]) -> Result<()> {
-        let mut e = self.ctx.lock();
-        let (wall_ns, now) = self.ctx.clock(&e);
-        let eng = &mut *e;
-        let qp = eng.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
-        let mem = crate::mr::UncheckedInline(&eng.mem);
-        let r = qp.post_send_gather(now, wrs, &mem);
-        let awaited = qp.take_awaited_post();
-        self.ctx.doorbell(&mut e, awaited, wall_ns, now);
-        r.map_err(|(index, error)| Error::Post { index, error })
+        // SAFETY: this function's contract: an inline WR's gather entries
+        // name readable memory of this process for the call's duration.
+        let gather = |sge: &Sge, out: &mut [u8]| unsafe {
+            crate::mr::copy_from_process(sge.addr, out);
+        };
+        self.post_with(wrs, Some(&gather))
     }
 
     /// Posts receive WRs (`ibv_post_recv`).
@@ -912,5 +949,94 @@ mod tests {
         let mut ids = got.expect("the poll waited for the context").unwrap();
         ids.sort_unstable();
         assert_eq!(ids, [1, 2]);
+    }
+}
+
+#[cfg(test)]
+mod staging_tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn self_connected(depth: u32) -> (Context, Cq, Qp, Mr) {
+        let port = crate::testing::free_port();
+        let ctx = crate::testing::open("127.0.0.1", port);
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let cap = QpCaps {
+            max_send_wr: depth,
+            max_recv_wr: 16,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 16,
+        };
+        let qp = crate::testing::rc_qp(&pd, &cq, cap, true);
+        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let mr = pd.alloc_mr(4096, all).unwrap();
+        let local = "127.0.0.1".parse().unwrap();
+        crate::connect(&qp, local, port, qp.qpn(), 1, 1, all).unwrap();
+        (ctx, cq, qp, mr)
+    }
+
+    fn write(mr: &Mr, i: u64, byte: &'static [u8]) -> SendWr<'static> {
+        SendWr {
+            wr_id: i,
+            opcode: WrOpcode::RdmaWrite,
+            flags: SendFlags::INLINE,
+            inline_data: Some(byte),
+            remote_addr: mr.addr() + i,
+            rkey: mr.rkey(),
+            ..SendWr::default()
+        }
+    }
+
+    /// Posts made while another thread holds the context are staged at
+    /// once (the poster does not wait), checked against the send queue's
+    /// room, and leave in post order once the context is free.
+    #[test]
+    fn a_post_does_not_wait_for_the_context() {
+        let (ctx, cq, qp, mr) = self_connected(4);
+        let qp = Arc::new(qp);
+        let held = ctx.inner.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (poster, m) = (qp.clone(), (mr.addr(), mr.rkey()));
+        std::thread::spawn(move || {
+            let w = |i: u64| SendWr {
+                wr_id: i,
+                opcode: WrOpcode::RdmaWrite,
+                flags: SendFlags::INLINE,
+                inline_data: Some(b"s"),
+                remote_addr: m.0 + i,
+                rkey: m.1,
+                ..SendWr::default()
+            };
+            let staged = poster.post_send(&[w(0), w(1)]);
+            // The send queue holds 4: the fifth WR does not fit.
+            let full = poster.post_send(&[w(2), w(3), w(4)]);
+            let _ = tx.send((staged, full));
+        });
+        let got = rx.recv_timeout(Duration::from_secs(5));
+        drop(held);
+        let (staged, full) = got.expect("the post waited for the context");
+        staged.unwrap();
+        assert!(
+            matches!(
+                full,
+                Err(Error::Post { index: 2, error: uroce_transport::PostError::QueueFull })
+            ),
+            "{full:?}"
+        );
+        let mut order = Vec::new();
+        for _ in 0..4 {
+            let c = crate::testing::wait_completion(&cq);
+            assert_eq!(c.status, uroce_transport::WcStatus::Success, "{c:?}");
+            order.push(c.wr_id);
+        }
+        assert_eq!(order, [0, 1, 2, 3]);
+        // Room again: a direct post.
+        qp.post_send(&[write(&mr, 5, b"d")]).unwrap();
+        assert_eq!(crate::testing::wait_completion(&cq).wr_id, 5);
+        let mut bytes = [0u8; 6];
+        mr.read(0, &mut bytes).unwrap();
+        assert_eq!(&bytes, b"ssss\0d");
     }
 }

@@ -15,6 +15,8 @@ mod responder;
 mod ud;
 
 use std::collections::VecDeque;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 
 use core::net::IpAddr;
 
@@ -79,6 +81,93 @@ pub struct QpInit {
     /// Receives come from a shared receive queue (passed to
     /// [`Qp::handle_datagram_srq`]); the QP's own queue is not used.
     pub uses_srq: bool,
+}
+
+/// What a send WR is, once checked against its QP ([`QpInit::check_send`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SendShape {
+    /// Message length.
+    pub length: u64,
+    /// Gather entries the WQE keeps (0 for inline and local operations).
+    pub num_sge: usize,
+    /// The payload is copied at post time.
+    pub inline: bool,
+    /// ... from the gather list (no [`SendWr::inline_data`]).
+    pub from_sgl: bool,
+}
+
+impl QpInit {
+    /// The checks of `ibv_post_send` that depend only on the QP's type and
+    /// sizes (not its state or how full its queue is): the opcode for the
+    /// QP type, the gather list against `max_send_sge`, inline data
+    /// against `max_inline_data`, an atomic's 8 bytes, a UD message within
+    /// the MTU. `gather`: an inline WR without `inline_data` takes its
+    /// bytes from its gather list.
+    ///
+    /// # Errors
+    /// The [`PostError`] the post fails with.
+    pub fn check_send(&self, wr: &SendWr<'_>, gather: bool) -> Result<SendShape, PostError> {
+        let max_sge = self.caps.max_send_sge.max(1) as usize;
+        let max_inline = self.caps.max_inline_data as u64;
+        let supported = match self.qp_type {
+            QpType::Rc => match wr.opcode {
+                WrOpcode::BindMw => wr.bind.is_some(),
+                _ => true,
+            },
+            QpType::Uc => match wr.opcode {
+                WrOpcode::Send
+                | WrOpcode::SendWithImm
+                | WrOpcode::RdmaWrite
+                | WrOpcode::RdmaWriteWithImm
+                | WrOpcode::LocalInv => true,
+                WrOpcode::BindMw => wr.bind.is_some(),
+                _ => false,
+            },
+            QpType::Ud => {
+                matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm) && wr.ud.is_some()
+            }
+        };
+        if !supported {
+            return Err(PostError::InvalidOpcode);
+        }
+        let local_op = matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv);
+        let inline =
+            wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() && !local_op;
+        let from_sgl = inline && wr.inline_data.is_none() && gather;
+        let (length, num_sge) = if from_sgl {
+            if wr.sgl.len() > max_sge {
+                return Err(PostError::TooManySge);
+            }
+            let len: u64 = wr.sgl.iter().map(|s| u64::from(s.length)).sum();
+            if len > max_inline {
+                return Err(PostError::InlineTooLong);
+            }
+            (len, 0)
+        } else if inline {
+            let len = wr.inline_data.map_or(0, <[u8]>::len) as u64;
+            if len > max_inline {
+                return Err(PostError::InlineTooLong);
+            }
+            (len, 0)
+        } else {
+            if wr.sgl.len() > max_sge {
+                return Err(PostError::TooManySge);
+            }
+            if local_op {
+                (0, 0)
+            } else {
+                (wr.sgl.iter().map(|s| u64::from(s.length)).sum::<u64>(), wr.sgl.len())
+            }
+        };
+        if length > 1 << 31 || (wr.opcode.is_atomic() && length != 8) {
+            return Err(PostError::InvalidLength);
+        }
+        // A UD message is one packet (IBTA §9.8.2).
+        if self.qp_type == QpType::Ud && length > self.port_mtu.bytes() as u64 {
+            return Err(PostError::InvalidLength);
+        }
+        Ok(SendShape { length, num_sge, inline, from_sgl })
+    }
 }
 
 /// A packet [`Qp::poll_transmit`] produced: `len` bytes at the start of the
@@ -175,6 +264,31 @@ pub(crate) struct CompState {
     pub(crate) gap_retry_pending: bool,
 }
 
+/// What a poster that does not hold the QP needs to know of its send
+/// queue, kept current by the QP (see [`Qp::send_gauge`]): how many WQEs
+/// it holds, as of the last time its completions moved to their CQs (so
+/// never fewer than it holds: a slot is free once its completion can be
+/// seen), and whether its state takes posts. The way a NIC's driver
+/// tracks its send queue from the completions it polls.
+#[derive(Debug, Default)]
+pub struct SendGauge {
+    used: AtomicU32,
+    open: AtomicBool,
+}
+
+impl SendGauge {
+    /// WQEs in the send queue (posted and not seen completed).
+    pub fn used(&self) -> u32 {
+        self.used.load(Ordering::Acquire)
+    }
+
+    /// Whether the QP's state takes send WRs (RTS, SQD, SQE, ERR: the
+    /// last two complete them flushed).
+    pub fn open(&self) -> bool {
+        self.open.load(Ordering::Acquire)
+    }
+}
+
 /// A queue pair.
 #[derive(Debug)]
 pub struct Qp {
@@ -194,6 +308,7 @@ pub struct Qp {
     events: VecDeque<AsyncEvent>,
     pub(crate) stats: Stats,
     pub(crate) src_port: u16,
+    gauge: Arc<SendGauge>,
 }
 
 impl Qp {
@@ -237,7 +352,22 @@ impl Qp {
             events: VecDeque::with_capacity(4),
             stats: Stats::default(),
             src_port: 0,
+            gauge: Arc::default(),
         }
+    }
+
+    /// The QP's [`SendGauge`], to read without the QP.
+    pub fn send_gauge(&self) -> Arc<SendGauge> {
+        self.gauge.clone()
+    }
+
+    /// Brings the [`SendGauge`] up to date: after posts and state
+    /// changes, and before completions move to their CQs (the endpoint
+    /// calls it then).
+    pub fn publish_send_gauge(&self) {
+        self.gauge.used.store(self.sq.len() as u32, Ordering::Release);
+        let open = !matches!(self.state, QpState::Reset | QpState::Init | QpState::ReadyToReceive);
+        self.gauge.open.store(open, Ordering::Release);
     }
 
     /// QP number.
@@ -299,6 +429,17 @@ impl Qp {
     /// [`ModifyError`] when the mask or a value is not allowed; the QP is
     /// then unchanged.
     pub fn modify(
+        &mut self,
+        now: Instant,
+        attr: &QpAttr,
+        mask: AttrMask,
+    ) -> Result<(), ModifyError> {
+        let r = self.apply_modify(now, attr, mask);
+        self.publish_send_gauge();
+        r
+    }
+
+    fn apply_modify(
         &mut self,
         now: Instant,
         attr: &QpAttr,
@@ -421,10 +562,12 @@ impl Qp {
         now: Instant,
         wrs: &[SendWr<'_>],
     ) -> Result<(), (usize, PostError)> {
-        for (i, wr) in wrs.iter().enumerate() {
-            self.post_one_send(now, wr, None).map_err(|e| (i, e))?;
-        }
-        Ok(())
+        let r = wrs
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, wr)| self.post_one_send(now, wr, None).map_err(|e| (i, e)));
+        self.publish_send_gauge();
+        r
     }
 
     /// [`Qp::post_send`] where an `INLINE` WR without
@@ -440,10 +583,12 @@ impl Qp {
         wrs: &[SendWr<'_>],
         mem: &dyn Memory,
     ) -> Result<(), (usize, PostError)> {
-        for (i, wr) in wrs.iter().enumerate() {
-            self.post_one_send(now, wr, Some(mem)).map_err(|e| (i, e))?;
-        }
-        Ok(())
+        let r = wrs
+            .iter()
+            .enumerate()
+            .try_for_each(|(i, wr)| self.post_one_send(now, wr, Some(mem)).map_err(|e| (i, e)));
+        self.publish_send_gauge();
+        r
     }
 
     /// Copies an inline WR's gather list into the inline storage of the
@@ -474,63 +619,9 @@ impl Qp {
         if self.sq.len() >= self.sq.capacity() {
             return Err(PostError::QueueFull);
         }
-        let supported = match self.init.qp_type {
-            QpType::Rc => match wr.opcode {
-                WrOpcode::BindMw => wr.bind.is_some(),
-                _ => true,
-            },
-            QpType::Uc => match wr.opcode {
-                WrOpcode::Send
-                | WrOpcode::SendWithImm
-                | WrOpcode::RdmaWrite
-                | WrOpcode::RdmaWriteWithImm
-                | WrOpcode::LocalInv => true,
-                WrOpcode::BindMw => wr.bind.is_some(),
-                _ => false,
-            },
-            QpType::Ud => {
-                matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm) && wr.ud.is_some()
-            }
-        };
-        if !supported {
-            return Err(PostError::InvalidOpcode);
-        }
-        let local_op = matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv);
-        let inline =
-            wr.flags.contains(SendFlags::INLINE) && !wr.opcode.is_read_or_atomic() && !local_op;
-        let from_sgl = inline && wr.inline_data.is_none() && mem.is_some();
-        let (length, num_sge, data) = if from_sgl {
-            if wr.sgl.len() > self.sq.max_sge {
-                return Err(PostError::TooManySge);
-            }
-            let len: u64 = wr.sgl.iter().map(|s| u64::from(s.length)).sum();
-            if len > self.sq.max_inline as u64 {
-                return Err(PostError::InlineTooLong);
-            }
-            (len, 0, None)
-        } else if inline {
-            let data = wr.inline_data.unwrap_or(&[]);
-            if data.len() > self.sq.max_inline {
-                return Err(PostError::InlineTooLong);
-            }
-            (data.len() as u64, 0, Some(data))
-        } else {
-            if wr.sgl.len() > self.sq.max_sge {
-                return Err(PostError::TooManySge);
-            }
-            if local_op {
-                (0, 0, None)
-            } else {
-                (wr.sgl.iter().map(|s| u64::from(s.length)).sum::<u64>(), wr.sgl.len(), None)
-            }
-        };
-        if length > 1 << 31 || (wr.opcode.is_atomic() && length != 8) {
-            return Err(PostError::InvalidLength);
-        }
-        // A UD message is one packet (IBTA §9.8.2).
-        if self.init.qp_type == QpType::Ud && length > self.init.port_mtu.bytes() as u64 {
-            return Err(PostError::InvalidLength);
-        }
+        let shape = self.init.check_send(wr, mem.is_some())?;
+        let SendShape { length, num_sge, inline, from_sgl } = shape;
+        let data = if inline && !from_sgl { Some(wr.inline_data.unwrap_or(&[])) } else { None };
         let wqe = SendWqe {
             wr_id: wr.wr_id,
             opcode: wr.opcode,

@@ -1,0 +1,227 @@
+//! Send WRs posted while another thread holds the context's driver (the
+//! progress thread in a pass, another poster): checked, copied into the
+//! QP's staging ring and taken into the transport, in post order, by
+//! whoever holds the driver next, the way a NIC's driver writes WQEs into
+//! its send queue and rings a doorbell. A post therefore never waits for a
+//! progress pass, which can lose its CPU while it holds the driver and
+//! keep a waiting post for a whole scheduler tick.
+//!
+//! Lock order: a thread may lock a QP's staging while it holds the driver,
+//! never the driver (only `try_lock`) while it holds a staging; the
+//! context's list of QPs with staged WRs is locked alone.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+
+use uroce_transport::{
+    Endpoint, Instant, MwBind, PostError, QpInit, SendFlags, SendGauge, SendWr, Sge, UdDest,
+    WrOpcode,
+};
+
+/// Reads an inline WR's gather entry into the buffer (the poster's own,
+/// unchecked read of its memory: see `Qp::post_send_unchecked_inline`).
+pub(crate) type Gather<'a> = &'a dyn Fn(&Sge, &mut [u8]);
+
+/// A staged WR: its fields, and its gather list or inline bytes copied.
+struct Slot {
+    wr_id: u64,
+    opcode: WrOpcode,
+    flags: SendFlags,
+    imm_or_inv: u32,
+    remote_addr: u64,
+    rkey: u32,
+    compare_add: u64,
+    swap: u64,
+    ud: Option<UdDest>,
+    bind: Option<MwBind>,
+    sgl: Vec<Sge>,
+    inline: Vec<u8>,
+    /// The payload is in `inline` (an inline WR).
+    has_inline: bool,
+}
+
+impl Slot {
+    fn new(max_sge: usize, max_inline: usize) -> Self {
+        Self {
+            wr_id: 0,
+            opcode: WrOpcode::Send,
+            flags: SendFlags::NONE,
+            imm_or_inv: 0,
+            remote_addr: 0,
+            rkey: 0,
+            compare_add: 0,
+            swap: 0,
+            ud: None,
+            bind: None,
+            sgl: Vec::with_capacity(max_sge),
+            inline: Vec::with_capacity(max_inline),
+            has_inline: false,
+        }
+    }
+
+    fn as_wr(&self) -> SendWr<'_> {
+        SendWr {
+            wr_id: self.wr_id,
+            opcode: self.opcode,
+            flags: self.flags,
+            sgl: &self.sgl,
+            inline_data: self.has_inline.then_some(&self.inline[..]),
+            imm_or_inv: self.imm_or_inv,
+            remote_addr: self.remote_addr,
+            rkey: self.rkey,
+            compare_add: self.compare_add,
+            swap: self.swap,
+            ud: self.ud,
+            bind: self.bind,
+        }
+    }
+}
+
+/// The ring of one QP's staged WRs, as deep as its send queue (a staged
+/// WR holds a send queue slot: it was counted when it was staged).
+struct Ring {
+    slots: Vec<Slot>,
+    head: usize,
+    len: usize,
+}
+
+/// One QP's posting state shared by its posters and the driver.
+pub(crate) struct QpPost {
+    pub(crate) qpn: u32,
+    init: QpInit,
+    gauge: Arc<SendGauge>,
+    ring: Mutex<Ring>,
+    /// On the context's list of QPs with staged WRs (changed only with
+    /// `ring` locked).
+    listed: AtomicBool,
+}
+
+impl QpPost {
+    pub(crate) fn new(init: QpInit, gauge: Arc<SendGauge>) -> Self {
+        let depth = init.caps.max_send_wr.max(1) as usize;
+        let (sge, inline) =
+            (init.caps.max_send_sge.max(1) as usize, init.caps.max_inline_data as usize);
+        let slots = (0..depth).map(|_| Slot::new(sge, inline)).collect();
+        Self {
+            qpn: init.qpn,
+            init,
+            gauge,
+            ring: Mutex::new(Ring { slots, head: 0, len: 0 }),
+            listed: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Ring> {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Checks and copies `wrs` as `ibv_post_send` would post them: the
+    /// QP's state and sizes, and room in its send queue (the WQEs it holds,
+    /// as of its last completions, and those staged). An inline WR
+    /// without `inline_data` has its gather list copied now with `gather`
+    /// (the caller's, unchecked, read of its own memory), since the caller
+    /// may reuse it once the post returns. Returns the outcome (on error,
+    /// the index of the first WR not staged and why; those before it are
+    /// staged) and whether the QP must be put on the context's list (it
+    /// has staged WRs and was not on it).
+    pub(crate) fn stage(
+        &self,
+        wrs: &[SendWr<'_>],
+        gather: Gather<'_>,
+    ) -> (Result<(), (usize, PostError)>, bool) {
+        let mut ring = self.lock();
+        let r = self.stage_locked(&mut ring, wrs, gather);
+        let list = ring.len > 0 && !self.listed.swap(true, Ordering::AcqRel);
+        (r, list)
+    }
+
+    fn stage_locked(
+        &self,
+        ring: &mut Ring,
+        wrs: &[SendWr<'_>],
+        gather: Gather<'_>,
+    ) -> Result<(), (usize, PostError)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            if !self.gauge.open() {
+                return Err((i, PostError::InvalidState));
+            }
+            if self.gauge.used() as usize + ring.len >= ring.slots.len() {
+                return Err((i, PostError::QueueFull));
+            }
+            let shape = self.init.check_send(wr, true).map_err(|e| (i, e))?;
+            let at = (ring.head + ring.len) % ring.slots.len();
+            let s = &mut ring.slots[at];
+            s.wr_id = wr.wr_id;
+            s.opcode = wr.opcode;
+            s.flags = wr.flags;
+            s.imm_or_inv = wr.imm_or_inv;
+            s.remote_addr = wr.remote_addr;
+            s.rkey = wr.rkey;
+            s.compare_add = wr.compare_add;
+            s.swap = wr.swap;
+            s.ud = wr.ud;
+            s.bind = wr.bind;
+            s.sgl.clear();
+            s.inline.clear();
+            s.has_inline = shape.inline;
+            if !shape.inline {
+                s.sgl.extend_from_slice(wr.sgl);
+            } else if let Some(data) = wr.inline_data {
+                s.inline.extend_from_slice(data);
+            } else {
+                // Within the capacity `check_send` held the length to.
+                s.inline.resize(shape.length as usize, 0);
+                let mut off = 0;
+                for sge in wr.sgl {
+                    let n = sge.length as usize;
+                    gather(sge, &mut s.inline[off..off + n]);
+                    off += n;
+                }
+            }
+            ring.len += 1;
+        }
+        Ok(())
+    }
+
+    /// Takes the staged WRs into the QP in `ep`, in post order; returns
+    /// how many. Call with the driver held, before anything else of this
+    /// QP.
+    pub(crate) fn drain(&self, ep: &mut Endpoint, now: Instant) -> u32 {
+        let mut ring = self.lock();
+        self.listed.store(false, Ordering::Release);
+        self.take_into(&mut ring, ep, now)
+    }
+
+    /// Runs `post` (a direct post, the driver held) with the staging
+    /// locked and drained first, so that it follows every staged WR and
+    /// no stager reads the send queue's gauge while it changes.
+    pub(crate) fn post_after_staged<R>(
+        &self,
+        ep: &mut Endpoint,
+        now: Instant,
+        post: impl FnOnce(&mut Endpoint) -> R,
+    ) -> (R, u32) {
+        let mut ring = self.lock();
+        let staged = self.take_into(&mut ring, ep, now);
+        (post(ep), staged)
+    }
+
+    /// Posts the staged WRs to the QP. A WR the QP refuses now (it was
+    /// reset meanwhile, which empties its queues) is dropped, as the reset
+    /// drops what was posted.
+    fn take_into(&self, ring: &mut Ring, ep: &mut Endpoint, now: Instant) -> u32 {
+        let n = ring.len;
+        if n == 0 {
+            return 0;
+        }
+        if let Some(qp) = ep.qp_mut(self.qpn) {
+            for k in 0..n {
+                let s = &ring.slots[(ring.head + k) % ring.slots.len()];
+                let _ = qp.post_send(now, &[s.as_wr()]);
+            }
+        }
+        ring.head = (ring.head + n) % ring.slots.len();
+        ring.len = 0;
+        n as u32
+    }
+}
