@@ -255,6 +255,29 @@ fn connect_and_disconnect_over_a_clean_link() {
     assert_eq!(events(&mut p.b), [CmEvent::TimeWaitExit { id: idb }]);
 }
 
+/// A LAP (load an alternate path) on an established connection is
+/// dropped, as Linux's CM drops it on RoCE: no answer (no APR), no event,
+/// and the connection goes on to end normally.
+#[test]
+fn a_lap_is_dropped_and_the_connection_goes_on() {
+    let mut p = Pair::new(|_, _| false);
+    let (ida, idb) = establish(&mut p);
+    let mut data = [0u8; uroce_wire::cm::CM_DATA_LEN];
+    data[..4].copy_from_slice(&ida.to_be_bytes());
+    data[4..8].copy_from_slice(&idb.to_be_bytes());
+    let lap = CmMad {
+        header: uroce_wire::cm::MadHeader::cm(attr::LAP, 0x77),
+        message: CmMessage::Other { attr_id: attr::LAP, data },
+    };
+    p.b.handle(p.now, A.parse().unwrap(), &lap);
+    assert!(p.b.poll_transmit().is_none(), "no APR or anything else");
+    assert!(events(&mut p.b).is_empty());
+    p.a.disconnect(p.now, ida).unwrap();
+    p.flush();
+    assert_eq!(events(&mut p.b), [CmEvent::DisconnectRequest { id: idb }]);
+    assert_eq!(events(&mut p.a), [CmEvent::Disconnected { id: ida }]);
+}
+
 #[test]
 fn lost_req_rep_rtu_and_dreq_are_recovered_by_retries() {
     // Drop the first REQ, the first REP, the first RTU and the first DREQ.
@@ -375,6 +398,34 @@ fn a_silent_peer_is_unreachable_after_the_retries() {
     }
     // The REQ went out 1 + 3 times, each wait the response timeout.
     assert_eq!(p.now, Instant::ZERO.saturating_add(cm_timeout(12) * 4));
+}
+
+/// The requester gives up on a silent peer with a REJ of reason 4
+/// (timeout) for its REQ: a peer that saw the REQ late does not go on
+/// waiting for an RTU.
+#[test]
+fn a_request_given_up_is_rejected_for_timeout() {
+    let mut a = CmAgent::new(0xa, 1);
+    a.set_reply_wait(Duration::from_millis(10));
+    let id = a.connect(Instant::ZERO, &connect_args(SVC));
+    let mut sent = Vec::new();
+    while let Some(now) = a.poll_timeout() {
+        while let Some((_, m)) = a.poll_transmit() {
+            sent.push(m);
+        }
+        a.handle_timeout(now);
+        assert!(now < Instant::ZERO.saturating_add(Duration::from_secs(10)), "gives up");
+    }
+    while let Some((_, m)) = a.poll_transmit() {
+        sent.push(m);
+    }
+    assert_eq!(a.poll_event(), Some(CmEvent::Unreachable { id }));
+    let reqs = sent.iter().filter(|m| m.message.attr_id() == attr::REQ).count();
+    assert_eq!(reqs, 4, "the REQ and 3 retries: {sent:?}");
+    let Some(CmMessage::Rej(rej)) = sent.last().map(|m| m.message) else {
+        panic!("a REJ last: {sent:?}");
+    };
+    assert_eq!((rej.reason, rej.message_rejected, rej.local_comm_id), (4, 0, id));
 }
 
 #[test]

@@ -237,10 +237,12 @@ static void multicast(struct rdma_event_channel *ch)
 
 /* A connection to this device itself: the client's TOS and ACK timeout
  * options reach its QP (the RTR address vector, the RTS timeout). */
-static void connection(struct rdma_event_channel *ch)
+/* A connection in port space `ps` (TCP, or IB: another service ID, the
+ * same handshake), with TOS and ACK timeout set on the client's id. */
+static void connection(struct rdma_event_channel *ch, enum rdma_port_space ps, uint16_t port)
 {
-	struct sockaddr_in srv = addr4("127.0.0.1", 7472);
-	struct rdma_cm_id *l = new_id(ch, RDMA_PS_TCP), *c = new_id(ch, RDMA_PS_TCP), *s = NULL;
+	struct sockaddr_in srv = addr4("127.0.0.1", port);
+	struct rdma_cm_id *l = new_id(ch, ps), *c = new_id(ch, ps), *s = NULL;
 	struct rdma_cm_event *ev;
 	uint8_t tos = 96, tmo = 19;
 	struct ibv_qp_init_attr qa = {
@@ -621,7 +623,8 @@ int main(void)
 	ipoib(ch);
 	ports(ch);
 	multicast(ch);
-	connection(ch);
+	connection(ch, RDMA_PS_TCP, 7472);
+	connection(ch, RDMA_PS_IB, 7473);
 	ece(ch);
 	srq_ex(ch);
 	rdma_destroy_event_channel(ch);
