@@ -684,7 +684,7 @@ impl Endpoint {
         let Some(slot) = self.qps.get_mut(&qpn) else { return };
         slot.active = false;
         // Slots freed before their completions can be seen.
-        slot.qp.publish_send_gauge();
+        slot.qp.publish_gauge();
         while let Some(c) = slot.qp.poll_completion() {
             self.moved = true;
             let id = if c.is_recv { slot.recv_cq } else { slot.send_cq };

@@ -31,7 +31,7 @@ pub use endpoint::{CqRing, DeviceEvent, Endpoint, GsiDatagram, SharedCq};
 pub use memory::{AccessError, Accessor, AtomicOp, Key, Memory, MwBind, MwType};
 pub use qp::attr::{Access, AttrMask, ModifyError, Path, QpAttr, QpState, QpType};
 pub use qp::{
-    AWAITED_RUN, AsyncEvent, PostError, Qp, QpCaps, QpInit, SendGauge, SendShape, Transmit,
+    AWAITED_RUN, AsyncEvent, PostError, Qp, QpCaps, QpInit, QueueGauge, SendShape, Transmit,
 };
 pub use srq::Srq;
 pub use stats::{DropReason, Stats};

@@ -1,8 +1,8 @@
-//! Send WRs posted while another thread holds the context's driver (the
-//! progress thread in a pass, another poster): checked, copied into the
-//! QP's staging ring and taken into the transport, in post order, by
-//! whoever holds the driver next, the way a NIC's driver writes WQEs into
-//! its send queue and rings a doorbell. A post therefore never waits for a
+//! Work requests posted while another thread holds the context's driver
+//! (the progress thread in a pass, another poster): checked, copied into
+//! the QP's staging rings (one for sends, one for receives) and taken into
+//! the transport, in post order, by whoever holds the driver next, the way
+//! a NIC's driver writes WQEs into its queues and rings a doorbell. A post therefore never waits for a
 //! progress pass, which can lose its CPU while it holds the driver and
 //! keep a waiting post for a whole scheduler tick.
 //!
@@ -14,8 +14,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 
 use uroce_transport::{
-    Endpoint, Instant, MwBind, PostError, QpInit, SendFlags, SendGauge, SendWr, Sge, UdDest,
-    WrOpcode,
+    Endpoint, Instant, MwBind, PostError, QpInit, QueueGauge, RecvWr, SendFlags, SendWr, Sge,
+    UdDest, WrOpcode,
 };
 
 /// Reads an inline WR's gather entry into the buffer (the poster's own,
@@ -77,42 +77,87 @@ impl Slot {
     }
 }
 
-/// The ring of one QP's staged WRs, as deep as its send queue (a staged
-/// WR holds a send queue slot: it was counted when it was staged).
-struct Ring {
-    slots: Vec<Slot>,
+/// A ring of staged WRs, as deep as the queue it feeds (a staged WR holds
+/// a slot of that queue: it was counted when it was staged).
+struct Ring<T> {
+    slots: Vec<T>,
     head: usize,
     len: usize,
+}
+
+impl<T> Ring<T> {
+    fn new(slots: Vec<T>) -> Self {
+        Self { slots, head: 0, len: 0 }
+    }
+
+    /// The slot after the last staged one (the caller checked there is
+    /// room).
+    fn next(&mut self) -> &mut T {
+        let at = (self.head + self.len) % self.slots.len();
+        &mut self.slots[at]
+    }
+
+    /// The staged slots in post order, and the ring emptied.
+    fn take(&mut self) -> impl Iterator<Item = &T> {
+        let (head, len, n) = (self.head, self.len, self.slots.len());
+        self.head = (head + len) % n.max(1);
+        self.len = 0;
+        let slots = &self.slots;
+        (0..len).map(move |k| &slots[(head + k) % n])
+    }
+}
+
+/// A staged receive WR.
+struct RecvSlot {
+    wr_id: u64,
+    sgl: Vec<Sge>,
+}
+
+struct Rings {
+    send: Ring<Slot>,
+    recv: Ring<RecvSlot>,
 }
 
 /// One QP's posting state shared by its posters and the driver.
 pub(crate) struct QpPost {
     pub(crate) qpn: u32,
     init: QpInit,
-    gauge: Arc<SendGauge>,
-    ring: Mutex<Ring>,
+    gauge: Arc<QueueGauge>,
+    rings: Mutex<Rings>,
     /// On the context's list of QPs with staged WRs (changed only with
-    /// `ring` locked).
+    /// `rings` locked).
     listed: AtomicBool,
 }
 
 impl QpPost {
-    pub(crate) fn new(init: QpInit, gauge: Arc<SendGauge>) -> Self {
-        let depth = init.caps.max_send_wr.max(1) as usize;
-        let (sge, inline) =
-            (init.caps.max_send_sge.max(1) as usize, init.caps.max_inline_data as usize);
-        let slots = (0..depth).map(|_| Slot::new(sge, inline)).collect();
+    pub(crate) fn new(init: QpInit, gauge: Arc<QueueGauge>) -> Self {
+        let c = init.caps;
+        let (sge, inline) = (c.max_send_sge.max(1) as usize, c.max_inline_data as usize);
+        let send = (0..c.max_send_wr.max(1)).map(|_| Slot::new(sge, inline)).collect();
+        // A QP on an SRQ posts no receives of its own.
+        let (depth, sge) = match init.uses_srq {
+            true => (0, 0),
+            false => (c.max_recv_wr.max(1), c.max_recv_sge.max(1) as usize),
+        };
+        let recv =
+            (0..depth).map(|_| RecvSlot { wr_id: 0, sgl: Vec::with_capacity(sge) }).collect();
         Self {
             qpn: init.qpn,
             init,
             gauge,
-            ring: Mutex::new(Ring { slots, head: 0, len: 0 }),
+            rings: Mutex::new(Rings { send: Ring::new(send), recv: Ring::new(recv) }),
             listed: AtomicBool::new(false),
         }
     }
 
-    fn lock(&self) -> MutexGuard<'_, Ring> {
-        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    fn lock(&self) -> MutexGuard<'_, Rings> {
+        self.rings.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Whether the QP must go on the context's list: it has staged WRs and
+    /// was not on it.
+    fn to_list(&self, rings: &Rings) -> bool {
+        rings.send.len + rings.recv.len > 0 && !self.listed.swap(true, Ordering::AcqRel)
     }
 
     /// Checks and copies `wrs` as `ibv_post_send` would post them: the
@@ -129,28 +174,26 @@ impl QpPost {
         wrs: &[SendWr<'_>],
         gather: Gather<'_>,
     ) -> (Result<(), (usize, PostError)>, bool) {
-        let mut ring = self.lock();
-        let r = self.stage_locked(&mut ring, wrs, gather);
-        let list = ring.len > 0 && !self.listed.swap(true, Ordering::AcqRel);
-        (r, list)
+        let mut rings = self.lock();
+        let r = self.stage_sends(&mut rings.send, wrs, gather);
+        (r, self.to_list(&rings))
     }
 
-    fn stage_locked(
+    fn stage_sends(
         &self,
-        ring: &mut Ring,
+        ring: &mut Ring<Slot>,
         wrs: &[SendWr<'_>],
         gather: Gather<'_>,
     ) -> Result<(), (usize, PostError)> {
         for (i, wr) in wrs.iter().enumerate() {
-            if !self.gauge.open() {
+            if !self.gauge.send_open() {
                 return Err((i, PostError::InvalidState));
             }
-            if self.gauge.used() as usize + ring.len >= ring.slots.len() {
+            if self.gauge.send_used() as usize + ring.len >= ring.slots.len() {
                 return Err((i, PostError::QueueFull));
             }
             let shape = self.init.check_send(wr, true).map_err(|e| (i, e))?;
-            let at = (ring.head + ring.len) % ring.slots.len();
-            let s = &mut ring.slots[at];
+            let s = ring.next();
             s.wr_id = wr.wr_id;
             s.opcode = wr.opcode;
             s.flags = wr.flags;
@@ -183,45 +226,73 @@ impl QpPost {
         Ok(())
     }
 
+    /// [`QpPost::stage`] for receive WRs (`ibv_post_recv`'s checks, room
+    /// in the receive queue), their scatter lists copied.
+    pub(crate) fn stage_recv(&self, wrs: &[RecvWr<'_>]) -> (Result<(), (usize, PostError)>, bool) {
+        let mut rings = self.lock();
+        let ring = &mut rings.recv;
+        let r = wrs.iter().enumerate().try_for_each(|(i, wr)| {
+            self.init.check_recv(wr).map_err(|e| (i, e))?;
+            if !self.gauge.recv_open() {
+                return Err((i, PostError::InvalidState));
+            }
+            if self.gauge.recv_used() as usize + ring.len >= ring.slots.len() {
+                return Err((i, PostError::QueueFull));
+            }
+            let s = ring.next();
+            s.wr_id = wr.wr_id;
+            s.sgl.clear();
+            s.sgl.extend_from_slice(wr.sgl);
+            ring.len += 1;
+            Ok(())
+        });
+        (r, self.to_list(&rings))
+    }
+
     /// Takes the staged WRs into the QP in `ep`, in post order; returns
-    /// how many. Call with the driver held, before anything else of this
-    /// QP.
+    /// how many sends. Call with the driver held, before anything else of
+    /// this QP.
     pub(crate) fn drain(&self, ep: &mut Endpoint, now: Instant) -> u32 {
-        let mut ring = self.lock();
+        let mut rings = self.lock();
         self.listed.store(false, Ordering::Release);
-        self.take_into(&mut ring, ep, now)
+        self.take_into(&mut rings, ep, now)
     }
 
     /// Runs `post` (a direct post, the driver held) with the staging
     /// locked and drained first, so that it follows every staged WR and
-    /// no stager reads the send queue's gauge while it changes.
+    /// no stager reads the QP's gauge while it changes. Also returns how
+    /// many staged sends went in.
     pub(crate) fn post_after_staged<R>(
         &self,
         ep: &mut Endpoint,
         now: Instant,
         post: impl FnOnce(&mut Endpoint) -> R,
     ) -> (R, u32) {
-        let mut ring = self.lock();
-        let staged = self.take_into(&mut ring, ep, now);
+        let mut rings = self.lock();
+        let staged = self.take_into(&mut rings, ep, now);
         (post(ep), staged)
     }
 
-    /// Posts the staged WRs to the QP. A WR the QP refuses now (it was
-    /// reset meanwhile, which empties its queues) is dropped, as the reset
-    /// drops what was posted.
-    fn take_into(&self, ring: &mut Ring, ep: &mut Endpoint, now: Instant) -> u32 {
-        let n = ring.len;
-        if n == 0 {
+    /// Posts the staged WRs to the QP; returns how many sends. A WR the
+    /// QP refuses now (it was reset meanwhile, which empties its queues)
+    /// is dropped, as the reset drops what was posted.
+    fn take_into(&self, rings: &mut Rings, ep: &mut Endpoint, now: Instant) -> u32 {
+        let sends = rings.send.len as u32;
+        if sends + rings.recv.len as u32 == 0 {
             return 0;
         }
-        if let Some(qp) = ep.qp_mut(self.qpn) {
-            for k in 0..n {
-                let s = &ring.slots[(ring.head + k) % ring.slots.len()];
+        let qp = ep.qp_mut(self.qpn);
+        if let Some(qp) = qp {
+            for s in rings.recv.take() {
+                let _ = qp.post_recv(&[RecvWr { wr_id: s.wr_id, sgl: &s.sgl }]);
+            }
+            for s in rings.send.take() {
                 let _ = qp.post_send(now, &[s.as_wr()]);
             }
+        } else {
+            rings.recv.take().for_each(drop);
+            rings.send.take().for_each(drop);
         }
-        ring.head = (ring.head + n) % ring.slots.len();
-        ring.len = 0;
-        n as u32
+        sends
     }
 }

@@ -246,7 +246,7 @@ impl Pd {
             uses_srq: init.srq.is_some(),
         };
         let qp = uroce_transport::Qp::new(qp_init);
-        let post = Arc::new(QpPost::new(qp_init, qp.send_gauge()));
+        let post = Arc::new(QpPost::new(qp_init, qp.gauge()));
         let srq = init.srq.map(|s| s.inner.id);
         e.ep.add_qp(qp, init.send_cq.inner.id, init.recv_cq.inner.id, srq);
         Ok(Qp {
@@ -618,9 +618,23 @@ impl Qp {
     /// # Errors
     /// [`Error::Post`] naming the first WR that was not posted.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let mut e = self.ctx.lock();
-        let qp = e.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
-        qp.post_recv(wrs).map_err(|(index, error)| Error::Post { index, error })
+        // As a send post: at once if the driver is free, else staged.
+        let Some(mut e) = self.ctx.try_lock() else {
+            let (r, list) = self.post.stage_recv(wrs);
+            if list {
+                self.ctx.list_staged(&self.post);
+            }
+            return r.map_err(|(index, error)| Error::Post { index, error });
+        };
+        let now = e.now();
+        let eng = &mut *e;
+        let qpn = self.qpn;
+        let (r, staged) = self.post.post_after_staged(&mut eng.ep, now, |ep| {
+            let qp = ep.qp_mut(qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+            Ok::<_, Error>(qp.post_recv(wrs))
+        });
+        eng.deferred_posts += staged;
+        r?.map_err(|(index, error)| Error::Post { index, error })
     }
 
     /// This QP's counters.
@@ -956,6 +970,54 @@ mod tests {
 mod staging_tests {
     use super::*;
     use std::time::Duration;
+
+    /// A receive posted while another thread holds the context is staged
+    /// (checked against the receive queue's room) and takes the next SEND.
+    #[test]
+    fn a_receive_post_does_not_wait_for_the_context() {
+        let (ctx, cq, qp, mr) = self_connected(4);
+        let qp = Arc::new(qp);
+        let held = ctx.inner.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        let (poster, sge) = (qp.clone(), mr.sge(100, 64).unwrap());
+        std::thread::spawn(move || {
+            let r = |i| RecvWr { wr_id: i, sgl: std::slice::from_ref(&sge) };
+            let staged = poster.post_recv(&[r(7)]);
+            let many: Vec<RecvWr<'_>> = (10..30).map(r).collect();
+            let full = poster.post_recv(&many);
+            let _ = tx.send((staged, full));
+        });
+        let got = rx.recv_timeout(Duration::from_secs(5));
+        drop(held);
+        let (staged, full) = got.expect("the post waited for the context");
+        staged.unwrap();
+        // The receive queue holds 16: 1 + 15 fit.
+        assert!(
+            matches!(
+                full,
+                Err(Error::Post { index: 15, error: uroce_transport::PostError::QueueFull })
+            ),
+            "{full:?}"
+        );
+        let send = SendWr {
+            wr_id: 1,
+            flags: SendFlags::INLINE,
+            inline_data: Some(b"hi"),
+            ..SendWr::default()
+        };
+        qp.post_send(&[send]).unwrap();
+        let mut got = Vec::new();
+        while got.len() < 2 {
+            let c = crate::testing::wait_completion(&cq);
+            assert_eq!(c.status, uroce_transport::WcStatus::Success, "{c:?}");
+            got.push((c.wr_id, c.is_recv, c.byte_len));
+        }
+        got.sort_unstable();
+        assert_eq!(got, [(1, false, 2), (7, true, 2)]);
+        let mut bytes = [0u8; 2];
+        mr.read(100, &mut bytes).unwrap();
+        assert_eq!(&bytes, b"hi");
+    }
 
     fn self_connected(depth: u32) -> (Context, Cq, Qp, Mr) {
         let port = crate::testing::free_port();

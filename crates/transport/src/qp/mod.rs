@@ -168,6 +168,21 @@ impl QpInit {
         }
         Ok(SendShape { length, num_sge, inline, from_sgl })
     }
+
+    /// The checks of `ibv_post_recv` that depend only on the QP's type and
+    /// sizes: the QP has a receive queue of its own, the scatter list fits.
+    ///
+    /// # Errors
+    /// The [`PostError`] the post fails with.
+    pub fn check_recv(&self, wr: &RecvWr<'_>) -> Result<(), PostError> {
+        if self.uses_srq {
+            return Err(PostError::UsesSrq);
+        }
+        if wr.sgl.len() > self.caps.max_recv_sge.max(1) as usize {
+            return Err(PostError::TooManySge);
+        }
+        Ok(())
+    }
 }
 
 /// A packet [`Qp::poll_transmit`] produced: `len` bytes at the start of the
@@ -264,28 +279,40 @@ pub(crate) struct CompState {
     pub(crate) gap_retry_pending: bool,
 }
 
-/// What a poster that does not hold the QP needs to know of its send
-/// queue, kept current by the QP (see [`Qp::send_gauge`]): how many WQEs
-/// it holds, as of the last time its completions moved to their CQs (so
-/// never fewer than it holds: a slot is free once its completion can be
-/// seen), and whether its state takes posts. The way a NIC's driver
-/// tracks its send queue from the completions it polls.
+/// What a poster that does not hold the QP needs to know of its queues,
+/// kept current by the QP (see [`Qp::gauge`]): how many WQEs each holds,
+/// as of the last time its completions moved to their CQs (so never fewer
+/// than it holds: a slot is free once its completion can be seen), and
+/// whether its state takes posts. The way a NIC's driver tracks its queues
+/// from the completions it polls.
 #[derive(Debug, Default)]
-pub struct SendGauge {
-    used: AtomicU32,
-    open: AtomicBool,
+pub struct QueueGauge {
+    send_used: AtomicU32,
+    send_open: AtomicBool,
+    recv_used: AtomicU32,
+    recv_open: AtomicBool,
 }
 
-impl SendGauge {
+impl QueueGauge {
     /// WQEs in the send queue (posted and not seen completed).
-    pub fn used(&self) -> u32 {
-        self.used.load(Ordering::Acquire)
+    pub fn send_used(&self) -> u32 {
+        self.send_used.load(Ordering::Acquire)
     }
 
     /// Whether the QP's state takes send WRs (RTS, SQD, SQE, ERR: the
     /// last two complete them flushed).
-    pub fn open(&self) -> bool {
-        self.open.load(Ordering::Acquire)
+    pub fn send_open(&self) -> bool {
+        self.send_open.load(Ordering::Acquire)
+    }
+
+    /// WQEs in the receive queue (posted and not yet taken by a message).
+    pub fn recv_used(&self) -> u32 {
+        self.recv_used.load(Ordering::Acquire)
+    }
+
+    /// Whether the QP's state takes receive WRs (any but RESET).
+    pub fn recv_open(&self) -> bool {
+        self.recv_open.load(Ordering::Acquire)
     }
 }
 
@@ -308,7 +335,7 @@ pub struct Qp {
     events: VecDeque<AsyncEvent>,
     pub(crate) stats: Stats,
     pub(crate) src_port: u16,
-    gauge: Arc<SendGauge>,
+    gauge: Arc<QueueGauge>,
 }
 
 impl Qp {
@@ -356,18 +383,21 @@ impl Qp {
         }
     }
 
-    /// The QP's [`SendGauge`], to read without the QP.
-    pub fn send_gauge(&self) -> Arc<SendGauge> {
+    /// The QP's [`QueueGauge`], to read without the QP.
+    pub fn gauge(&self) -> Arc<QueueGauge> {
         self.gauge.clone()
     }
 
-    /// Brings the [`SendGauge`] up to date: after posts and state
+    /// Brings the [`QueueGauge`] up to date: after posts and state
     /// changes, and before completions move to their CQs (the endpoint
     /// calls it then).
-    pub fn publish_send_gauge(&self) {
-        self.gauge.used.store(self.sq.len() as u32, Ordering::Release);
-        let open = !matches!(self.state, QpState::Reset | QpState::Init | QpState::ReadyToReceive);
-        self.gauge.open.store(open, Ordering::Release);
+    pub fn publish_gauge(&self) {
+        let g = &self.gauge;
+        g.send_used.store(self.sq.len() as u32, Ordering::Release);
+        g.recv_used.store(self.rq.len() as u32, Ordering::Release);
+        let send = !matches!(self.state, QpState::Reset | QpState::Init | QpState::ReadyToReceive);
+        g.send_open.store(send, Ordering::Release);
+        g.recv_open.store(self.state != QpState::Reset, Ordering::Release);
     }
 
     /// QP number.
@@ -435,7 +465,7 @@ impl Qp {
         mask: AttrMask,
     ) -> Result<(), ModifyError> {
         let r = self.apply_modify(now, attr, mask);
-        self.publish_send_gauge();
+        self.publish_gauge();
         r
     }
 
@@ -566,7 +596,7 @@ impl Qp {
             .iter()
             .enumerate()
             .try_for_each(|(i, wr)| self.post_one_send(now, wr, None).map_err(|e| (i, e)));
-        self.publish_send_gauge();
+        self.publish_gauge();
         r
     }
 
@@ -587,7 +617,7 @@ impl Qp {
             .iter()
             .enumerate()
             .try_for_each(|(i, wr)| self.post_one_send(now, wr, Some(mem)).map_err(|e| (i, e)));
-        self.publish_send_gauge();
+        self.publish_gauge();
         r
     }
 
@@ -669,25 +699,22 @@ impl Qp {
     /// # Errors
     /// The index of the WR that failed and why; earlier WRs were posted.
     pub fn post_recv(&mut self, wrs: &[RecvWr<'_>]) -> Result<(), (usize, PostError)> {
-        for (i, wr) in wrs.iter().enumerate() {
-            if self.init.uses_srq {
-                return Err((i, PostError::UsesSrq));
-            }
+        let r = wrs.iter().enumerate().try_for_each(|(i, wr)| {
+            self.init.check_recv(wr).map_err(|e| (i, e))?;
             if self.state == QpState::Reset {
                 return Err((i, PostError::InvalidState));
             }
             if self.rq.len() >= self.rq.capacity() {
                 return Err((i, PostError::QueueFull));
             }
-            if wr.sgl.len() > self.rq.max_sge {
-                return Err((i, PostError::TooManySge));
-            }
             self.rq.push(wr.wr_id, wr.sgl);
             if self.state == QpState::Error {
                 self.flush_all();
             }
-        }
-        Ok(())
+            Ok(())
+        });
+        self.publish_gauge();
+        r
     }
 
     /// The next completion, in the order the spec requires (per queue, WR
