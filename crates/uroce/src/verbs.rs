@@ -943,10 +943,8 @@ mod tests {
             ctx.inner.lock().progress();
             assert!(t.elapsed() < Duration::from_secs(10), "no completions");
         }
-        let held = ctx.inner.lock();
-        let (tx, rx) = std::sync::mpsc::channel();
         let poller = cq.clone();
-        std::thread::spawn(move || {
+        let got = super::staging_tests::while_held(&ctx, move || {
             let mut wc = [Completion::new(
                 0,
                 uroce_transport::WcStatus::Success,
@@ -954,13 +952,9 @@ mod tests {
                 0,
                 false,
             ); 4];
-            let _ = tx.send(
-                poller.poll(&mut wc).map(|n| wc[..n].iter().map(|c| c.wr_id).collect::<Vec<_>>()),
-            );
+            poller.poll(&mut wc).map(|n| wc[..n].iter().map(|c| c.wr_id).collect::<Vec<_>>())
         });
-        let got = rx.recv_timeout(Duration::from_secs(5));
-        drop(held);
-        let mut ids = got.expect("the poll waited for the context").unwrap();
+        let mut ids = got.unwrap();
         ids.sort_unstable();
         assert_eq!(ids, [1, 2]);
     }
@@ -977,28 +971,16 @@ mod staging_tests {
     fn a_receive_post_does_not_wait_for_the_context() {
         let (ctx, cq, qp, mr) = self_connected(4);
         let qp = Arc::new(qp);
-        let held = ctx.inner.lock();
-        let (tx, rx) = std::sync::mpsc::channel();
         let (poster, sge) = (qp.clone(), mr.sge(100, 64).unwrap());
-        std::thread::spawn(move || {
+        let (staged, full) = while_held(&ctx, move || {
             let r = |i| RecvWr { wr_id: i, sgl: std::slice::from_ref(&sge) };
             let staged = poster.post_recv(&[r(7)]);
             let many: Vec<RecvWr<'_>> = (10..30).map(r).collect();
-            let full = poster.post_recv(&many);
-            let _ = tx.send((staged, full));
+            (staged, poster.post_recv(&many))
         });
-        let got = rx.recv_timeout(Duration::from_secs(5));
-        drop(held);
-        let (staged, full) = got.expect("the post waited for the context");
         staged.unwrap();
         // The receive queue holds 16: 1 + 15 fit.
-        assert!(
-            matches!(
-                full,
-                Err(Error::Post { index: 15, error: uroce_transport::PostError::QueueFull })
-            ),
-            "{full:?}"
-        );
+        queue_full_at(&full, 15);
         let send = SendWr {
             wr_id: 1,
             flags: SendFlags::INLINE,
@@ -1017,6 +999,31 @@ mod staging_tests {
         let mut bytes = [0u8; 2];
         mr.read(100, &mut bytes).unwrap();
         assert_eq!(&bytes, b"hi");
+    }
+
+    /// Runs `f` on another thread while this one holds `ctx`'s driver;
+    /// panics if `f` waited for it (no result within 5 s).
+    pub(super) fn while_held<T: Send + 'static>(
+        ctx: &Context,
+        f: impl FnOnce() -> T + Send + 'static,
+    ) -> T {
+        let held = ctx.inner.lock();
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(f());
+        });
+        let got = rx.recv_timeout(Duration::from_secs(5));
+        drop(held);
+        got.expect("the call waited for the context")
+    }
+
+    /// `r` failed with a full queue at WR `index`.
+    fn queue_full_at(r: &Result<()>, index: usize) {
+        let full = uroce_transport::PostError::QueueFull;
+        assert!(
+            matches!(r, Err(Error::Post { index: i, error }) if *i == index && *error == full),
+            "{r:?}"
+        );
     }
 
     fn self_connected(depth: u32) -> (Context, Cq, Qp, Mr) {
@@ -1058,10 +1065,8 @@ mod staging_tests {
     fn a_post_does_not_wait_for_the_context() {
         let (ctx, cq, qp, mr) = self_connected(4);
         let qp = Arc::new(qp);
-        let held = ctx.inner.lock();
-        let (tx, rx) = std::sync::mpsc::channel();
         let (poster, m) = (qp.clone(), (mr.addr(), mr.rkey()));
-        std::thread::spawn(move || {
+        let (staged, full) = while_held(&ctx, move || {
             let w = |i: u64| SendWr {
                 wr_id: i,
                 opcode: WrOpcode::RdmaWrite,
@@ -1073,20 +1078,10 @@ mod staging_tests {
             };
             let staged = poster.post_send(&[w(0), w(1)]);
             // The send queue holds 4: the fifth WR does not fit.
-            let full = poster.post_send(&[w(2), w(3), w(4)]);
-            let _ = tx.send((staged, full));
+            (staged, poster.post_send(&[w(2), w(3), w(4)]))
         });
-        let got = rx.recv_timeout(Duration::from_secs(5));
-        drop(held);
-        let (staged, full) = got.expect("the post waited for the context");
         staged.unwrap();
-        assert!(
-            matches!(
-                full,
-                Err(Error::Post { index: 2, error: uroce_transport::PostError::QueueFull })
-            ),
-            "{full:?}"
-        );
+        queue_full_at(&full, 2);
         let mut order = Vec::new();
         for _ in 0..4 {
             let c = crate::testing::wait_completion(&cq);
