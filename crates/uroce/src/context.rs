@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::progress::{Activity, Driven, Post, progress_thread};
-use crate::staging::QpPost;
+use crate::staging::{QpPost, StagedList};
 use uroce_transport::Instant;
 
 /// Who drives the protocol (retransmissions, serving a peer's READ, WRITE
@@ -67,11 +67,9 @@ pub(crate) struct Inner {
     bell: crate::channel::EventQueue<()>,
     /// Where the progress thread publishes the counters (see `published`).
     published: crate::published::Publication,
-    /// QPs with send WRs staged while the driver was held elsewhere
-    /// (see `staging`); taken in by whoever locks the driver next.
-    staged: Mutex<Vec<Arc<QpPost>>>,
-    /// `staged` is not empty (read without its lock on every lock).
-    staged_any: AtomicBool,
+    /// QPs with WRs staged while the driver was held elsewhere (see
+    /// `staging`); the driver holds it too.
+    staged: Arc<StagedList>,
 }
 
 impl Inner {
@@ -172,32 +170,18 @@ impl Inner {
     /// in; a thread stepping aside, or the application's next poll, does
     /// it otherwise.
     pub(crate) fn list_staged(&self, q: &Arc<QpPost>) {
-        let mut l = self.staged.lock().unwrap_or_else(|e| e.into_inner());
-        l.push(q.clone());
-        self.staged_any.store(true, Ordering::Release);
-        drop(l);
+        self.staged.push(q);
         if self.activity.wake_sleeping() {
             self.bell.push(());
         }
     }
 
-    /// Moves every staged WR into its QP (see [`Inner::lock`]); they
-    /// count as posts waiting for a transmit.
+    /// Moves every staged WR into its QP (see [`Inner::lock`]).
     fn take_staged(&self, d: &mut Driver) {
-        if !self.staged_any.load(Ordering::Acquire) {
-            return;
+        if self.staged.any() {
+            let now = d.now();
+            d.take_staged(now);
         }
-        let mut list = std::mem::take(&mut d.staged_spare);
-        {
-            let mut l = self.staged.lock().unwrap_or_else(|e| e.into_inner());
-            std::mem::swap(&mut *l, &mut list);
-            self.staged_any.store(false, Ordering::Release);
-        }
-        let now = d.now();
-        for q in list.drain(..) {
-            d.deferred_posts += q.drain(&mut d.ep, now);
-        }
-        d.staged_spare = list;
     }
 }
 
@@ -272,12 +256,14 @@ impl Device {
             .and_then(|b| b.set_nonblocking(true).map(|()| b))
             .map_err(|source| Error::Open { device: self.name().to_string(), addr, source })?;
         let origin = std::time::Instant::now();
+        let staged = Arc::new(StagedList::default());
         let inner = Arc::new(Inner {
             bell,
             async_events: events.clone(),
             ah_count: std::sync::atomic::AtomicU32::new(0),
             driver: Mutex::new({
                 let mut e = Driver::new(backend, events, origin);
+                e.staged = staged.clone();
                 if let Some(seed) = virtual_seed {
                     let gid = uroce_wire::grh::gid_of(addr.ip());
                     let a = u64::from_be_bytes(gid[8..].try_into().unwrap_or_default());
@@ -290,8 +276,7 @@ impl Device {
             activity: Arc::new(Activity::new(origin)),
             stop: AtomicBool::new(false),
             published: crate::published::Publication::new(self.name()),
-            staged: Mutex::new(Vec::new()),
-            staged_any: AtomicBool::new(false),
+            staged,
         });
         live_contexts_add(&inner);
         if options.progress == ProgressMode::Thread {

@@ -63,9 +63,10 @@ pub(crate) struct Driver {
     /// Posts queued without a transmit pass since the last one (see
     /// `Inner::doorbell`).
     pub(crate) deferred_posts: u32,
-    /// The context's list of QPs with staged posts, swapped out to be
-    /// drained (kept for its capacity: see `Inner::take_staged`).
-    pub(crate) staged_spare: Vec<std::sync::Arc<crate::staging::QpPost>>,
+    /// The context's QPs with staged posts (see `staging`), and an empty
+    /// list to swap with it.
+    pub(crate) staged: Arc<crate::staging::StagedList>,
+    staged_spare: Vec<Arc<crate::staging::QpPost>>,
     /// Destinations the backend reported unreachable (reused buffer).
     gone: Vec<SocketAddr>,
     /// The connection manager on QP1, once the application uses it.
@@ -140,6 +141,7 @@ impl Driver {
             peers: FastMap::default(),
             gids,
             deferred_posts: 0,
+            staged: Arc::default(),
             staged_spare: Vec::new(),
             gone: Vec::new(),
             cm: None,
@@ -536,11 +538,20 @@ impl Driver {
         [self.ep.poll_timeout(), cm].into_iter().flatten().min()
     }
 
+    /// Moves the WRs posted meanwhile by other threads into their QPs
+    /// (see `staging`); they count as posts waiting for a transmit.
+    pub(crate) fn take_staged(&mut self, now: Instant) {
+        self.deferred_posts += self.staged.take(&mut self.staged_spare, &mut self.ep, now);
+    }
+
     fn receive(&mut self, now: Instant, budget: usize) -> usize {
         let mut n = 0;
         let mut buf = std::mem::take(&mut self.buf);
         while n < budget {
             if let Ok(Some((len, seg, from, to))) = self.backend.recv(&mut buf) {
+                // A receive posted before the peer sent this is there for
+                // it (see `staging`).
+                self.take_staged(now);
                 // With GRO, one read holds a run of packets of `seg` bytes
                 // (the last possibly shorter), the i-th sent with IP ID i.
                 for (i, pkt) in buf[..len].chunks(seg.max(1)).enumerate() {
@@ -548,6 +559,7 @@ impl Driver {
                     self.deliver(now, from, to, pkt, i as u16);
                 }
             } else if let Some((len, from, group)) = self.backend.recv_group(&mut buf) {
+                self.take_staged(now);
                 n += 1;
                 self.deliver(now, from, group, &buf[..len], 0);
             } else {

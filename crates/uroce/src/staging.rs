@@ -6,6 +6,14 @@
 //! progress pass, which can lose its CPU while it holds the driver and
 //! keep a waiting post for a whole scheduler tick.
 //!
+//! A staged WR is in its QP before anything that could depend on it: the
+//! driver takes staged WRs in whenever it is locked (`Inner::lock`) and,
+//! within a pass, after each receive system call that returned datagrams
+//! and before it delivers them (`Driver::receive`). So a receive posted
+//! before its peer was told to send is there for the SEND, as on a NIC,
+//! where a WQE is the HCA's once `ibv_post_recv` returns: UC and UD would
+//! otherwise drop the message, RC answer with an RNR NAK.
+//!
 //! Lock order: a thread may lock a QP's staging while it holds the driver,
 //! never the driver (only `try_lock`) while it holds a staging; the
 //! context's list of QPs with staged WRs is locked alone.
@@ -294,5 +302,50 @@ impl QpPost {
             rings.send.take().for_each(drop);
         }
         sends
+    }
+}
+
+/// The QPs of one context with staged WRs, shared by the posters (who
+/// add a QP when they stage its first WR) and the driver (who takes the
+/// staged WRs in).
+#[derive(Default)]
+pub(crate) struct StagedList {
+    list: Mutex<Vec<Arc<QpPost>>>,
+    /// `list` is not empty (read without its lock, on every driver lock
+    /// and after every receive system call).
+    any: AtomicBool,
+}
+
+impl StagedList {
+    /// Whether some QP has staged WRs.
+    pub(crate) fn any(&self) -> bool {
+        self.any.load(Ordering::Acquire)
+    }
+
+    /// Adds `q` (see [`QpPost::stage`] for when).
+    pub(crate) fn push(&self, q: &Arc<QpPost>) {
+        let mut l = self.list.lock().unwrap_or_else(|e| e.into_inner());
+        l.push(q.clone());
+        self.any.store(true, Ordering::Release);
+    }
+
+    /// Moves every staged WR into its QP; returns how many sends (they
+    /// wait for a transmit). `spare`: the driver's empty list, swapped in
+    /// (so that neither list allocates once it has grown).
+    pub(crate) fn take(
+        &self,
+        spare: &mut Vec<Arc<QpPost>>,
+        ep: &mut Endpoint,
+        now: Instant,
+    ) -> u32 {
+        if !self.any() {
+            return 0;
+        }
+        {
+            let mut l = self.list.lock().unwrap_or_else(|e| e.into_inner());
+            std::mem::swap(&mut *l, spare);
+            self.any.store(false, Ordering::Release);
+        }
+        spare.drain(..).map(|q| q.drain(ep, now)).sum()
     }
 }

@@ -1026,6 +1026,70 @@ mod staging_tests {
         );
     }
 
+    /// A receive staged while a pass holds the driver is in its QP before
+    /// that same pass delivers a SEND the peer made after the post
+    /// returned: on UC, a message with no receive WQE would be dropped.
+    #[test]
+    fn a_staged_receive_is_there_for_the_send_that_follows_it() {
+        let port = crate::testing::free_port();
+        let uc = |addr: &str| {
+            let ctx = crate::testing::open(addr, port);
+            let pd = ctx.alloc_pd().unwrap();
+            let cq = ctx.create_cq(16).unwrap();
+            let cap = QpCaps {
+                max_send_wr: 4,
+                max_recv_wr: 4,
+                max_send_sge: 1,
+                max_recv_sge: 1,
+                max_inline_data: 16,
+            };
+            let qp = pd
+                .create_qp(&QpInitAttr {
+                    send_cq: &cq,
+                    recv_cq: &cq,
+                    cap,
+                    qp_type: QpType::Uc,
+                    sq_sig_all: true,
+                    srq: None,
+                })
+                .unwrap();
+            let mr = pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
+            (ctx, cq, qp, mr)
+        };
+        let (actx, acq, aqp, _amr) = uc("127.0.0.1");
+        let (bctx, bcq, bqp, bmr) = uc("127.0.0.2");
+        let (a_ip, b_ip) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+        crate::connect(&aqp, b_ip, port, bqp.qpn(), 1, 2, Access::LOCAL_WRITE).unwrap();
+        crate::connect(&bqp, a_ip, port, aqp.qpn(), 2, 1, Access::LOCAL_WRITE).unwrap();
+        let (poster, sge) = (Arc::new(bqp), bmr.sge(0, 64).unwrap());
+        let p = poster.clone();
+        // The test thread is B's progress pass: it holds B's driver
+        // (taken after the QP, so that a failure drops it first).
+        let mut pass = bctx.inner.lock();
+        std::thread::spawn(move || p.post_recv(&[RecvWr { wr_id: 9, sgl: &[sge] }]))
+            .join()
+            .unwrap()
+            .unwrap();
+        // Only now does A send.
+        let send = SendWr {
+            wr_id: 1,
+            flags: SendFlags::INLINE,
+            inline_data: Some(b"after"),
+            ..SendWr::default()
+        };
+        aqp.post_send(&[send]).unwrap();
+        assert_eq!(crate::testing::wait_completion(&acq).wr_id, 1);
+        let t = std::time::Instant::now();
+        while bcq.inner.ring.lock().is_empty() {
+            pass.progress();
+            assert!(t.elapsed() < Duration::from_secs(5), "the SEND found no receive");
+        }
+        drop(pass);
+        let c = crate::testing::wait_completion(&bcq);
+        assert_eq!((c.wr_id, c.byte_len, c.status), (9, 5, uroce_transport::WcStatus::Success));
+        drop(actx);
+    }
+
     fn self_connected(depth: u32) -> (Context, Cq, Qp, Mr) {
         let port = crate::testing::free_port();
         let ctx = crate::testing::open("127.0.0.1", port);
