@@ -914,21 +914,7 @@ mod tests {
     /// context (a progress pass, a post): it never waits for it.
     #[test]
     fn a_poll_does_not_wait_for_the_context() {
-        let port = crate::testing::free_port();
-        let ctx = crate::testing::open("127.0.0.1", port);
-        let pd = ctx.alloc_pd().unwrap();
-        let cq = ctx.create_cq(16).unwrap();
-        let cap = QpCaps {
-            max_send_wr: 4,
-            max_recv_wr: 4,
-            max_send_sge: 1,
-            max_recv_sge: 1,
-            max_inline_data: 16,
-        };
-        let qp = crate::testing::rc_qp(&pd, &cq, cap, true);
-        let mr = pd.alloc_mr(64, Access::LOCAL_WRITE).unwrap();
-        let local = "127.0.0.1".parse().unwrap();
-        crate::connect(&qp, local, port, qp.qpn(), 1, 1, Access::LOCAL_WRITE).unwrap();
+        let (ctx, cq, qp, mr) = super::staging_tests::self_connected(4);
         qp.post_recv(&[RecvWr { wr_id: 1, sgl: &[mr.sge(0, 64).unwrap()] }]).unwrap();
         let wr = SendWr {
             wr_id: 2,
@@ -1090,7 +1076,9 @@ mod staging_tests {
         drop(actx);
     }
 
-    fn self_connected(depth: u32) -> (Context, Cq, Qp, Mr) {
+    /// An RC QP connected to itself on 127.0.0.1, `depth` send WRs deep,
+    /// with a 4 KiB region.
+    pub(super) fn self_connected(depth: u32) -> (Context, Cq, Qp, Mr) {
         let port = crate::testing::free_port();
         let ctx = crate::testing::open("127.0.0.1", port);
         let pd = ctx.alloc_pd().unwrap();
