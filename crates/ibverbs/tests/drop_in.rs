@@ -1121,3 +1121,98 @@ fn processes_in_two_pid_namespaces_share_one_device() {
         assert!(rows.iter().any(|r| r.len() >= 4 && r[3] > 0.0), "no bandwidth:\n{all}");
     }
 }
+
+/// uroce's Rust CM ids (`uroce::cm::CmId`, in this test process) against
+/// Debian's librdmacm examples on the drop-in library: a Rust client
+/// connects to `rdma_server` and a Rust server serves `rdma_client`, a
+/// 16-byte SEND each way and the server's or client's disconnect.
+#[test]
+fn rust_cm_ids_against_debians_rdma_server_and_client() {
+    use uroce::cm::{ConnParam, EventChannel, EventType, PortSpace};
+    use uroce::{Access, QpCaps, QpInitAttr, QpType, RecvWr, SendWr, WcStatus};
+    let _g = serial();
+    let expect = |ch: &EventChannel, want: EventType| {
+        let e = ch.get_event_timeout(Duration::from_secs(10)).unwrap().expect("an event");
+        assert_eq!(e.event, want, "{e:?}");
+        e
+    };
+    for rust_serves in [false, true] {
+        let udp = uroce::testing::free_port();
+        let port = tcp_port();
+        let ps = port.to_string();
+        let debian = if rust_serves {
+            None
+        } else {
+            let srv = cmd(&tool("rdma_server"), &["-p", &ps], "127.0.0.1", udp).spawn().unwrap();
+            assert!(uroce::testing::wait_udp_bound(udp, Duration::from_secs(10)));
+            Some(srv)
+        };
+        let me = if rust_serves { "127.0.0.1" } else { "127.0.0.2" };
+        let ctx = uroce::testing::open(me, udp);
+        let ch = EventChannel::with_contexts(std::slice::from_ref(&ctx)).unwrap();
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(8).unwrap();
+        let cap = QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 4,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        };
+        let init = QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap,
+            qp_type: QpType::Rc,
+            sq_sig_all: true,
+            srq: None,
+        };
+        let mr = pd.alloc_mr(32, Access::LOCAL_WRITE).unwrap();
+        mr.write(16, b"from rust cm id!").unwrap();
+        let send = [mr.sge(16, 16).unwrap()];
+        let recv = [mr.sge(0, 16).unwrap()];
+        let (id, debian) = if rust_serves {
+            let listener = ch.create_id(PortSpace::Tcp);
+            listener.bind_addr(format!("127.0.0.1:{port}").parse().unwrap()).unwrap();
+            listener.listen().unwrap();
+            let cli = cmd(&tool("rdma_client"), &["-s", "127.0.0.1", "-p", &ps], "127.0.0.2", udp)
+                .spawn()
+                .unwrap();
+            let id = expect(&ch, EventType::ConnectRequest).id;
+            let qp = id.create_qp(&pd, &init).unwrap();
+            qp.post_recv(&[RecvWr { wr_id: 1, sgl: &recv }]).unwrap();
+            id.accept(&ConnParam::default(), &[]).unwrap();
+            expect(&ch, EventType::Established);
+            let wc = uroce::testing::wait_completion(&cq);
+            assert_eq!((wc.status, wc.wr_id, wc.byte_len), (WcStatus::Success, 1, 16));
+            qp.post_send(&[SendWr { wr_id: 2, sgl: &send, ..SendWr::default() }]).unwrap();
+            let wc = uroce::testing::wait_completion(&cq);
+            assert_eq!((wc.status, wc.wr_id), (WcStatus::Success, 2));
+            (id, cli)
+        } else {
+            let id = ch.create_id(PortSpace::Tcp);
+            id.resolve_addr(None, format!("127.0.0.1:{port}").parse().unwrap()).unwrap();
+            expect(&ch, EventType::AddrResolved);
+            id.resolve_route().unwrap();
+            expect(&ch, EventType::RouteResolved);
+            let qp = id.create_qp(&pd, &init).unwrap();
+            qp.post_recv(&[RecvWr { wr_id: 1, sgl: &recv }]).unwrap();
+            id.connect(&ConnParam::default(), &[]).unwrap();
+            expect(&ch, EventType::Established);
+            qp.post_send(&[SendWr { wr_id: 2, sgl: &send, ..SendWr::default() }]).unwrap();
+            let mut got =
+                [uroce::testing::wait_completion(&cq), uroce::testing::wait_completion(&cq)];
+            got.sort_by_key(|w| w.wr_id);
+            assert!(got.iter().all(|w| w.status == WcStatus::Success), "{got:?}");
+            assert_eq!(got[0].byte_len, 16, "the server's reply");
+            (id, debian.unwrap())
+        };
+        // The Debian side disconnects when its exchange is done.
+        expect(&ch, EventType::Disconnected);
+        id.disconnect().unwrap();
+        let (out, timed_out) = finish(debian, Instant::now() + Duration::from_secs(10));
+        let name = if rust_serves { "rdma_client" } else { "rdma_server" };
+        assert!(!timed_out && out.status.success(), "{}", text(&out));
+        assert!(text(&out).contains(&format!("{name}: end 0")), "{}", text(&out));
+    }
+}

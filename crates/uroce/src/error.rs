@@ -62,6 +62,10 @@ pub enum Error {
     /// Already in use (EADDRINUSE): a port listened on twice.
     #[error("in use: {0}")]
     InUse(&'static str),
+    /// The address cannot be had (EADDRNOTAVAIL): not this host's, or its
+    /// port is bound to the wildcard.
+    #[error("address not available: {0}")]
+    AddrNotAvailable(&'static str),
 }
 
 impl Error {
@@ -79,6 +83,7 @@ impl Error {
             Self::TimedOut(_) => libc::ETIMEDOUT,
             Self::Rejected { .. } => libc::ECONNREFUSED,
             Self::InUse(_) => libc::EADDRINUSE,
+            Self::AddrNotAvailable(_) => libc::EADDRNOTAVAIL,
         }
     }
 }

@@ -110,6 +110,11 @@ fn check_access(access: Access) -> Result<()> {
 }
 
 impl Pd {
+    /// Whether the PD belongs to `ctx`.
+    pub(crate) fn on(&self, ctx: &Context) -> bool {
+        Arc::ptr_eq(&self.ctx, &ctx.inner)
+    }
+
     /// The context's count of live address handles.
     pub(crate) fn ah_count(&self) -> &std::sync::atomic::AtomicU32 {
         &self.ctx.ah_count
@@ -498,7 +503,12 @@ impl Qp {
         self.qpn
     }
 
-    /// Transport type.
+    /// Whether the QP takes its receives from an SRQ.
+    pub fn uses_srq(&self) -> bool {
+        self._srq.is_some()
+    }
+
+    /// The transport type.
     pub fn qp_type(&self) -> QpType {
         self.qp_type
     }

@@ -51,10 +51,8 @@ use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr, SocketAddrV4, SocketAddrV
 use std::os::fd::{AsFd, AsRawFd};
 use std::sync::{Mutex, MutexGuard};
 
-use uroce::cm::{AgentEvent, CmChannel, CmChannelEvent, Ece, Offer, RequestArgs};
-use uroce::wire::cm::{
-    CmPath, CmaHeader, Req, SidrReq, port_space, rdma_cm_service_id, rej_reason,
-};
+use uroce::cm::{AgentEvent, CmChannel, CmChannelEvent, Ece, Offer};
+use uroce::wire::cm::{CmaHeader, Req, SidrReq, port_space, rdma_cm_service_id, rej_reason};
 
 use self::abi::*;
 use crate::abi::*;
@@ -84,7 +82,7 @@ const QP_QKEY: c_int = 1 << 6;
 const QPT_RC: c_int = 2;
 const QPT_UD: c_int = 4;
 /// The Q_Key of the RDMA CM's UD ids (`RDMA_UDP_QKEY`).
-const UDP_QKEY: u32 = 0x0123_4567;
+const UDP_QKEY: u32 = uroce::cm::UDP_QKEY;
 /// Remote rights of a connected QP (the kernel CM's for RC).
 const RC_ACCESS: u32 = 1 | 2 | 4 | 8;
 /// READs/atomics in flight when the application asks for none.
@@ -208,8 +206,6 @@ struct EventBox {
 struct Registry {
     conns: HashMap<(u64, u32), usize>,
     listens: HashMap<(u64, u64), usize>,
-    /// Bound ports, per port space.
-    ports: options::Ports,
 }
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
@@ -339,46 +335,11 @@ fn gid(ip: IpAddr) -> ibv_gid {
     ibv_gid { raw: uroce::wire::grh::gid_of(ip) }
 }
 
-/// An ephemeral port for an id bound without one.
-fn ephemeral_port() -> u16 {
-    let t = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| d.subsec_nanos());
-    32768 + ((t ^ std::process::id().rotate_left(7)) % 28000) as u16
-}
-
 /// The index of the configured device that reaches `dst` from `src`.
 fn device_for(src: Option<IpAddr>, dst: IpAddr) -> Option<usize> {
     let devs = crate::device::devices().ok()?;
-    let ip_of = |i: usize| devs[i].cfg.socket_addr().ip();
-    if let Some(s) = src.filter(|s| !s.is_unspecified()) {
-        return (0..devs.len()).find(|&i| ip_of(i) == s);
-    }
-    if let Some(s) = kernel_source_for(dst)
-        && let Some(i) = (0..devs.len()).find(|&i| ip_of(i) == s)
-    {
-        return Some(i);
-    }
-    (0..devs.len()).find(|&i| ip_of(i).is_ipv4() == dst.is_ipv4())
-}
-
-/// Whether `ip` is an address of one of this host's interfaces (it can
-/// be bound).
-fn is_local_address(ip: IpAddr) -> bool {
-    std::net::UdpSocket::bind((ip, 0)).is_ok()
-}
-
-/// The source address the kernel picks for `dst` (a connected UDP
-/// socket's local address; nothing is sent).
-fn kernel_source_for(dst: IpAddr) -> Option<IpAddr> {
-    let any: SocketAddr = if dst.is_ipv4() {
-        (Ipv4Addr::UNSPECIFIED, 0).into()
-    } else {
-        (Ipv6Addr::UNSPECIFIED, 0).into()
-    };
-    let s = std::net::UdpSocket::bind(any).ok()?;
-    s.connect((dst, 9)).ok()?;
-    s.local_addr().ok().map(|a| a.ip())
+    let addrs: Vec<IpAddr> = devs.iter().map(|d| d.cfg.socket_addr().ip()).collect();
+    uroce::cm::ports::device_for(&addrs, src, dst)
 }
 
 /// The `ibv_context` librdmacm uses for device `index`: opened once and
@@ -452,13 +413,9 @@ fn bind_to(b: &IdBox, st: &mut IdState, index: Option<usize>, local: SocketAddr)
 /// Takes `local`'s port for `b` in its port space (an unused one if it
 /// names none), with the kernel's conflict rules (see `options`).
 fn claim_port(b: &IdBox, st: &IdState, local: &mut SocketAddr) -> Result<(), c_int> {
-    let space = space_of(b);
-    with_registry(|r| {
-        if local.port() == 0 {
-            local.set_port(r.ports.ephemeral(space));
-        }
-        r.ports.claim(b.ptr() as usize, space, local.ip(), local.port(), &st.opts)
-    })
+    uroce::cm::ports::port_table()
+        .claim(b.ptr() as usize, space_of(b), local, st.opts.bind())
+        .map_err(|e| e.errno())
 }
 
 fn set_remote(b: &IdBox, st: &mut IdState, remote: SocketAddr) {
@@ -585,7 +542,7 @@ pub(crate) unsafe extern "C" fn rdma_destroy_id(id: *mut rdma_cm_id) -> c_int {
             }
             forget_id(&mut st);
             mcast::leave_all(b, &mut st);
-            with_registry(|r| r.ports.release(id as usize));
+            uroce::cm::ports::port_table().release(id as usize);
         }
         let own = if lock(&b.st).sync { b.c().channel } else { std::ptr::null_mut() };
         release_event(b.c());
@@ -690,8 +647,7 @@ pub(crate) unsafe extern "C" fn rdma_bind_addr(
                 // device has is ENODEV (no RDMA device on that interface:
                 // 127.0.0.1 when uroce0 is elsewhere), any other
                 // EADDRNOTAVAIL.
-                None if is_local_address(a.ip()) => return minus_one(libc::ENODEV),
-                None => return minus_one(libc::EADDRNOTAVAIL),
+                None => return minus_one(uroce::cm::ports::unbindable(a.ip()).errno()),
             }
         };
         if let Err(e) = claim_port(b, &st, &mut a) {
@@ -770,13 +726,12 @@ pub(crate) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int
             return minus_one(libc::ENODEV);
         }
         let space = space_of(b);
-        let mut opts = st.opts;
-        if let Err(e) = with_registry(|r| {
-            r.ports.listen(id as usize, space, local.ip(), local.port(), &mut opts)
-        }) {
-            return minus_one(e);
+        let mut opts = st.opts.bind();
+        if let Err(e) = uroce::cm::ports::port_table().listen(id as usize, space, local, &mut opts)
+        {
+            return minus_one(e.errno());
         }
-        st.opts = opts;
+        st.opts.reuseaddr = opts.reuseaddr;
         let sid = rdma_cm_service_id(space, local.port());
         // A wildcard address listens on every device of its family (an
         // IPv6 one on IPv4 devices too, unless AFONLY).
@@ -785,7 +740,10 @@ pub(crate) unsafe extern "C" fn rdma_listen(id: *mut rdma_cm_id, _backlog: c_int
         } else {
             let Ok(devs) = crate::device::devices() else { return minus_one(libc::ENODEV) };
             (0..devs.len())
-                .filter(|&i| options::listens_on(&st, local.ip(), devs[i].cfg.socket_addr().ip()))
+                .filter(|&i| {
+                    let dev = devs[i].cfg.socket_addr().ip();
+                    uroce::cm::ports::listens_on(local.ip(), st.opts.afonly, dev)
+                })
                 .filter_map(device_context)
                 .map(|c| c as usize)
                 .collect()
@@ -1121,35 +1079,24 @@ unsafe extern "C" fn rdma_connect_start(id: *mut rdma_cm_id, param: *mut rdma_co
         CmaHeader { version: 0, src_port: local.port(), src: local.ip(), dst: remote.ip() }
             .emit(&mut pd);
         pd[CmaHeader::LEN..CmaHeader::LEN + data.len()].copy_from_slice(data);
-        let args = RequestArgs {
-            peer: remote.ip(),
-            service_id: rdma_cm_service_id(space_of(b), remote.port()),
-            qp: Offer {
-                qpn,
-                starting_psn: st.my_psn,
-                responder_resources: cp.responder_resources,
-                initiator_depth: cp.initiator_depth,
-                rnr_retry_count: cp.rnr_retry_count.min(7),
-                srq: !c.srq.is_null(),
-                ece: st.local_ece,
-            },
-            transport_service_type: 0,
+        let offer = Offer {
+            qpn,
+            starting_psn: st.my_psn,
+            responder_resources: cp.responder_resources,
+            initiator_depth: cp.initiator_depth,
+            rnr_retry_count: cp.rnr_retry_count.min(7),
+            srq: !c.srq.is_null(),
+            ece: st.local_ece,
+        };
+        let path = uroce::cm::PathOptions {
             retry_count: cp.retry_count.min(7),
-            path_mtu: if remote.ip().is_loopback() { 5 } else { 3 },
-            path: CmPath {
-                local_lid: 0xffff,
-                remote_lid: 0xffff,
-                local_gid: uroce::wire::grh::gid_of(local.ip()),
-                remote_gid: uroce::wire::grh::gid_of(remote.ip()),
-                hop_limit: 64,
-                traffic_class: st.opts.tos.unwrap_or(0),
-                local_ack_timeout: st.opts.ack_timeout.unwrap_or(ACK_TIMEOUT),
-                ..CmPath::default()
-            },
+            traffic_class: st.opts.tos.unwrap_or(0),
+            ack_timeout: st.opts.ack_timeout.unwrap_or(ACK_TIMEOUT),
             response_timeout: CM_RESPONSE_TIMEOUT,
             max_cm_retries: CM_MAX_RETRIES,
-            private_data: pd,
         };
+        let sid = rdma_cm_service_id(space_of(b), remote.port());
+        let args = uroce::cm::request_args(local.ip(), remote.ip(), sid, offer, path, pd);
         // Registered before the request leaves: another thread may be
         // waiting on the channel for the reply.
         let key = ctx.key();

@@ -18,6 +18,11 @@
 //!
 //! Not yet: UD (SIDR), multicast join, MRA, ECE (issue 14).
 
+mod id;
+pub mod ports;
+
+pub use id::{CmId, ConnParam, Event, EventChannel, EventType, PortSpace, UDP_QKEY, UdParam};
+
 use std::net::IpAddr;
 use std::time::{Duration, Instant as StdInstant};
 
@@ -108,6 +113,54 @@ impl CmConnection {
             |e| matches!(e, CmEvent::DisconnectRequest { id: i } if *i == id),
         )?
         .is_some())
+    }
+}
+
+/// The path and timing choices of a REQ.
+#[derive(Debug, Clone, Copy)]
+pub struct PathOptions {
+    /// Transport retries the QPs make (at most 7).
+    pub retry_count: u8,
+    /// The connection's traffic class (the IP TOS).
+    pub traffic_class: u8,
+    /// The QPs' Local ACK Timeout code.
+    pub ack_timeout: u8,
+    /// The CM's response timeout, 4.096 µs × 2^code per try.
+    pub response_timeout: u8,
+    /// The CM's retries of a MAD.
+    pub max_cm_retries: u8,
+}
+
+/// A REQ from `local` to `peer` for `service_id`, offering `qp`, with
+/// `private_data` (the RDMA CM header first).
+pub fn request_args(
+    local: IpAddr,
+    peer: IpAddr,
+    service_id: u64,
+    qp: QpOffer,
+    path: PathOptions,
+    private_data: [u8; 92],
+) -> ConnectArgs {
+    ConnectArgs {
+        peer,
+        service_id,
+        qp,
+        transport_service_type: 0,
+        retry_count: path.retry_count,
+        path_mtu: if peer.is_loopback() { 5 } else { 3 },
+        path: CmPath {
+            local_lid: 0xffff,
+            remote_lid: 0xffff,
+            local_gid: uroce_wire::grh::gid_of(local),
+            remote_gid: uroce_wire::grh::gid_of(peer),
+            hop_limit: 64,
+            traffic_class: path.traffic_class,
+            local_ack_timeout: path.ack_timeout,
+            ..CmPath::default()
+        },
+        response_timeout: path.response_timeout,
+        max_cm_retries: path.max_cm_retries,
+        private_data,
     }
 }
 
@@ -219,35 +272,25 @@ impl Context {
         CmaHeader { version: 0, src_port: 0, src: me.ip(), dst: peer }.emit(&mut pd);
         pd[CmaHeader::LEN..CmaHeader::LEN + private_data.len()].copy_from_slice(private_data);
         let my_psn = psn_for(qp.qpn());
-        let args = ConnectArgs {
-            peer,
-            service_id: rdma_cm_service_id(port_space::TCP, port),
-            qp: QpOffer {
-                qpn: qp.qpn(),
-                starting_psn: my_psn,
-                responder_resources: RD_ATOMIC,
-                initiator_depth: RD_ATOMIC,
-                rnr_retry_count: 7,
-                srq: false,
-                ece: Ece::default(),
-            },
-            transport_service_type: 0,
+        let offer = QpOffer {
+            qpn: qp.qpn(),
+            starting_psn: my_psn,
+            responder_resources: RD_ATOMIC,
+            initiator_depth: RD_ATOMIC,
+            rnr_retry_count: 7,
+            srq: false,
+            ece: Ece::default(),
+        };
+        let path = PathOptions {
             retry_count: 7,
-            path_mtu: if peer.is_loopback() { 5 } else { 3 },
-            path: CmPath {
-                local_lid: 0xffff,
-                remote_lid: 0xffff,
-                local_gid: uroce_wire::grh::gid_of(me.ip()),
-                remote_gid: uroce_wire::grh::gid_of(peer),
-                hop_limit: 64,
-                local_ack_timeout: 14,
-                ..CmPath::default()
-            },
+            traffic_class: 0,
+            ack_timeout: 14,
             // 2^16 × 4.096 µs ≈ 268 ms per try, as many tries as fit.
             response_timeout: 16,
             max_cm_retries: 15,
-            private_data: pd,
         };
+        let service_id = rdma_cm_service_id(port_space::TCP, port);
+        let args = request_args(me.ip(), peer, service_id, offer, path, pd);
         Ok((args, my_psn))
     }
 
@@ -394,7 +437,6 @@ pub fn default_response_timeout() -> Duration {
 
 #[cfg(feature = "tokio")]
 #[allow(unsafe_code)]
-#[path = "async_cm.rs"]
 mod async_cm;
 #[cfg(feature = "tokio")]
 pub use async_cm::AsyncCmChannel;
