@@ -56,11 +56,20 @@
 //! See [`ProgressMode`]: a background thread by default, inline progress
 //! from every poll and post.
 //!
+//! # Connecting through the connection manager
+//!
+//! [`cm`] connects QPs the way librdmacm's users do, with the peer's
+//! address and port instead of QPNs exchanged by hand: [`cm::EventChannel`]
+//! and [`cm::CmId`] (`rdma_cm_id`'s calls and events), or
+//! [`Context::cm_listen`] and [`Context::cm_connect`], which hand back a
+//! QP in RTS. The peer may be any RoCE RDMA CM: another uroce process, a
+//! librdmacm program on uroce's drop-in library, a kernel rxe host.
+//!
 //! # Cargo features
 //!
 //! - `tokio`: [`AsyncCq`], completions as futures (`cq.next().await`);
-//!   [`AsyncCmChannel`] and `cm_connect_async` / `cm_listen_async`, the CM
-//!   as futures.
+//!   [`AsyncCmChannel`], `cm::AsyncEventChannel` and `cm_connect_async` /
+//!   `cm_listen_async`, the CM as futures.
 //!
 //! # Status
 //!

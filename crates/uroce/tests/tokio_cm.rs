@@ -118,3 +118,62 @@ fn listen_and_connect_are_awaited() {
         }
     });
 }
+
+/// CM ids on awaited event channels: a server and a client on one
+/// current-thread runtime, each step's event awaited, a connection set
+/// up and taken down.
+#[test]
+fn cm_id_events_are_awaited() {
+    use uroce::cm::{AsyncEventChannel, ConnParam, EventChannel, EventType, PortSpace};
+    std::thread::spawn(|| {
+        std::thread::sleep(Duration::from_secs(60));
+        eprintln!("tokio_cm: no progress in 60 s");
+        std::process::exit(1);
+    });
+    let port = uroce::testing::free_port();
+    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    rt.block_on(async {
+        let server = uroce::testing::open("127.0.0.2", port);
+        let client = uroce::testing::open("127.0.0.1", port);
+        let on = |c: &uroce::Context| {
+            AsyncEventChannel::new(EventChannel::with_contexts(std::slice::from_ref(c)).unwrap())
+                .unwrap()
+        };
+        let (sch, cch) = (on(&server), on(&client));
+        let listener = sch.channel().create_id(PortSpace::Tcp);
+        listener.bind_addr("127.0.0.2:7492".parse().unwrap()).unwrap();
+        listener.listen().unwrap();
+        let (ps, pc) = (server.alloc_pd().unwrap(), client.alloc_pd().unwrap());
+        let (cq_s, cq_c) = (server.create_cq(8).unwrap(), client.create_cq(8).unwrap());
+        let attr = |cq| uroce::QpInitAttr {
+            send_cq: cq,
+            recv_cq: cq,
+            cap: CAP,
+            qp_type: uroce::QpType::Rc,
+            sq_sig_all: true,
+            srq: None,
+        };
+        let serve = async {
+            let e = sch.get_event().await.unwrap();
+            assert_eq!(e.event, EventType::ConnectRequest);
+            e.id.create_qp(&ps, &attr(&cq_s)).unwrap();
+            e.id.accept(&ConnParam::default(), b"hi").unwrap();
+            assert_eq!(sch.get_event().await.unwrap().event, EventType::Established);
+            assert_eq!(sch.get_event().await.unwrap().event, EventType::Disconnected);
+        };
+        let connect = async {
+            let id = cch.channel().create_id(PortSpace::Tcp);
+            id.resolve_addr(None, "127.0.0.2:7492".parse().unwrap()).unwrap();
+            assert_eq!(cch.get_event().await.unwrap().event, EventType::AddrResolved);
+            id.resolve_route().unwrap();
+            assert_eq!(cch.get_event().await.unwrap().event, EventType::RouteResolved);
+            id.create_qp(&pc, &attr(&cq_c)).unwrap();
+            id.connect(&ConnParam::default(), &[]).unwrap();
+            let e = cch.get_event().await.unwrap();
+            assert_eq!((e.event, &e.private_data[..2]), (EventType::Established, &b"hi"[..]));
+            id.disconnect().unwrap();
+            assert_eq!(cch.get_event().await.unwrap().event, EventType::Disconnected);
+        };
+        join2(serve, connect).await;
+    });
+}

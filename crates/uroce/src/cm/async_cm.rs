@@ -55,3 +55,40 @@ impl AsyncCmChannel {
         }
     }
 }
+
+/// An [`EventChannel`](super::EventChannel) whose events are awaited.
+#[derive(Debug)]
+pub struct AsyncEventChannel {
+    chan: super::EventChannel,
+    raw: AsyncCmChannel,
+}
+
+impl AsyncEventChannel {
+    /// Wraps `chan` (made non-blocking). Must be called within a tokio
+    /// runtime with I/O enabled.
+    ///
+    /// # Errors
+    /// I/O errors registering the descriptor.
+    pub fn new(chan: super::EventChannel) -> Result<Self> {
+        let raw = AsyncCmChannel::new(chan.raw().clone()).map_err(Error::Io)?;
+        Ok(Self { chan, raw })
+    }
+
+    /// The channel, to create ids on.
+    pub fn channel(&self) -> &super::EventChannel {
+        &self.chan
+    }
+
+    /// The next event.
+    ///
+    /// # Errors
+    /// An I/O error from the reactor or the descriptor.
+    pub async fn get_event(&self) -> Result<super::Event> {
+        loop {
+            let raw = self.raw.next().await?;
+            if let Some(e) = self.chan.translate(raw) {
+                return Ok(e);
+            }
+        }
+    }
+}

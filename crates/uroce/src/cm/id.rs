@@ -309,6 +309,12 @@ impl EventChannel {
         self.shared.ch.set_nonblocking(on).map_err(Error::Io)
     }
 
+    /// The raw channel underneath.
+    #[cfg(feature = "tokio")]
+    pub(super) fn raw(&self) -> &CmChannel {
+        &self.shared.ch
+    }
+
     fn reg(&self) -> MutexGuard<'_, Registry> {
         self.shared.reg.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -347,7 +353,7 @@ impl EventChannel {
 
     /// The application's event for a raw one; `None` for one of an id
     /// that is gone, or a request refused before it reaches anyone.
-    fn translate(&self, raw: CmChannelEvent) -> Option<Event> {
+    pub(super) fn translate(&self, raw: CmChannelEvent) -> Option<Event> {
         match raw {
             CmChannelEvent::User(_) => {
                 let l = self.reg().local.pop_front()?;

@@ -1,22 +1,25 @@
-//! Connecting RC QPs through the connection manager on QP1, the way
-//! librdmacm's users connect: one side listens on a port, the other
-//! connects to the peer's address and port, and both get back a QP in RTS
-//! joined to the other's, with up to 92 (request) or 196 (reply) bytes of
-//! private data exchanged on the way. On the wire it is the IBTA CM as
-//! Linux speaks it (REQ, REP, RTU; DREQ, DREP), with the RDMA CM's
-//! service IDs for the TCP port space and its private-data header, so the
-//! peer can be another uroce process or, once the RDMA CM layer is
-//! complete, a kernel rxe host.
+//! The RDMA connection manager: connecting QPs through the CM on QP1, the
+//! way librdmacm's users connect. On the wire it is the IBTA CM as Linux
+//! speaks it (REQ, REP, RTU; DREQ, DREP; SIDR for UD), with the RDMA CM's
+//! service IDs per port space and its private-data header, so the peer
+//! can be another uroce process, a librdmacm program on uroce's drop-in
+//! library, or a kernel rxe host. The protocol is
+//! `uroce_transport::cm::CmAgent`; this module is its API, in three
+//! layers:
 //!
-//! The protocol is `uroce_transport::cm::CmAgent`; this module moves the
-//! QP at each step and waits for the peer. The waits poll the context
-//! (connection setup is not a hot path).
+//! - [`EventChannel`] and [`CmId`]: librdmacm's model (`rdma_cm_id`) in
+//!   Rust: bind, resolve, listen, connect, accept, reject, disconnect, UD
+//!   ids and multicast, every outcome an [`Event`] on the channel (with
+//!   `tokio`: `AsyncEventChannel`);
+//! - [`Context::cm_listen`] / [`CmListener::accept`] and
+//!   [`Context::cm_connect`], blocking calls that hand back a connected
+//!   QP, as `TcpListener`/`TcpStream` do (with `tokio`: their futures);
+//! - [`CmChannel`] and `Context::cm_*`: connections whose raw agent events
+//!   go to a channel, the QP moves left to the caller (what librdmacm and
+//!   the ids above are built on).
 //!
-//! Below the listener and connect calls sits the layer librdmacm is built
-//! on ([`CmChannel`], `Context::cm_*`): connections whose events go to an
-//! event channel with a descriptor, the QP moves left to the caller.
-//!
-//! Not yet: UD (SIDR), multicast join, MRA, ECE (issue 14).
+//! The blocking calls' waits poll the context (connection setup is not a
+//! hot path).
 
 mod id;
 pub mod ports;
@@ -439,7 +442,7 @@ pub fn default_response_timeout() -> Duration {
 #[allow(unsafe_code)]
 mod async_cm;
 #[cfg(feature = "tokio")]
-pub use async_cm::AsyncCmChannel;
+pub use async_cm::{AsyncCmChannel, AsyncEventChannel};
 
 pub use crate::driver::CmChannelEvent;
 pub use uroce_transport::cm::{
