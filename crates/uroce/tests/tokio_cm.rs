@@ -40,16 +40,20 @@ async fn join2<A: Future, B: Future>(a: A, b: B) -> (A::Output, B::Output) {
     .await
 }
 
-#[test]
-fn listen_and_connect_are_awaited() {
-    // A hang fails the test instead of the suite.
+/// A current-thread runtime; a hang fails the test instead of the suite.
+fn runtime() -> tokio::runtime::Runtime {
     std::thread::spawn(|| {
         std::thread::sleep(Duration::from_secs(60));
         eprintln!("tokio_cm: no progress in 60 s");
         std::process::exit(1);
     });
+    tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap()
+}
+
+#[test]
+fn listen_and_connect_are_awaited() {
     let port = uroce::testing::free_port();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let server = uroce::testing::open("127.0.0.2", port);
         let client = uroce::testing::open("127.0.0.1", port);
@@ -125,13 +129,8 @@ fn listen_and_connect_are_awaited() {
 #[test]
 fn cm_id_events_are_awaited() {
     use uroce::cm::{AsyncEventChannel, ConnParam, EventChannel, EventType, PortSpace};
-    std::thread::spawn(|| {
-        std::thread::sleep(Duration::from_secs(60));
-        eprintln!("tokio_cm: no progress in 60 s");
-        std::process::exit(1);
-    });
     let port = uroce::testing::free_port();
-    let rt = tokio::runtime::Builder::new_current_thread().enable_io().build().unwrap();
+    let rt = runtime();
     rt.block_on(async {
         let server = uroce::testing::open("127.0.0.2", port);
         let client = uroce::testing::open("127.0.0.1", port);

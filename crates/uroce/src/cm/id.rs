@@ -29,24 +29,17 @@ use uroce_transport::cm::{CmEvent as AgentEvent, Ece, QpOffer};
 use uroce_wire::cm::{CmaHeader, port_space, rdma_cm_service_id};
 
 use super::ports::{self, BindOptions};
-use super::{CmChannel, CmChannelEvent, psn_for};
+use super::{ACCESS as RC_ACCESS, CmChannel, CmChannelEvent, psn_for};
 use crate::context::Context;
 use crate::device::Device;
 use crate::error::{Error, Result};
 use crate::verbs::{Pd, Qp, QpInitAttr};
-use crate::{Access, AhAttr, AttrMask, Mtu, Path, Psn, QpAttr, QpState, QpType};
+use crate::{AhAttr, AttrMask, Mtu, Path, Psn, QpAttr, QpState, QpType};
 
 /// The Q_Key of the RDMA CM's UDP port space (and its multicast groups).
 pub const UDP_QKEY: u32 = 0x0123_4567;
 /// The multicast QPN an address vector to a group names.
 const MULTICAST_QPN: u32 = 0xff_ffff;
-/// The rights of an RC id's QP (everything remote, as rdma_cm grants).
-const RC_ACCESS: Access = Access(
-    Access::LOCAL_WRITE.0
-        | Access::REMOTE_WRITE.0
-        | Access::REMOTE_READ.0
-        | Access::REMOTE_ATOMIC.0,
-);
 /// Local ACK Timeout (4.096 µs × 2^14 ≈ 67 ms) unless the id sets one.
 const ACK_TIMEOUT: u8 = 14;
 /// The CM's response timeout (2^20 × 4.096 µs ≈ 4.3 s) and retries, as
