@@ -377,16 +377,16 @@ fn rdmacm_utils_connect_through_the_cm() {
     assert!(p.client_has("RDMA_CM_EVENT_REJECTED, error 8"), "{p}");
     // No uroce device at all at the server's address (nothing bound to
     // its port: say, its process died): each REQ's ICMP port unreachable
-    // brings the next try forward, and the connect ends as a host's
-    // kernel CM with nobody listening would end it (REJECTED, 8) in
-    // seconds, not after a minute of REQ retries.
+    // brings the next try forward, and the connect ends as one to a host
+    // without a CM ends (UNREACHABLE, -ETIMEDOUT), in seconds, not after
+    // a minute of REQ retries.
     let udp = uroce::testing::free_port();
     let ps = tcp_port().to_string();
     let started = Instant::now();
     let cli = rping_client(&ps, udp);
     let (out, timed_out) = finish(cli, started + Duration::from_secs(30));
     assert!(!timed_out && !out.status.success(), "{}", text(&out));
-    assert!(text(&out).contains("RDMA_CM_EVENT_REJECTED, error 8"), "{}", text(&out));
+    assert!(text(&out).contains("RDMA_CM_EVENT_UNREACHABLE, error -110"), "{}", text(&out));
     assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
     // An address no uroce device reaches (IPv6, the devices are IPv4):
     // address resolution ends in ADDR_ERROR, -ENODEV, as the kernel's CM

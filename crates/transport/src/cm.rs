@@ -927,10 +927,10 @@ impl CmAgent {
     /// request is sent again soon (`GONE_RETRY`, not its response
     /// timeout: a server process may be about to open the port, as
     /// qperf's server does for each test) and, once its retries are
-    /// spent, ends in a few seconds instead of about a minute: a REQ
-    /// refused for an invalid service ID (what a host's kernel CM answers
-    /// when nobody listens), a SIDR request as unreachable. An unanswered
-    /// REP ends as unreachable and a DREQ as done at once.
+    /// spent, ends as unreachable in a few seconds instead of about a
+    /// minute (what a REQ to a host without a CM ends in, sooner: no CM
+    /// refused it, so it is not a REJ). An unanswered REP ends as
+    /// unreachable too, and a DREQ as done at once.
     pub fn peer_gone(&mut self, now: Instant, peer: IpAddr) {
         self.last_now = self.last_now.max(now);
         let ids: Vec<u32> =
@@ -944,15 +944,7 @@ impl CmAgent {
                 continue;
             }
             match state {
-                State::ReqSent => {
-                    self.conns.remove(&id);
-                    self.events.push_back(CmEvent::Rejected {
-                        id,
-                        reason: rej_reason::INVALID_SERVICE_ID,
-                        private_data: Box::new([0; 148]),
-                    });
-                }
-                State::SidrReqSent | State::RepSent => {
+                State::ReqSent | State::SidrReqSent | State::RepSent => {
                     self.conns.remove(&id);
                     self.events.push_back(CmEvent::Unreachable { id });
                 }
