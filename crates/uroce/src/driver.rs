@@ -235,7 +235,9 @@ impl Driver {
                         let _ = cm.agent.reject(id, &[]);
                         cm.detached.remove(&id);
                     }
-                    CmEvent::Rejected { id, .. } | CmEvent::Unreachable { id } => {
+                    CmEvent::Rejected { id, .. }
+                    | CmEvent::Unreachable { id }
+                    | CmEvent::SidrReply { id, .. } => {
                         cm.detached.remove(&id);
                     }
                     _ => {}

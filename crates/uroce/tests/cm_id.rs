@@ -172,6 +172,21 @@ fn the_applications_own_qp_moves_by_init_qp_attr() {
     let mut got = [0u8; 13];
     smr.read(0, &mut got).unwrap();
     assert_eq!(&got, b"moved by hand");
+    // And back: the server moved its QP to RTS before it accepted, so
+    // its first PSN is the one its REP named.
+    let back = pd.alloc_mr(64, Access::LOCAL_WRITE | Access::REMOTE_WRITE).unwrap();
+    sqp.post_send(&[SendWr {
+        wr_id: 4,
+        opcode: uroce::WrOpcode::RdmaWrite,
+        sgl: &[smr.sge(0, 13).unwrap()],
+        remote_addr: back.addr(),
+        rkey: back.rkey(),
+        ..SendWr::default()
+    }])
+    .unwrap();
+    assert_eq!(uroce::testing::wait_completion(&scq).status, WcStatus::Success);
+    back.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"moved by hand");
 }
 
 #[test]
@@ -206,6 +221,14 @@ fn refusals_come_as_rejected_events() {
     expect(&ch, EventType::Rejected);
 
     // Bad calls are refused at once.
+    let (ch2, id2) = resolved(&client, PortSpace::Tcp, 7100);
+    id2.create_qp(&pd, &init(&cq, QpType::Rc)).unwrap();
+    id2.connect(&ConnParam::default(), &[]).unwrap();
+    let req = expect(&sch, EventType::ConnectRequest);
+    assert!(matches!(req.id.reject(&[0; 149]), Err(Error::InvalidArgument(_))));
+    assert!(matches!(req.id.disconnect(), Err(Error::InvalidArgument(_))), "never connected");
+    req.id.reject(&[]).unwrap();
+    expect(&ch2, EventType::Rejected);
     let fresh = ch.create_id(PortSpace::Tcp);
     assert!(matches!(fresh.connect(&ConnParam::default(), &[]), Err(Error::InvalidArgument(_))));
     assert!(matches!(fresh.listen(), Err(Error::InvalidArgument(_))));
@@ -297,6 +320,11 @@ fn multicast_joins_complete_at_once_and_attach_the_qp() {
     id.join_multicast(group, true).unwrap();
     expect(&ch, EventType::MulticastJoin);
     assert!(qp.detach_mcast(group).is_err(), "send-only");
+    // Destroying the id's QP detaches what the join attached.
+    id.join_multicast("239.1.2.4".parse().unwrap(), false).unwrap();
+    expect(&ch, EventType::MulticastJoin);
+    id.destroy_qp();
+    assert!(qp.detach_mcast("239.1.2.4".parse().unwrap()).is_err(), "detached with the QP");
 }
 
 #[test]

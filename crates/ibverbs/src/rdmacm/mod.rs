@@ -1139,7 +1139,6 @@ unsafe extern "C" fn rdma_accept_start(id: *mut rdma_cm_id, param: *mut rdma_con
             // SAFETY: the id's live QP.
             unsafe { (*c.qp).qp_num }
         };
-        st.my_psn = uroce::cm::starting_psn(qpn);
         st.param = cp;
         if !c.qp.is_null() {
             let r = connect_qp(b, &st);
@@ -1601,6 +1600,10 @@ fn connect_request(
         rnr_retry: req.rnr_retry_count,
         path_mtu: req.path_mtu,
     });
+    // Our starting PSN is chosen now, as the kernel chooses it with the
+    // id: an application that moves its own QP to RTS (init_qp_attr)
+    // before rdma_accept sends from the PSN the REP will name.
+    st.my_psn = uroce::cm::starting_psn(cm ^ req.local_qpn);
     st.req = Some(req);
     st.conn = Some((ctx, cm));
     with_registry(|r| r.conns.insert((key, cm), id as usize));

@@ -89,6 +89,20 @@ pub struct ConnParam {
     pub qp_num: u32,
 }
 
+impl ConnParam {
+    /// With 255 (`RDMA_MAX_RESP_RES`, `RDMA_MAX_INIT_DEPTH`) as the
+    /// device's most, as librdmacm reads it.
+    fn resolved(&self) -> Self {
+        let most = crate::limits::MAX_QP_RD_ATOM.min(u32::from(u8::MAX - 1)) as u8;
+        let pick = |v: u8| if v == u8::MAX { most } else { v };
+        Self {
+            responder_resources: pick(self.responder_resources),
+            initiator_depth: pick(self.initiator_depth),
+            ..*self
+        }
+    }
+}
+
 impl Default for ConnParam {
     fn default() -> Self {
         Self {
@@ -181,7 +195,9 @@ impl Event {
 
 /// An event channel (`rdma_event_channel`): the events of its ids, behind
 /// a descriptor that is readable while events wait. The devices' progress
-/// threads fill it.
+/// threads fill it. Read it from one thread at a time: a request's new id
+/// is registered as its event is read, so a second reader could take that
+/// connection's next event before the id exists.
 #[derive(Clone)]
 pub struct EventChannel {
     shared: Arc<Shared>,
@@ -393,7 +409,12 @@ impl EventChannel {
             refuse(&ctx);
             return None;
         };
-        let index = listener.lock().listening.iter().find(|l| l.ctx.key() == key)?.index;
+        let Some(index) =
+            listener.lock().listening.iter().find(|l| l.ctx.key() == key).map(|l| l.index)
+        else {
+            refuse(&ctx);
+            return None;
+        };
         let port = listener.lock().local.map_or(0, |l| l.port());
         let id = self.create_id(listener.0.ps);
         {
@@ -403,6 +424,10 @@ impl EventChannel {
             st.remote = Some(SocketAddr::new(from, hdr.src_port));
             st.conn = Some(cm);
             st.opts = listener.lock().opts;
+            // Chosen now, as the kernel chooses it with the id: a QP moved
+            // to RTS (init_qp_attr) before `accept` sends from the PSN the
+            // REP names.
+            st.my_psn = psn_for(cm ^ qpn_of(&req));
         }
         self.reg().conns.insert((key, cm), Arc::downgrade(&id.0));
         let mut ev = Event::new(id.clone(), EventType::ConnectRequest, 0);
@@ -427,6 +452,7 @@ impl EventChannel {
                     responder_resources: req.responder_resources,
                     initiator_depth: req.initiator_depth,
                     rnr_retry: req.rnr_retry_count,
+                    retry: Some(req.retry_count),
                     path_mtu: req.path_mtu,
                 });
             }
@@ -444,6 +470,14 @@ impl AsFd for EventChannel {
 impl AsRawFd for EventChannel {
     fn as_raw_fd(&self) -> RawFd {
         self.shared.ch.as_raw_fd()
+    }
+}
+
+/// The requester's QP number in a request (0 for SIDR).
+fn qpn_of(req: &Request) -> u32 {
+    match req {
+        Request::Rc(r) => r.local_qpn,
+        Request::Ud(_) => 0,
     }
 }
 
@@ -503,6 +537,8 @@ struct IdState {
     param: ConnParam,
     opts: IdOptions,
     groups: Vec<Group>,
+    /// The connection was established (a disconnect means something).
+    connected: bool,
 }
 
 struct Listen {
@@ -526,6 +562,8 @@ struct Peer {
     responder_resources: u8,
     initiator_depth: u8,
     rnr_retry: u8,
+    /// The requester's transport retries (a passive QP uses them).
+    retry: Option<u8>,
     path_mtu: u8,
 }
 
@@ -677,7 +715,8 @@ impl CmId {
     /// fails.
     pub fn resolve_addr(&self, src: Option<SocketAddr>, dst: SocketAddr) -> Result<()> {
         let mut st = self.lock();
-        let src = src.or(st.local);
+        // Once bound, the bound address is the source (as the kernel's).
+        let src = st.local.or(src);
         let addrs = self.0.chan.addresses();
         let Some(index) = ports::device_for(&addrs, src.map(|s| s.ip()), dst.ip()) else {
             drop(st);
@@ -749,14 +788,20 @@ impl CmId {
         };
         let mut reg = self.0.chan.reg();
         for index in chosen {
-            let ctx = self.0.chan.context(index)?;
-            if let Err(e) = ctx.cm_listen_on(sid, &self.0.chan.shared.ch) {
-                for l in st.listening.drain(..) {
-                    l.ctx.cm_unlisten(l.sid);
-                    reg.listens.remove(&(l.ctx.key(), l.sid));
+            let r = self.0.chan.context(index).and_then(|ctx| {
+                ctx.cm_listen_on(sid, &self.0.chan.shared.ch)?;
+                Ok(ctx)
+            });
+            let ctx = match r {
+                Ok(ctx) => ctx,
+                Err(e) => {
+                    for l in st.listening.drain(..) {
+                        l.ctx.cm_unlisten(l.sid);
+                        reg.listens.remove(&(l.ctx.key(), l.sid));
+                    }
+                    return Err(e);
                 }
-                return Err(e);
-            }
+            };
             reg.listens.insert((ctx.key(), sid), Arc::downgrade(&self.0));
             st.listening.push(Listen { index, ctx, sid });
         }
@@ -804,10 +849,12 @@ impl CmId {
     /// caller's handles go too.
     pub fn destroy_qp(&self) {
         let mut st = self.lock();
-        st.qp = None;
-        for g in &mut st.groups {
-            g.attached = false;
+        let groups = std::mem::take(&mut st.groups);
+        for g in &groups {
+            st.detach(g);
         }
+        st.groups = groups.into_iter().map(|g| Group { attached: false, ..g }).collect();
+        st.qp = None;
     }
 
     /// The attributes that move a QP of this id to `state`
@@ -879,7 +926,8 @@ impl CmId {
         let (qpn, srq) =
             st.qp.as_ref().map_or((param.qp_num, param.srq), |q| (q.qpn(), q.uses_srq()));
         st.my_psn = psn_for(qpn);
-        st.param = *param;
+        let param = param.resolved();
+        st.param = param;
         let mut pd = [0u8; 92];
         hdr.emit(&mut pd);
         pd[CmaHeader::LEN..][..private_data.len()].copy_from_slice(private_data);
@@ -929,6 +977,9 @@ impl CmId {
         };
         let qpn = st.qp.as_ref().map_or(param.qp_num, |q| q.qpn());
         if self.0.ps == PortSpace::Udp {
+            if private_data.len() > 136 {
+                return Err(Error::InvalidArgument("SIDR reply private data is at most 136 bytes"));
+            }
             let r = ctx.cm_sidr_reply(cm, 0, qpn, UDP_QKEY, private_data);
             self.0.chan.reg().conns.remove(&(ctx.key(), cm));
             st.conn = None;
@@ -940,8 +991,7 @@ impl CmId {
         let Some(peer) = st.peer else {
             return Err(Error::InvalidArgument("the id has no request to accept"));
         };
-        st.my_psn = psn_for(qpn);
-        st.param = *param;
+        st.param = param.resolved();
         if let Some(qp) = st.qp.clone()
             && let Err(e) = st.move_qp(&qp)
         {
@@ -952,8 +1002,8 @@ impl CmId {
         let offer = QpOffer {
             qpn,
             starting_psn: st.my_psn,
-            responder_resources: param.responder_resources.min(peer.initiator_depth),
-            initiator_depth: param.initiator_depth.min(peer.responder_resources),
+            responder_resources: st.param.responder_resources.min(peer.initiator_depth),
+            initiator_depth: st.param.initiator_depth.min(peer.responder_resources),
             rnr_retry_count: param.rnr_retry_count.min(7),
             srq,
             ece: Ece::default(),
@@ -972,11 +1022,18 @@ impl CmId {
         let (Some(cm), Some((_, ctx))) = (st.conn, st.dev.clone()) else {
             return Err(Error::InvalidArgument("the id has no request to reject"));
         };
-        if self.0.ps == PortSpace::Udp {
+        if private_data.len() > 148 {
+            return Err(Error::InvalidArgument("REJ private data is at most 148 bytes"));
+        }
+        let r = if self.0.ps == PortSpace::Udp {
             ctx.cm_sidr_reply(cm, 2, 0, 0, private_data)
         } else {
             ctx.cm_reject(cm, private_data)
+        };
+        if r.is_ok() {
+            self.0.chan.reg().conns.remove(&(ctx.key(), cm));
         }
+        r
     }
 
     /// Sends the RTU after a `ConnectResponse` (`rdma_establish`), the
@@ -1000,7 +1057,7 @@ impl CmId {
     /// [`Error::InvalidArgument`] for an id never connected.
     pub fn disconnect(&self) -> Result<()> {
         let st = self.lock();
-        let (Some(cm), Some((_, ctx))) = (st.conn, st.dev.clone()) else {
+        let (Some(cm), Some((_, ctx)), true) = (st.conn, st.dev.clone(), st.connected) else {
             return Err(Error::InvalidArgument("the id is not connected"));
         };
         if let Some(qp) = &st.qp {
@@ -1109,8 +1166,10 @@ impl CmId {
                     responder_resources: rep.responder_resources,
                     initiator_depth: rep.initiator_depth,
                     rnr_retry: rep.rnr_retry_count,
+                    retry: None,
                     path_mtu: if remote.is_loopback() { 5 } else { 3 },
                 });
+                st.connected = true;
                 let (kind, status) = match st.qp.clone() {
                     None => (EventType::ConnectResponse, 0),
                     Some(qp) => match st.move_qp(&qp).and_then(|()| ctx.cm_establish(cm)) {
@@ -1133,8 +1192,12 @@ impl CmId {
                 ev.private_data = rep.private_data.to_vec();
                 ev
             }
-            AgentEvent::Established { .. } => Event::new(me, EventType::Established, 0),
-            AgentEvent::Rejected { reason, private_data, .. } => {
+            AgentEvent::Established { .. } => {
+                st.connected = true;
+                Event::new(me, EventType::Established, 0)
+            }
+            AgentEvent::Rejected { id: cm, reason, private_data } => {
+                self.0.chan.reg().conns.remove(&(key, cm));
                 let mut ev = Event::new(me, EventType::Rejected, i32::from(reason));
                 ev.private_data = private_data.to_vec();
                 ev
@@ -1156,7 +1219,8 @@ impl CmId {
                 ev.private_data = rep.private_data.to_vec();
                 ev
             }
-            AgentEvent::Unreachable { .. } => {
+            AgentEvent::Unreachable { id: cm } => {
+                self.0.chan.reg().conns.remove(&(key, cm));
                 Event::new(me, EventType::Unreachable, -libc::ETIMEDOUT)
             }
             AgentEvent::DisconnectRequest { .. } | AgentEvent::Disconnected { .. } => {
@@ -1219,7 +1283,7 @@ impl IdState {
             a.sq_psn = Psn::new(self.my_psn);
             a.timeout =
                 crate::LocalAckTimeout::saturating(self.opts.ack_timeout.unwrap_or(ACK_TIMEOUT));
-            a.retry_cnt = self.param.retry_count.min(7);
+            a.retry_cnt = peer.retry.unwrap_or(self.param.retry_count).min(7);
             a.rnr_retry = peer.rnr_retry.min(7);
             a.max_rd_atomic = self.param.initiator_depth.min(peer.responder_resources).max(1);
             let mask = AttrMask::STATE
@@ -1256,7 +1320,12 @@ impl Drop for IdInner {
     fn drop(&mut self) {
         let st = self.st.get_mut().unwrap_or_else(|e| e.into_inner());
         let mut reg = self.chan.reg();
-        if let (Some(cm), Some((_, ctx))) = (st.conn.take(), &st.dev) {
+        // Only a connection the agent still knows (its events still
+        // registered) is ended and detached.
+        let known = |ctx: &Context, cm: u32| reg.conns.contains_key(&(ctx.key(), cm));
+        if let (Some(cm), Some((_, ctx))) = (st.conn.take(), &st.dev)
+            && known(ctx, cm)
+        {
             // Connected: a DREQ; a request not yet answered: a REJ (as
             // rdma-core's destroy does), so the peer is not left waiting.
             if ctx.cm_disconnect(cm).is_err() && ctx.cm_reject(cm, &[]).is_err() {

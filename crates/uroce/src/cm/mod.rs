@@ -614,6 +614,10 @@ impl Context {
             .agent
             .reject_for(id, reason, private_data)
             .map_err(|_| Error::InvalidArgument("no connection request to reject"));
+        if r.is_ok() {
+            // The agent forgets a refused request: so does its route.
+            d.cm().routes.remove(&id);
+        }
         d.send_cm_now();
         r
     }
