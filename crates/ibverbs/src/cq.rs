@@ -172,8 +172,21 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     })
 }
 
-pub(crate) unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, _cqe: c_int) -> c_int {
-    guard(libc::EIO, || if live_cq(cq).is_some() { libc::EOPNOTSUPP } else { libc::EINVAL })
+/// `ibv_resize_cq`: grows or shrinks the CQ with completions waiting
+/// (they stay); EINVAL for fewer entries than wait, as rxe. `cq->cqe`
+/// becomes the new size.
+pub(crate) unsafe extern "C" fn ibv_resize_cq(cq: *mut ibv_cq, cqe: c_int) -> c_int {
+    guard(libc::EIO, || {
+        let Some(b) = live_cq(cq) else { return libc::EINVAL };
+        let Ok(n) = u32::try_from(cqe) else { return libc::EINVAL };
+        if let Err(e) = b.inner.resize(n) {
+            return e.errno();
+        }
+        // SAFETY: a live CQ's public struct; the application reads it only
+        // between calls (the verbs contract).
+        unsafe { (*b.cq.get()).cq.cqe = b.inner.cqe() as c_int };
+        0
+    })
 }
 
 pub(crate) unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {

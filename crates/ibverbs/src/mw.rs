@@ -4,13 +4,14 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::c_int;
+use std::sync::atomic::Ordering;
 
 use uroce::{Access, MwBind, MwType};
 
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, null_errno};
 use crate::objects::live_pd;
-use crate::objects::{MrBox, MwBox, QpBox, from_c, hold, into_c, obj, release};
+use crate::objects::{MrBox, MwBox, QpBox, from_c, hold, into_c, lock, obj, release};
 
 /// `ops.alloc_mw`.
 pub(crate) unsafe extern "C" fn alloc_mw(pd: *mut ibv_pd, ty: c_int) -> *mut ibv_mw {
@@ -58,12 +59,13 @@ fn bind_parts<'a>(
     }
     // SAFETY: both live objects of ours (checked just above).
     let (w, r) = unsafe { (&*mw.cast::<MwBox>(), &*info.mr.cast::<MrBox>()) };
-    if !std::ptr::eq(w.pd, r.pd) {
+    if !std::ptr::eq(w.pd, r.pd.load(Ordering::Acquire)) {
         return Err(libc::EPERM);
     }
-    let offset = info.addr.checked_sub(r.inner.addr()).ok_or(libc::EINVAL)?;
+    let m = lock(&r.inner);
+    let offset = info.addr.checked_sub(m.addr()).ok_or(libc::EINVAL)?;
     let end = offset.checked_add(info.length).ok_or(libc::EINVAL)?;
-    if end > r.inner.len() as u64 {
+    if end > m.len() as u64 {
         return Err(libc::EINVAL);
     }
     Ok((w, r, offset as usize))
@@ -93,7 +95,8 @@ pub(crate) unsafe extern "C" fn bind_mw(
         };
         let access = Access(b.bind_info.mw_access_flags);
         let len = b.bind_info.length as usize;
-        match q.inner.bind_mw(&w.inner, &r.inner, offset, len, access, b.wr_id) {
+        let mr = lock(&r.inner);
+        match q.inner.bind_mw(&w.inner, &mr, offset, len, access, b.wr_id) {
             Ok(rkey) => {
                 // SAFETY: a live window; rkey is ours to update.
                 unsafe { (*w.mw.get()).rkey = rkey };
@@ -115,7 +118,7 @@ pub(crate) fn type2_bind(
     let bind = MwBind {
         mw_rkey: w.inner.rkey(),
         new_rkey,
-        mr_lkey: r.inner.lkey(),
+        mr_lkey: lock(&r.inner).lkey(),
         addr: info.addr,
         length: info.length,
         access: Access(info.mw_access_flags),

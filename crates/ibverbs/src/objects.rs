@@ -14,7 +14,7 @@
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 
 use crate::abi::*;
@@ -80,12 +80,20 @@ pub(crate) struct PdBox {
     pub(crate) users: AtomicU32,
 }
 
+/// Locks `m`, recovering from a panic elsewhere (no panic crosses into C,
+/// and each holder leaves the value consistent).
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    m.lock().unwrap_or_else(|e| e.into_inner())
+}
+
 /// An `ibv_mr`.
 #[repr(C)]
 pub(crate) struct MrBox {
     pub(crate) mr: UnsafeCell<ibv_mr>,
-    pub(crate) inner: uroce::Mr,
-    pub(crate) pd: *const PdBox,
+    /// Locked only to change it (`ibv_rereg_mr`) or read it.
+    pub(crate) inner: Mutex<uroce::Mr>,
+    /// Its PD (changed by `ibv_rereg_mr`).
+    pub(crate) pd: AtomicPtr<PdBox>,
 }
 
 /// An `ibv_mw`.

@@ -2,12 +2,13 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
-use std::sync::atomic::AtomicU32;
+use std::sync::Mutex;
+use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 
 use crate::abi::consts::*;
 use crate::abi::*;
-use crate::ffi::{Kind, guard, null_errno, set_errno};
-use crate::objects::{MrBox, PdBox, from_c, hold, in_use, into_c, release};
+use crate::ffi::{Kind, guard, is_live, null_errno, set_errno};
+use crate::objects::{MrBox, PdBox, from_c, hold, in_use, into_c, lock, release};
 use crate::objects::{live_ctx, live_pd};
 
 pub(crate) unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
@@ -84,7 +85,8 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int)
         rkey: mr.rkey(),
     };
     hold(&p.users);
-    let b = into_c(MrBox { mr: UnsafeCell::new(c), inner: mr, pd: p }, Kind::Mr);
+    let pd_box = AtomicPtr::new(std::ptr::from_ref(p).cast_mut());
+    let b = into_c(MrBox { mr: UnsafeCell::new(c), inner: Mutex::new(mr), pd: pd_box }, Kind::Mr);
     b.cast()
 }
 
@@ -129,18 +131,104 @@ pub(crate) unsafe extern "C" fn ibv_reg_dmabuf_mr(
     null_errno(libc::EOPNOTSUPP)
 }
 
-/// `ibv_rereg_mr`: not supported; returns `IBV_REREG_MR_ERR_CMD` with
-/// `errno = EOPNOTSUPP` and leaves the region as it was.
+/// `enum ibv_rereg_mr_flags`.
+const REREG_TRANSLATION: c_int = 1;
+const REREG_PD: c_int = 2;
+const REREG_ACCESS: c_int = 4;
+/// `IBV_REREG_MR_ERR_INPUT` and `IBV_REREG_MR_ERR_CMD`.
+const REREG_ERR_INPUT: c_int = -1;
+const REREG_ERR_CMD: c_int = -4;
+
+/// `ibv_rereg_mr`: a new translation (`addr`, `length`; the IOVA is the
+/// address), PD or rights for a region, as libibverbs checks its input
+/// (`IBV_REREG_MR_ERR_INPUT`) and the kernel the command
+/// (`IBV_REREG_MR_ERR_CMD`, errno set). The region gets new keys, written
+/// to `mr->lkey`/`rkey`; on failure it stays as it was.
 pub(crate) unsafe extern "C" fn ibv_rereg_mr(
-    _mr: *mut ibv_mr,
-    _flags: c_int,
-    _pd: *mut ibv_pd,
-    _addr: *mut c_void,
-    _length: usize,
-    _access: c_int,
+    mr: *mut ibv_mr,
+    flags: c_int,
+    pd: *mut ibv_pd,
+    addr: *mut c_void,
+    length: usize,
+    access: c_int,
 ) -> c_int {
-    set_errno(libc::EOPNOTSUPP);
-    -4
+    guard(REREG_ERR_CMD, || {
+        let input = |e| {
+            set_errno(e);
+            REREG_ERR_INPUT
+        };
+        let cmd = |e| {
+            set_errno(e);
+            REREG_ERR_CMD
+        };
+        if !is_live(mr.cast::<MrBox>(), Kind::Mr) {
+            return input(libc::EINVAL);
+        }
+        // SAFETY: a live MR of ours (checked just above).
+        let b = unsafe { &*mr.cast::<MrBox>() };
+        let all = REREG_TRANSLATION | REREG_PD | REREG_ACCESS;
+        if flags & !all != 0
+            || (flags & REREG_TRANSLATION != 0 && (length == 0 || addr.is_null()))
+            || (access != 0 && flags & REREG_ACCESS == 0)
+        {
+            return input(libc::EINVAL);
+        }
+        if flags == 0 {
+            // The kernel refuses a rereg that changes nothing.
+            return cmd(libc::EINVAL);
+        }
+        let new_pd = if flags & REREG_PD != 0 {
+            match live_pd(pd) {
+                // SAFETY: a live PD's and a live MR's public structs.
+                Some(p) if unsafe { (*p.pd.get()).context == (*b.mr.get()).context } => Some(p),
+                _ => return cmd(libc::EINVAL),
+            }
+        } else {
+            None
+        };
+        let rights = if flags & REREG_ACCESS != 0 {
+            match mr_access(access) {
+                Ok(a) => Some(a),
+                Err(e) => return cmd(e),
+            }
+        } else {
+            None
+        };
+        let mut m = lock(&b.inner);
+        let r = if flags & REREG_TRANSLATION != 0 {
+            // SAFETY: the verbs contract: the application keeps the new
+            // range mapped until the region is deregistered or registered
+            // again.
+            unsafe {
+                m.rereg_translation(
+                    new_pd.map(|p| &p.inner),
+                    addr.cast(),
+                    length,
+                    addr as u64,
+                    rights,
+                )
+            }
+        } else {
+            m.rereg(new_pd.map(|p| &p.inner), rights)
+        };
+        if let Err(e) = r {
+            return cmd(e.errno());
+        }
+        // SAFETY: a live MR's public struct, ours to update.
+        let c = unsafe { &mut *b.mr.get() };
+        (c.lkey, c.rkey) = (m.lkey(), m.rkey());
+        if flags & REREG_TRANSLATION != 0 {
+            (c.addr, c.length) = (addr, length);
+        }
+        if let Some(p) = new_pd {
+            hold(&p.users);
+            let old = b.pd.swap(std::ptr::from_ref(p).cast_mut(), Ordering::AcqRel);
+            // SAFETY: an MR holds its PD (use count), so the old one is live.
+            release(unsafe { &(*old).users });
+            c.pd = pd;
+        }
+        0
+    })
 }
 
 pub(crate) unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
@@ -150,7 +238,7 @@ pub(crate) unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
             return libc::EINVAL;
         };
         // SAFETY: an MR holds its PD (use count), so the PD is live.
-        release(unsafe { &(*b.pd).users });
+        release(unsafe { &(*b.pd.load(Ordering::Acquire)).users });
         drop(b);
         0
     })

@@ -66,16 +66,21 @@ pub(crate) unsafe extern "C" fn ibv_modify_srq(
         if attr.is_null() || mask & !(IBV_SRQ_MAX_WR | IBV_SRQ_LIMIT) != 0 {
             return libc::EINVAL;
         }
+        // SAFETY: the caller passes a readable attribute struct.
+        let a = unsafe { *attr };
         if mask & IBV_SRQ_MAX_WR != 0 {
-            // Resizing an SRQ is not supported.
-            return libc::EINVAL;
-        }
-        if mask & IBV_SRQ_LIMIT != 0 {
-            // SAFETY: the caller passes a readable attribute struct.
-            let limit = unsafe { (*attr).srq_limit };
-            if let Err(e) = b.inner.arm_limit(limit) {
+            // A limit set with it is checked against the new size (rxe).
+            if mask & IBV_SRQ_LIMIT != 0 && a.srq_limit > a.max_wr {
+                return libc::EINVAL;
+            }
+            if let Err(e) = b.inner.resize(a.max_wr) {
                 return e.errno();
             }
+        }
+        if mask & IBV_SRQ_LIMIT != 0
+            && let Err(e) = b.inner.arm_limit(a.srq_limit)
+        {
+            return e.errno();
         }
         0
     })

@@ -146,6 +146,26 @@ impl CqRing {
         self.ring.len()
     }
 
+    /// Room for completions.
+    pub fn capacity(&self) -> usize {
+        self.cap
+    }
+
+    /// Resizes the ring to `cap` entries (`ibv_resize_cq`), keeping the
+    /// completions waiting. Returns false, changing nothing, when more
+    /// than `cap` wait.
+    pub fn resize(&mut self, cap: usize) -> bool {
+        if cap < self.ring.len() {
+            return false;
+        }
+        self.cap = cap;
+        self.ring.reserve(cap.saturating_sub(self.ring.len()));
+        if self.ring.capacity() > 2 * cap.max(16) {
+            self.ring.shrink_to(cap);
+        }
+        true
+    }
+
     /// Whether none waits.
     pub fn is_empty(&self) -> bool {
         self.ring.is_empty()

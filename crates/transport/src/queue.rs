@@ -199,6 +199,16 @@ impl RecvQueue {
         &self.sges[s * self.max_sge..s * self.max_sge + n]
     }
 
+    /// A queue of `depth` slots holding this one's WQEs, in order (the
+    /// caller checks that they fit). Allocates: a resize, not a post.
+    pub(crate) fn resized(&self, depth: usize) -> Self {
+        let mut q = Self::new(depth, self.max_sge);
+        for idx in self.tail..self.head {
+            q.push(self.get(idx).wr_id, self.sgl(idx));
+        }
+        q
+    }
+
     pub(crate) fn push(&mut self, wr_id: u64, sgl: &[Sge]) {
         let s = self.slot(self.head);
         let length = sgl.iter().map(|e| u64::from(e.length)).sum();

@@ -63,6 +63,20 @@ impl Srq {
         Ok(())
     }
 
+    /// Resizes the SRQ to `max_wr` WQEs (`ibv_modify_srq` with
+    /// `IBV_SRQ_MAX_WR`), keeping the WQEs posted, in order.
+    ///
+    /// # Errors
+    /// [`PostError::InvalidLength`] (EINVAL) for 0, fewer WQEs than are
+    /// posted, or fewer than the armed limit (as rxe refuses them).
+    pub fn resize(&mut self, max_wr: u32) -> Result<(), PostError> {
+        if max_wr == 0 || (max_wr as usize) < self.rq.len() || max_wr < self.limit {
+            return Err(PostError::InvalidLength);
+        }
+        self.rq = self.rq.resized(max_wr as usize);
+        Ok(())
+    }
+
     /// Posts receive WRs (`ibv_post_srq_recv`).
     ///
     /// # Errors

@@ -80,6 +80,24 @@ impl MemTable {
         self.keys.deregister(key).is_some()
     }
 
+    /// Replaces registration `key` by one changed by `change` (which gets
+    /// the old region's memory, length, address, PD and rights, and may
+    /// set any of them): the old key fails from now on; returns the new
+    /// key, or `None` for an unknown key.
+    ///
+    /// # Safety
+    /// Memory that `change` puts in must stay valid for reads and writes
+    /// until its key is removed.
+    pub(crate) unsafe fn reregister(
+        &mut self,
+        key: u32,
+        change: impl FnOnce(&mut NonNull<u8>, &mut usize, &mut u64, &mut u32, &mut Access),
+    ) -> Option<u32> {
+        let mut r = self.keys.deregister(key)?;
+        change(&mut r.backing.0, &mut r.len, &mut r.addr, &mut r.pd, &mut r.access);
+        Some(self.keys.register(r))
+    }
+
     /// Registrations alive.
     pub(crate) fn len(&self) -> usize {
         self.keys.len()

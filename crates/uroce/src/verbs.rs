@@ -66,7 +66,7 @@ impl Context {
         }
         let id = e.create_cq(cqe as usize, channel.map(|c| c.events.clone()));
         let ring = e.ep.cq(id).expect("just created").clone();
-        let inner = CqInner { ctx: self.inner.clone(), id, cqe, ring, channel: channel.is_some() };
+        let inner = CqInner { ctx: self.inner.clone(), id, ring, channel: channel.is_some() };
         Ok(Cq { inner: Arc::new(inner) })
     }
 }
@@ -268,6 +268,91 @@ impl Pd {
 }
 
 impl Mr {
+    /// Moves the region to `pd` and/or gives it `access` (`ibv_rereg_mr`
+    /// with `IBV_REREG_MR_CHANGE_PD` / `_ACCESS`): the region gets new
+    /// keys, and the old ones fail from now on.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for rights that do not go together or a
+    /// PD of another context.
+    pub fn rereg(&mut self, pd: Option<&Pd>, access: Option<Access>) -> Result<()> {
+        self.rereg_with(pd, None, access)
+    }
+
+    /// [`Mr::rereg`] that also registers another range of memory
+    /// (`IBV_REREG_MR_CHANGE_TRANSLATION`): `len` bytes at `ptr`, named by
+    /// peers at `iova`. An owned region's buffer is freed, its keys
+    /// revoked first.
+    ///
+    /// # Safety
+    /// As [`Pd::register_raw_at`]: `ptr..ptr+len` stays valid for reads
+    /// and writes until this region is dropped or registered again.
+    ///
+    /// # Errors
+    /// As [`Mr::rereg`], and as [`Pd::register_raw_at`] for the range.
+    #[allow(unsafe_code)]
+    pub unsafe fn rereg_translation(
+        &mut self,
+        pd: Option<&Pd>,
+        ptr: *mut u8,
+        len: usize,
+        iova: u64,
+        access: Option<Access>,
+    ) -> Result<()> {
+        let nn = NonNull::new(ptr).ok_or(Error::InvalidArgument("null address"))?;
+        if len == 0 || iova.checked_add(len as u64).is_none() {
+            return Err(Error::InvalidArgument("empty range, or iova + length overflows"));
+        }
+        if len as u64 > limits::MAX_MR_SIZE {
+            return Err(Error::Limit("max_mr_size"));
+        }
+        self.rereg_with(pd, Some((nn, len, iova)), access)?;
+        // The old buffer's keys are revoked: it may go.
+        self._owned = None;
+        Ok(())
+    }
+
+    #[allow(unsafe_code)]
+    fn rereg_with(
+        &mut self,
+        pd: Option<&Pd>,
+        range: Option<(NonNull<u8>, usize, u64)>,
+        access: Option<Access>,
+    ) -> Result<()> {
+        if let Some(a) = access {
+            check_access(a)?;
+        }
+        if pd.is_some_and(|p| !Arc::ptr_eq(&p.ctx, &self.ctx)) {
+            return Err(Error::InvalidArgument("the PD is on another context"));
+        }
+        let mut e = self.ctx.lock();
+        // SAFETY: a new range comes from `rereg_translation`, whose caller
+        // keeps it valid until the key is removed; otherwise the region's
+        // memory stays what it was, under the same guarantee.
+        let key = unsafe {
+            e.mem.reregister(self.key, |ptr, l, addr, p, acc| {
+                if let Some((nn, len, iova)) = range {
+                    (*ptr, *l, *addr) = (nn, len, iova);
+                }
+                if let Some(pd) = pd {
+                    *p = pd.handle;
+                }
+                if let Some(a) = access {
+                    *acc = a;
+                }
+            })
+        }
+        .ok_or(Error::InvalidArgument("the region is not registered"))?;
+        self.key = key;
+        if let Some((_, len, iova)) = range {
+            (self.len, self.addr) = (len, iova);
+        }
+        if let Some(a) = access {
+            self.access = a;
+        }
+        Ok(())
+    }
+
     /// The local key.
     pub fn lkey(&self) -> u32 {
         self.key
@@ -342,7 +427,6 @@ impl Drop for Mr {
 struct CqInner {
     ctx: Arc<Inner>,
     id: u32,
-    cqe: u32,
     /// The ring, shared with the endpoint: polled, armed and acknowledged
     /// without the context's lock.
     ring: uroce_transport::SharedCq,
@@ -365,7 +449,7 @@ pub struct Cq {
 
 impl std::fmt::Debug for Cq {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "Cq({}, {} entries)", self.inner.id, self.inner.cqe)
+        write!(f, "Cq({}, {} entries)", self.inner.id, self.cqe())
     }
 }
 
@@ -377,7 +461,30 @@ impl Cq {
 
     /// Capacity.
     pub fn cqe(&self) -> u32 {
-        self.inner.cqe
+        self.inner.ring.lock().capacity() as u32
+    }
+
+    /// Completions waiting to be polled (not a verbs call: for monitoring
+    /// and tests).
+    pub fn pending(&self) -> usize {
+        self.inner.ring.lock().len()
+    }
+
+    /// Resizes the CQ to `cqe` entries (`ibv_resize_cq`), growing or
+    /// shrinking it with completions waiting; they stay, in order.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0, more than `max_cqe`, or fewer
+    /// entries than completions wait (as rxe refuses them).
+    pub fn resize(&self, cqe: u32) -> Result<()> {
+        if cqe == 0 || cqe > limits::MAX_CQE {
+            return Err(Error::InvalidArgument("cqe out of range"));
+        }
+        if self.inner.ring.lock().resize(cqe as usize) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument("more completions wait than the new size holds"))
+        }
     }
 
     /// Arms the CQ (`ibv_req_notify_cq`): the next completion (with
@@ -774,8 +881,24 @@ impl Srq {
         srq.post_recv(wrs).map_err(|(index, error)| Error::Post { index, error })
     }
 
+    /// Resizes the SRQ to `max_wr` WQEs (`ibv_modify_srq` with
+    /// `IBV_SRQ_MAX_WR`), keeping the WQEs posted.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for 0, more than `max_srq_wr`, fewer
+    /// than are posted, or fewer than the armed limit.
+    pub fn resize(&self, max_wr: u32) -> Result<()> {
+        if max_wr > limits::MAX_SRQ_WR {
+            return Err(Error::InvalidArgument("max_wr above max_srq_wr"));
+        }
+        let mut e = self.inner.ctx.lock();
+        let srq = e.ep.srq_mut(self.inner.id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
+        srq.resize(max_wr)
+            .map_err(|_| Error::InvalidArgument("max_wr below the WQEs posted or the limit"))
+    }
+
     /// Arms the limit event (`ibv_modify_srq` with `IBV_SRQ_LIMIT`); 0
-    /// disarms. Resizing (`IBV_SRQ_MAX_WR`) is not supported.
+    /// disarms.
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for a limit above `max_wr`.

@@ -160,11 +160,53 @@ int main(void)
 	errno = 0;
 	CHECK(!ibv_open_xrcd(ctx, &(struct ibv_xrcd_init_attr){}) && errno == EOPNOTSUPP, "xrcd");
 
+	/* ibv_rereg_mr: libibverbs' input checks (ERR_INPUT), the command's
+	 * (ERR_CMD with errno), then each change: new keys every time. */
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, 8, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
+	      "rereg unknown flag");
+	CHECK(ibv_rereg_mr(mr, 0, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) == IBV_REREG_MR_ERR_INPUT,
+	      "rereg access without its flag");
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, NULL, len, 0) ==
+		      IBV_REREG_MR_ERR_INPUT,
+	      "rereg translation without an address");
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, 0, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_CMD && errno == EINVAL,
+	      "rereg of nothing");
+	errno = 0;
+	CHECK(ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_REMOTE_WRITE) ==
+			      IBV_REREG_MR_ERR_CMD &&
+		      errno == EINVAL,
+	      "rereg to remote write without local write");
+	uint32_t key0 = mr->lkey;
+	CHECK(!ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) &&
+		      mr->lkey != key0 && mr->rkey == mr->lkey,
+	      "rereg access: new keys");
+	char *buf2 = aligned_alloc(4096, len / 2);
+	CHECK(!ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, buf2, len / 2, 0) &&
+		      mr->addr == buf2 && mr->length == len / 2,
+	      "rereg translation");
+	struct ibv_pd *other_pd = ibv_alloc_pd(ctx);
+	REQUIRE(other_pd, "second pd");
+	CHECK(!ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, other_pd, NULL, 0, 0) && mr->pd == other_pd,
+	      "rereg pd");
+	CHECK(ibv_dealloc_pd(other_pd) == EBUSY, "the new PD holds the MR");
+	CHECK(!ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_TRANSLATION |
+					IBV_REREG_MR_CHANGE_ACCESS,
+			    pd, buf, len, access) &&
+		      mr->pd == pd && mr->addr == buf && mr->length == len,
+	      "rereg everything back");
+	CHECK(!ibv_dealloc_pd(other_pd), "the old PD is free again");
+	free(buf2);
+
 	/* CQs: a basic one on a channel, and an extended one. */
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
 	REQUIRE(ch && ch->fd >= 0, "channel");
 	struct ibv_cq *cq = ibv_create_cq(ctx, 64, (void *)0x1234, ch, 0);
 	REQUIRE(cq && cq->cqe >= 64, "cq");
+	CHECK(!ibv_resize_cq(cq, 256) && cq->cqe == 256, "resize cq up");
+	CHECK(!ibv_resize_cq(cq, 64) && cq->cqe == 64, "resize cq down");
+	CHECK(ibv_resize_cq(cq, 0) == EINVAL && cq->cqe == 64, "resize cq to 0");
 	errno = 0;
 	CHECK(!ibv_create_cq(ctx, 0, NULL, NULL, 0) && errno == EINVAL, "cqe 0");
 	errno = 0;

@@ -1,0 +1,191 @@
+//! Resizing and re-registering with work in flight (issue 16's
+//! lifecycles), over UDP between two contexts: a CQ resized with
+//! completions waiting, an SRQ resized with receives posted, a region
+//! re-registered with new rights and new memory while a peer writes it.
+
+use std::net::IpAddr;
+use std::time::{Duration, Instant};
+
+use uroce::{
+    Access, Completion, Context, Cq, Pd, Qp, QpCaps, QpInitAttr, QpType, RecvWr, SendWr, Srq,
+    SrqAttr, WcOpcode, WcStatus, WrOpcode,
+};
+
+const ALL: Access = Access(1 | 2 | 4 | 8);
+
+struct Side {
+    ctx: Context,
+    pd: Pd,
+    cq: Cq,
+}
+
+fn side(addr: &str, port: u16) -> Side {
+    let ctx = uroce::testing::open(addr, port);
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(16).unwrap();
+    Side { ctx, pd, cq }
+}
+
+fn qp(s: &Side, srq: Option<&Srq>) -> Qp {
+    let cap = QpCaps {
+        max_send_wr: 32,
+        max_recv_wr: 32,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    s.pd.create_qp(&QpInitAttr {
+        send_cq: &s.cq,
+        recv_cq: &s.cq,
+        cap,
+        qp_type: QpType::Rc,
+        sq_sig_all: true,
+        srq,
+    })
+    .unwrap()
+}
+
+/// Two sides with one connected QP each (B's on `srq` if given).
+fn pair(srq_b: impl FnOnce(&Side) -> Option<Srq>) -> (Side, Side, Qp, Qp, Option<Srq>) {
+    let port = uroce::testing::free_port();
+    let (a, b) = (side("127.0.0.1", port), side("127.0.0.2", port));
+    let srq = srq_b(&b);
+    let (qa, qb) = (qp(&a, None), qp(&b, srq.as_ref()));
+    let (ia, ib): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    uroce::connect(&qa, ib, port, qb.qpn(), 1, 2, ALL).unwrap();
+    uroce::connect(&qb, ia, port, qa.qpn(), 2, 1, ALL).unwrap();
+    (a, b, qa, qb, srq)
+}
+
+fn poll_n(cq: &Cq, n: usize) -> Vec<Completion> {
+    let mut out = vec![];
+    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 16];
+    let t = Instant::now();
+    while out.len() < n {
+        let k = cq.poll(&mut wc).unwrap();
+        out.extend_from_slice(&wc[..k]);
+        assert!(t.elapsed() < Duration::from_secs(10), "got {} of {n} completions", out.len());
+    }
+    out
+}
+
+fn wait_pending(cq: &Cq, n: usize) {
+    let t = Instant::now();
+    while cq.pending() < n {
+        assert!(t.elapsed() < Duration::from_secs(10), "{} of {n} completions", cq.pending());
+        std::thread::yield_now();
+    }
+}
+
+#[test]
+fn a_cq_resized_with_completions_waiting_keeps_them() {
+    let (a, b, qa, _qb, _) = pair(|_| None);
+    let dst = b.pd.alloc_mr(64, ALL).unwrap();
+    let src = a.pd.alloc_mr(64, ALL).unwrap();
+    let sge = [src.sge(0, 8).unwrap()];
+    let write = |id| SendWr {
+        wr_id: id,
+        opcode: WrOpcode::RdmaWrite,
+        sgl: &sge,
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+        ..SendWr::default()
+    };
+    let wrs: Vec<_> = (0..10).map(write).collect();
+    qa.post_send(&wrs).unwrap();
+    wait_pending(&a.cq, 10);
+    assert!(a.cq.resize(9).is_err(), "fewer entries than completions wait");
+    assert!(a.cq.resize(0).is_err());
+    assert_eq!(a.cq.cqe(), 16, "a refused resize changes nothing");
+    a.cq.resize(10).unwrap();
+    assert_eq!(a.cq.cqe(), 10);
+    // Full: a further completion would overflow. Grow, then add more.
+    a.cq.resize(64).unwrap();
+    let wrs: Vec<_> = (10..40).map(write).collect();
+    qa.post_send(&wrs).unwrap();
+    let got = poll_n(&a.cq, 40);
+    assert!(got.iter().all(|c| c.status == WcStatus::Success), "{got:?}");
+    let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, (0..40).collect::<Vec<_>>(), "in order, none lost");
+    assert!(a.ctx.poll_async_event().is_none(), "no CQ error");
+}
+
+#[test]
+fn an_srq_resized_with_receives_posted_keeps_them_in_order() {
+    let (a, b, qa, _qb, srq) =
+        pair(|b| Some(b.ctx.create_srq(&SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap()));
+    let srq = srq.unwrap();
+    let buf = b.pd.alloc_mr(4096, ALL).unwrap();
+    let post = |ids: std::ops::Range<u64>| {
+        for id in ids {
+            let sge = [buf.sge(id as usize * 64, 64).unwrap()];
+            srq.post_recv(&[RecvWr { wr_id: id, sgl: &sge }]).unwrap();
+        }
+    };
+    post(0..4);
+    assert!(srq.post_recv(&[RecvWr { wr_id: 99, sgl: &[] }]).is_err(), "full at 4");
+    assert!(srq.resize(3).is_err(), "fewer than are posted");
+    assert!(srq.resize(0).is_err());
+    srq.resize(16).unwrap();
+    assert_eq!(srq.query().max_wr, 16);
+    post(4..12);
+    srq.arm_limit(10).unwrap();
+    assert!(srq.resize(9).is_err(), "below the armed limit");
+    let src = a.pd.alloc_mr(64, ALL).unwrap();
+    for i in 0..12u8 {
+        src.write(0, &[i]).unwrap();
+        let sge = [src.sge(0, 1).unwrap()];
+        qa.post_send(&[SendWr { wr_id: u64::from(i), sgl: &sge, ..SendWr::default() }]).unwrap();
+        poll_n(&a.cq, 1);
+    }
+    let got = poll_n(&b.cq, 12);
+    let ids: Vec<u64> = got.iter().map(|c| c.wr_id).collect();
+    assert_eq!(ids, (0..12).collect::<Vec<_>>());
+    for i in 0..12u8 {
+        let mut x = [0u8];
+        buf.read(usize::from(i) * 64, &mut x).unwrap();
+        assert_eq!(x[0], i, "SEND {i} landed in receive {i}'s buffer");
+    }
+}
+
+#[test]
+fn a_reregistered_region_has_new_keys_rights_and_memory() {
+    let (a, b, qa, _qb, _) = pair(|_| None);
+    let mut dst = b.pd.alloc_mr(4096, ALL).unwrap();
+    let old_key = dst.rkey();
+    dst.rereg(None, Some(Access::LOCAL_WRITE | Access::REMOTE_WRITE)).unwrap();
+    assert_ne!(dst.rkey(), old_key, "new keys");
+    assert_eq!(dst.access(), Access::LOCAL_WRITE | Access::REMOTE_WRITE);
+    assert!(dst.rereg(None, Some(Access::REMOTE_WRITE)).is_err(), "remote write needs local");
+    let other = a.pd.clone();
+    assert!(dst.rereg(Some(&other), None).is_err(), "a PD of another context");
+    // New memory, at a new IOVA: the peer's WRITE lands there.
+    let mut fresh = vec![0u8; 8192].into_boxed_slice();
+    // SAFETY: `dst` is dropped (its keys revoked) before `fresh`, below.
+    #[allow(unsafe_code)]
+    unsafe {
+        dst.rereg_translation(None, fresh.as_mut_ptr(), 8192, 0x7000_0000, None).unwrap();
+    }
+    assert_eq!((dst.addr(), dst.len()), (0x7000_0000, 8192));
+    let src = a.pd.alloc_mr(64, ALL).unwrap();
+    src.write(0, b"rereg'd!").unwrap();
+    let sge = [src.sge(0, 8).unwrap()];
+    let write = |addr, rkey, id| SendWr {
+        wr_id: id,
+        opcode: WrOpcode::RdmaWrite,
+        sgl: &sge,
+        remote_addr: addr,
+        rkey,
+        ..SendWr::default()
+    };
+    qa.post_send(&[write(0x7000_0000 + 5000, dst.rkey(), 1)]).unwrap();
+    assert_eq!(poll_n(&a.cq, 1)[0].status, WcStatus::Success);
+    let mut got = [0u8; 8];
+    dst.read(5000, &mut got).unwrap();
+    assert_eq!(&got, b"rereg'd!");
+    // The first key is dead.
+    qa.post_send(&[write(0x7000_0000, old_key, 2)]).unwrap();
+    assert_eq!(poll_n(&a.cq, 1)[0].status, WcStatus::RemAccessErr);
+    drop(dst);
+    assert_eq!(&fresh[5000..5008], b"rereg'd!");
+}
