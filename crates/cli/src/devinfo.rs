@@ -145,7 +145,11 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
         println!("\tmax_srq_sge:\t\t\t{}", at.max_srq_sge);
         println!("\tmax_pkeys:\t\t\t1");
         println!("\tlocal_ca_ack_delay:\t\t{}", limits::LOCAL_CA_ACK_DELAY);
-        // The extended attributes (ibv_query_device_ex): none supported.
+        // The extended attributes (ibv_query_device_ex): completion
+        // timestamps, and none of the others.
+        print!("{ODP_NONE}");
+        println!("\tcompletion timestamp_mask:\t\t\t0x{:016x}", at.completion_timestamp_mask);
+        println!("\thca_core_clock:\t\t\t{}kHZ", at.hca_core_clock_khz);
         print!("{EXTENDED_NONE}");
     }
     let p = d.port_attr();
@@ -185,9 +189,8 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
     Ok(())
 }
 
-/// What ibv_devinfo -v prints for a device with none of the extended
-/// capabilities (ODP, timestamps, TSO, RSS, packet pacing, tag matching).
-const EXTENDED_NONE: &str = "\tgeneral_odp_caps:
+/// What ibv_devinfo -v prints for a device without on-demand paging.
+const ODP_NONE: &str = "\tgeneral_odp_caps:
 \trc_odp_caps:
 \t\t\t\t\tNO SUPPORT
 \tuc_odp_caps:
@@ -196,9 +199,12 @@ const EXTENDED_NONE: &str = "\tgeneral_odp_caps:
 \t\t\t\t\tNO SUPPORT
 \txrc_odp_caps:
 \t\t\t\t\tNO SUPPORT
-\tcompletion_timestamp_mask not supported
-\tcore clock not supported
-\tdevice_cap_flags_ex:\t\t0x0
+";
+
+/// What ibv_devinfo -v prints after the clock for a device with none of
+/// the other extended capabilities (TSO, RSS, packet pacing, tag
+/// matching).
+const EXTENDED_NONE: &str = "\tdevice_cap_flags_ex:\t\t0x0
 \ttso_caps:
 \t\tmax_tso:\t\t\t0
 \trss_caps:

@@ -103,6 +103,7 @@ pub type QueryDeviceExFn = unsafe extern "C" fn(
     *mut ibv_device_attr_ex,
     usize,
 ) -> c_int;
+pub type QueryRtValuesFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
 pub type CreateCqExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
 
@@ -135,7 +136,7 @@ pub struct verbs_context {
     pub destroy_wq: *mut c_void,
     pub modify_wq: *mut c_void,
     pub create_wq: *mut c_void,
-    pub query_rt_values: *mut c_void,
+    pub query_rt_values: Option<QueryRtValuesFn>,
     pub create_cq_ex: Option<CreateCqExFn>,
     pub priv_: *mut c_void,
     pub query_device_ex: Option<QueryDeviceExFn>,
@@ -638,15 +639,30 @@ pub struct ibv_query_device_ex_input {
     pub comp_mask: u32,
 }
 
-/// `struct ibv_device_attr_ex`: the extension beyond `orig_attr` is kept
-/// as bytes; uroce reports none of those capabilities (all zero).
+/// `struct ibv_device_attr_ex`: the extensions uroce reports are named,
+/// the rest kept as bytes (all zero).
 #[repr(C)]
 pub struct ibv_device_attr_ex {
     pub orig_attr: ibv_device_attr,
     pub comp_mask: u32,
-    pub _ext: [u8; 160],
+    pub _pad: u32,
+    pub odp_caps: [u64; 3],
+    pub completion_timestamp_mask: u64,
+    /// kHz.
+    pub hca_core_clock: u64,
+    pub _ext: [u8; 116],
     pub phys_port_cnt_ex: u32,
 }
+
+/// `struct ibv_values_ex` (`ibv_query_rt_values_ex`).
+#[repr(C)]
+pub struct ibv_values_ex {
+    pub comp_mask: u32,
+    pub raw_clock: libc::timespec,
+}
+
+/// `IBV_VALUES_MASK_RAW_CLOCK`.
+pub const IBV_VALUES_MASK_RAW_CLOCK: u32 = 1;
 
 #[repr(C)]
 #[derive(Clone, Copy, Default)]
@@ -740,6 +756,8 @@ pub mod consts {
     pub const IBV_WC_EX_WITH_SLID: u64 = 1 << 4;
     pub const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
     pub const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
+    pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+    pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
     /// The `wc_flags` an extended CQ of ours can report (no completion
     /// timestamps: `query_device_ex` reports no timestamp clock).
     pub const SUPPORTED_WC_EX: u64 = IBV_WC_EX_WITH_BYTE_LEN
@@ -748,7 +766,9 @@ pub mod consts {
         | IBV_WC_EX_WITH_SRC_QP
         | IBV_WC_EX_WITH_SLID
         | IBV_WC_EX_WITH_SL
-        | IBV_WC_EX_WITH_DLID_PATH_BITS;
+        | IBV_WC_EX_WITH_DLID_PATH_BITS
+        | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+        | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
 
     /// Access bits rdma-core defines as optional: a provider that does not
     /// know one ignores it (`IBV_ACCESS_OPTIONAL_RANGE`).
@@ -920,7 +940,8 @@ mod tests {
             "max_pkeys" => max_pkeys, "local_ca_ack_delay" => local_ca_ack_delay,
             "phys_port_cnt" => phys_port_cnt });
         check!(m, ibv_device_attr_ex { "orig_attr" => orig_attr, "comp_mask" => comp_mask,
-            "phys_port_cnt_ex" => phys_port_cnt_ex });
+            "odp_caps" => odp_caps, "completion_timestamp_mask" => completion_timestamp_mask,
+            "hca_core_clock" => hca_core_clock, "phys_port_cnt_ex" => phys_port_cnt_ex });
         check!(m, ibv_port_attr { "state" => state, "max_mtu" => max_mtu,
             "active_mtu" => active_mtu, "gid_tbl_len" => gid_tbl_len,
             "port_cap_flags" => port_cap_flags, "max_msg_sz" => max_msg_sz,

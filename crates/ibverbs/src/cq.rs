@@ -112,6 +112,8 @@ fn create(
     pub_cq.read_slid = Some(read_slid);
     pub_cq.read_sl = Some(read_sl);
     pub_cq.read_dlid_path_bits = Some(read_dlid_path_bits);
+    pub_cq.read_completion_ts = Some(read_completion_ts);
+    pub_cq.read_completion_wallclock_ns = Some(read_completion_wallclock_ns);
     let b = into_c(
         CqBox {
             cq: UnsafeCell::new(pub_cq),
@@ -446,4 +448,16 @@ unsafe extern "C" fn read_sl(cq: *mut ibv_cq_ex) -> u8 {
 }
 unsafe extern "C" fn read_dlid_path_bits(_: *mut ibv_cq_ex) -> u8 {
     0
+}
+/// Nanoseconds on the device clock (`hca_core_clock` is 1 GHz).
+unsafe extern "C" fn read_completion_ts(cq: *mut ibv_cq_ex) -> u64 {
+    guard(0, || cursor(cq).timestamp)
+}
+unsafe extern "C" fn read_completion_wallclock_ns(cq: *mut ibv_cq_ex) -> u64 {
+    guard(0, || {
+        // SAFETY: verbs contract: a live CQ of ours.
+        let Some(b) = (unsafe { obj::<_, CqBox>(cq) }) else { return 0 };
+        let ts = lock(&b.cursor).timestamp;
+        b.inner.wallclock_ns(ts)
+    })
 }

@@ -191,8 +191,9 @@ pub(crate) unsafe extern "C" fn ibv_query_device(
     })
 }
 
-/// `verbs_context.query_device_ex`: the basic attributes; none of the
-/// extended capabilities (ODP, TSO, RSS, timestamps, ...) exist here.
+/// `verbs_context.query_device_ex`: the basic attributes and completion
+/// timestamps (a 1 GHz clock, every bit counting); none of the other
+/// extended capabilities (ODP, TSO, RSS, ...) exist here.
 pub(crate) unsafe extern "C" fn query_device_ex(
     context: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
@@ -214,9 +215,40 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         let base = device_attr(&c.uroce().query_device());
         // SAFETY: at least sizeof(ibv_device_attr) bytes (checked above).
         unsafe { attr.cast::<ibv_device_attr>().write(base) };
+        let d = c.uroce().query_device();
+        if attr_size >= std::mem::offset_of!(ibv_device_attr_ex, _ext) {
+            // SAFETY: the fields up to `_ext` fit (checked just above).
+            unsafe {
+                (*attr).completion_timestamp_mask = d.completion_timestamp_mask;
+                (*attr).hca_core_clock = d.hca_core_clock_khz;
+            }
+        }
         if attr_size >= size_of::<ibv_device_attr_ex>() {
             // SAFETY: the whole struct fits.
             unsafe { (*attr).phys_port_cnt_ex = u32::from(base.phys_port_cnt) };
+        }
+        0
+    })
+}
+
+/// `verbs_context.query_rt_values` (`ibv_query_rt_values_ex`): the raw
+/// clock is the device clock completion timestamps count, nanoseconds.
+pub(crate) unsafe extern "C" fn query_rt_values(
+    context: *mut ibv_context,
+    values: *mut ibv_values_ex,
+) -> c_int {
+    guard(libc::EIO, || {
+        // SAFETY: verbs contract.
+        let Some(c) = (unsafe { ctx(context) }) else { return libc::EINVAL };
+        // SAFETY: NULL or the caller's writable values.
+        let Some(v) = (unsafe { values.as_mut() }) else { return libc::EINVAL };
+        if v.comp_mask & !IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            return libc::EINVAL;
+        }
+        if v.comp_mask & IBV_VALUES_MASK_RAW_CLOCK != 0 {
+            let ns = c.uroce().clock_ns();
+            v.raw_clock.tv_sec = (ns / 1_000_000_000) as libc::time_t;
+            v.raw_clock.tv_nsec = (ns % 1_000_000_000) as libc::c_long;
         }
         0
     })

@@ -173,6 +173,20 @@ fn rdma_core_pingpongs() {
             }
         }
     }
+    // Completion timestamps (-t): each side reads every CQE's time on the
+    // device clock and reports the gaps between receive completions.
+    let p = same("ibv_rc_pingpong", &["-g", "0", "-n", "200", "-c", "-t"], limit);
+    assert!(p.client_has("200 iters in") && !p.server.contains("invalid data"), "{p}");
+    let cycles = |what: &str| -> f64 {
+        let line = p.client.lines().find(|l| l.starts_with(what)).unwrap_or_else(|| panic!("{p}"));
+        line.rsplit(' ').next().and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("{p}"))
+    };
+    let (min, avg, max) = (
+        cycles("Min receive completion clock cycles"),
+        cycles("Average receive completion clock cycles"),
+        cycles("Max receive completion clock cycles"),
+    );
+    assert!(0.0 < min && min <= avg && avg <= max, "{p}");
     // The new post-send API (ibv_create_qp_ex, ibv_wr_send, ibv_wr_set_sge).
     let p = same("ibv_rc_pingpong", &["-g", "0", "-n", "200", "-c", "-N"], limit);
     assert!(p.client_has("200 iters in") && !p.server.contains("invalid data"), "{p}");

@@ -183,11 +183,12 @@ impl CqRing {
 
     /// Queues `c`; returns `Err(())` if the ring was full (the CQ is then
     /// in error) and whether the CQ's arming asks for a notification.
-    fn push(&mut self, c: Completion) -> Result<bool, ()> {
+    fn push(&mut self, mut c: Completion, now: Instant) -> Result<bool, ()> {
         if self.ring.len() >= self.cap {
             self.overflowed = true;
             return Err(());
         }
+        c.timestamp = now.as_nanos();
         self.ring.push_back(c);
         // An armed CQ raises one event for the next completion
         // (solicited-only: a solicited receive or any error), then
@@ -602,7 +603,7 @@ impl Endpoint {
                 if let Some(t) = slot.qp.poll_transmit(now, mem, buf) {
                     return Some(t);
                 }
-                self.settle(qpn);
+                self.settle(qpn, now);
             }
             self.active.pop_front();
         }
@@ -700,7 +701,7 @@ impl Endpoint {
 
     /// A QP with nothing more to send: its completions and events go out,
     /// its timer into the heap, and it leaves the active queue.
-    fn settle(&mut self, qpn: u32) {
+    fn settle(&mut self, qpn: u32, now: Instant) {
         let Some(slot) = self.qps.get_mut(&qpn) else { return };
         slot.active = false;
         // Slots freed before their completions can be seen.
@@ -711,7 +712,7 @@ impl Endpoint {
             if let Some(cq) = self.cqs.get(&id) {
                 let mut cq = cq.lock();
                 let was = cq.overflowed;
-                match cq.push(c) {
+                match cq.push(c, now) {
                     Ok(true) => self.notify.push_back(id),
                     Ok(false) => {}
                     Err(()) if !was => self.events.push_back(DeviceEvent::CqError { cq: id }),

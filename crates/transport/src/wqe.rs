@@ -316,6 +316,9 @@ pub struct Completion {
     /// ([`Completion::SL_ROCE_IPV4`] or [`Completion::SL_ROCE_IPV6`]), which
     /// UCX reads to find the IP header in the GRH area.
     pub sl: u8,
+    /// When the completion was placed on its CQ: nanoseconds on the
+    /// endpoint's clock (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`; 0 before).
+    pub timestamp: u64,
 }
 
 impl Completion {
@@ -340,6 +343,7 @@ impl Completion {
             is_recv,
             solicited: false,
             sl: 0,
+            timestamp: 0,
         }
     }
 

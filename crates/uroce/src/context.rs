@@ -70,9 +70,18 @@ pub(crate) struct Inner {
     /// QPs with WRs staged while the driver was held elsewhere (see
     /// `staging`); the driver holds it too.
     staged: Arc<StagedList>,
+    /// The Unix time of the clock's origin, in nanoseconds: a completion
+    /// timestamp plus this is its wall-clock time.
+    epoch_ns: u64,
 }
 
 impl Inner {
+    /// See [`Context::wallclock_ns`] (the clock reads `ns + 1` at `ns`
+    /// past its origin, see `Driver::now_at`).
+    pub(crate) fn wallclock_ns(&self, timestamp: u64) -> u64 {
+        self.epoch_ns + timestamp.saturating_sub(1)
+    }
+
     /// A post rang the doorbell: what it queued leaves now (or with the
     /// burst it belongs to, see `Activity::on_post`), without a receive
     /// pass (a system call that finds nothing, on most posts) and without
@@ -256,6 +265,9 @@ impl Device {
             .and_then(|b| b.set_nonblocking(true).map(|()| b))
             .map_err(|source| Error::Open { device: self.name().to_string(), addr, source })?;
         let origin = std::time::Instant::now();
+        let epoch_ns = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| d.as_nanos() as u64);
         let staged = Arc::new(StagedList::default());
         let inner = Arc::new(Inner {
             bell,
@@ -277,6 +289,7 @@ impl Device {
             stop: AtomicBool::new(false),
             published: crate::published::Publication::new(self.name()),
             staged,
+            epoch_ns,
         });
         live_contexts_add(&inner);
         if options.progress == ProgressMode::Thread {
@@ -293,6 +306,21 @@ impl Device {
 }
 
 impl Context {
+    /// The device's clock now, in nanoseconds: what completion timestamps
+    /// ([`crate::Completion::timestamp`]) count, 1 GHz as
+    /// [`DeviceAttr::hca_core_clock_khz`](crate::DeviceAttr) says
+    /// (`ibv_query_rt_values_ex`'s raw clock). A simulated network's
+    /// virtual clock where there is one.
+    pub fn clock_ns(&self) -> u64 {
+        self.inner.lock().now().as_nanos()
+    }
+
+    /// The wall-clock time (nanoseconds since the Unix epoch) of a
+    /// completion timestamp (`ibv_wc_read_completion_wallclock_ns`).
+    pub fn wallclock_ns(&self, timestamp: u64) -> u64 {
+        self.inner.wallclock_ns(timestamp)
+    }
+
     /// The device this context was opened on.
     pub fn device(&self) -> &Device {
         &self.inner.device

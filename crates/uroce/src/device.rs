@@ -180,6 +180,8 @@ impl Device {
             max_mcast_qp_attach: limits::MAX_MCAST_QP_ATTACH,
             atomic_cap: AtomicCap::Hca,
             phys_port_cnt: 1,
+            hca_core_clock_khz: 1_000_000,
+            completion_timestamp_mask: u64::MAX,
         }
     }
 
@@ -246,6 +248,10 @@ pub struct DeviceAttr {
     /// What atomics are atomic with respect to.
     pub atomic_cap: AtomicCap,
     pub phys_port_cnt: u8,
+    /// The clock completion timestamps count (kHz): 1 GHz, nanoseconds.
+    pub hca_core_clock_khz: u64,
+    /// The bits of a completion timestamp that count (all of them).
+    pub completion_timestamp_mask: u64,
 }
 
 /// `ibv_atomic_cap`: what a device's atomics are atomic with respect to.

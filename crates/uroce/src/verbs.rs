@@ -464,6 +464,12 @@ impl Cq {
         self.inner.ring.lock().capacity() as u32
     }
 
+    /// The wall-clock time (nanoseconds since the Unix epoch) of a
+    /// completion timestamp of this CQ (see [`Context::wallclock_ns`]).
+    pub fn wallclock_ns(&self, timestamp: u64) -> u64 {
+        self.inner.ctx.wallclock_ns(timestamp)
+    }
+
     /// Completions waiting to be polled (not a verbs call: for monitoring
     /// and tests).
     pub fn pending(&self) -> usize {

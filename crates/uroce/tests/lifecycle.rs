@@ -189,3 +189,36 @@ fn a_reregistered_region_has_new_keys_rights_and_memory() {
     drop(dst);
     assert_eq!(&fresh[5000..5008], b"rereg'd!");
 }
+
+#[test]
+fn completions_carry_the_time_they_reached_their_cq() {
+    let (a, b, qa, _qb, _) = pair(|_| None);
+    let dst = b.pd.alloc_mr(64, ALL).unwrap();
+    let src = a.pd.alloc_mr(64, ALL).unwrap();
+    let sge = [src.sge(0, 8).unwrap()];
+    let attr = a.ctx.query_device();
+    assert_eq!((attr.hca_core_clock_khz, attr.completion_timestamp_mask), (1_000_000, u64::MAX));
+    let before = a.ctx.clock_ns();
+    let mut stamps = vec![];
+    for id in 0..5 {
+        let wr = SendWr {
+            wr_id: id,
+            opcode: WrOpcode::RdmaWrite,
+            sgl: &sge,
+            remote_addr: dst.addr(),
+            rkey: dst.rkey(),
+            ..SendWr::default()
+        };
+        qa.post_send(&[wr]).unwrap();
+        stamps.push(poll_n(&a.cq, 1)[0].timestamp);
+        std::thread::sleep(Duration::from_millis(2));
+    }
+    let after = a.ctx.clock_ns();
+    assert!(stamps.windows(2).all(|w| w[1] >= w[0] + 2_000_000), "2 ms apart: {stamps:?}");
+    assert!(before <= stamps[0] && stamps[4] <= after, "{before} {stamps:?} {after}");
+    let wall =
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos()
+            as u64;
+    let stamped = a.cq.wallclock_ns(stamps[4]);
+    assert!(stamped <= wall && wall - stamped < 1_000_000_000, "{stamped} vs {wall}");
+}

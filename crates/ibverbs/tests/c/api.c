@@ -217,9 +217,27 @@ int main(void)
 	};
 	struct ibv_cq_ex *cqx = ibv_create_cq_ex(ctx, &cx);
 	REQUIRE(cqx, "cq_ex");
-	cx.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP;
+	/* Completion timestamps: a 1 GHz device clock, every bit counting,
+	 * read by ibv_query_rt_values_ex; CVLAN stripping is not there. */
+	cx.wc_flags = IBV_WC_EX_WITH_COMPLETION_TIMESTAMP | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
+	struct ibv_cq_ex *cq_ts = ibv_create_cq_ex(ctx, &cx);
+	CHECK(cq_ts != NULL, "timestamp cq");
+	CHECK(!ibv_query_device_ex(ctx, NULL, &dx) && dx.completion_timestamp_mask == UINT64_MAX &&
+		      dx.hca_core_clock == 1000000,
+	      "timestamp caps");
+	struct ibv_values_ex v1 = {.comp_mask = IBV_VALUES_MASK_RAW_CLOCK}, v2 = v1;
+	CHECK(!ibv_query_rt_values_ex(ctx, &v1) && !ibv_query_rt_values_ex(ctx, &v2) &&
+		      (v2.raw_clock.tv_sec > v1.raw_clock.tv_sec ||
+		       (v2.raw_clock.tv_sec == v1.raw_clock.tv_sec &&
+			v2.raw_clock.tv_nsec > v1.raw_clock.tv_nsec)),
+	      "raw clock runs");
+	struct ibv_values_ex bad_mask = {.comp_mask = IBV_VALUES_MASK_RESERVED};
+	CHECK(ibv_query_rt_values_ex(ctx, &bad_mask) == EINVAL, "raw clock mask");
+	if (cq_ts)
+		CHECK(!ibv_destroy_cq(ibv_cq_ex_to_cq(cq_ts)), "destroy timestamp cq");
+	cx.wc_flags = IBV_WC_EX_WITH_CVLAN;
 	errno = 0;
-	CHECK(!ibv_create_cq_ex(ctx, &cx) && errno == EOPNOTSUPP, "timestamps");
+	CHECK(!ibv_create_cq_ex(ctx, &cx) && errno == EOPNOTSUPP, "cvlan");
 
 	/* QPs: bad types, then an extended pair. */
 	struct ibv_qp_init_attr ia = {
