@@ -151,6 +151,8 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
         println!("\tcompletion timestamp_mask:\t\t\t0x{:016x}", at.completion_timestamp_mask);
         println!("\thca_core_clock:\t\t\t{}kHZ", at.hca_core_clock_khz);
         print!("{EXTENDED_NONE}");
+        println!("\tmaximum available device memory:\t{}Bytes\n", at.max_dm_size);
+        println!("\tnum_comp_vectors:\t\t1");
     }
     let p = d.port_attr();
     if a.port.is_none_or(|x| x == 1) {
@@ -203,7 +205,7 @@ const ODP_NONE: &str = "\tgeneral_odp_caps:
 
 /// What ibv_devinfo -v prints after the clock for a device with none of
 /// the other extended capabilities (TSO, RSS, packet pacing, tag
-/// matching).
+/// matching); device memory follows.
 const EXTENDED_NONE: &str = "\tdevice_cap_flags_ex:\t\t0x0
 \ttso_caps:
 \t\tmax_tso:\t\t\t0
@@ -217,5 +219,4 @@ const EXTENDED_NONE: &str = "\tdevice_cap_flags_ex:\t\t0x0
 \t\tqp_rate_limit_min:\t0kbps
 \t\tqp_rate_limit_max:\t0kbps
 \ttag matching not supported
-\tnum_comp_vectors:\t\t1
 ";

@@ -103,6 +103,9 @@ pub type QueryDeviceExFn = unsafe extern "C" fn(
     *mut ibv_device_attr_ex,
     usize,
 ) -> c_int;
+pub type RegDmMrFn =
+    unsafe extern "C" fn(*mut ibv_pd, *mut ibv_dm, u64, usize, c_uint) -> *mut ibv_mr;
+pub type AllocDmFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm;
 pub type QueryRtValuesFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_values_ex) -> c_int;
 pub type CreateCqExFn =
     unsafe extern "C" fn(*mut ibv_context, *mut ibv_cq_init_attr_ex) -> *mut ibv_cq_ex;
@@ -119,9 +122,9 @@ pub struct verbs_context {
     pub attach_counters_point_flow: *mut c_void,
     pub create_counters: *mut c_void,
     pub destroy_counters: *mut c_void,
-    pub reg_dm_mr: *mut c_void,
-    pub alloc_dm: *mut c_void,
-    pub free_dm: *mut c_void,
+    pub reg_dm_mr: Option<RegDmMrFn>,
+    pub alloc_dm: Option<AllocDmFn>,
+    pub free_dm: Option<unsafe extern "C" fn(*mut ibv_dm) -> c_int>,
     pub modify_flow_action_esp: *mut c_void,
     pub destroy_flow_action: *mut c_void,
     pub create_flow_action_esp: *mut c_void,
@@ -650,8 +653,28 @@ pub struct ibv_device_attr_ex {
     pub completion_timestamp_mask: u64,
     /// kHz.
     pub hca_core_clock: u64,
-    pub _ext: [u8; 116],
+    pub _ext: [u8; 96],
+    pub max_dm_size: u64,
+    pub _ext2: [u8; 12],
     pub phys_port_cnt_ex: u32,
+}
+
+/// `struct ibv_dm`: device memory, reached through its copy functions.
+#[repr(C)]
+pub struct ibv_dm {
+    pub context: *mut ibv_context,
+    pub memcpy_to_dm: Option<unsafe extern "C" fn(*mut ibv_dm, u64, *const c_void, usize) -> c_int>,
+    pub memcpy_from_dm: Option<unsafe extern "C" fn(*mut c_void, *mut ibv_dm, u64, usize) -> c_int>,
+    pub comp_mask: u32,
+    pub handle: u32,
+}
+
+/// `struct ibv_alloc_dm_attr`.
+#[repr(C)]
+pub struct ibv_alloc_dm_attr {
+    pub length: usize,
+    pub log_align_req: u32,
+    pub comp_mask: u32,
 }
 
 /// `struct ibv_values_ex` (`ibv_query_rt_values_ex`).
@@ -851,6 +874,11 @@ mod tests {
         check!(m, ibv_mr { "addr" => addr, "length" => length, "handle" => handle,
             "lkey" => lkey, "rkey" => rkey });
         check!(m, ibv_mw { "rkey" => rkey, "handle" => handle, "type" => type_ });
+        check!(m, ibv_dm { "context" => context, "memcpy_to_dm" => memcpy_to_dm,
+            "memcpy_from_dm" => memcpy_from_dm, "comp_mask" => comp_mask, "handle" => handle });
+        check!(m, ibv_alloc_dm_attr { "length" => length, "log_align_req" => log_align_req,
+            "comp_mask" => comp_mask });
+        check!(m, ibv_values_ex { "comp_mask" => comp_mask, "raw_clock" => raw_clock });
         check!(m, ibv_comp_channel { "fd" => fd, "refcnt" => refcnt });
         check!(m, ibv_cq { "channel" => channel, "cq_context" => cq_context, "handle" => handle,
             "cqe" => cqe, "mutex" => mutex, "cond" => cond,
@@ -941,7 +969,8 @@ mod tests {
             "phys_port_cnt" => phys_port_cnt });
         check!(m, ibv_device_attr_ex { "orig_attr" => orig_attr, "comp_mask" => comp_mask,
             "odp_caps" => odp_caps, "completion_timestamp_mask" => completion_timestamp_mask,
-            "hca_core_clock" => hca_core_clock, "phys_port_cnt_ex" => phys_port_cnt_ex });
+            "hca_core_clock" => hca_core_clock, "max_dm_size" => max_dm_size,
+            "phys_port_cnt_ex" => phys_port_cnt_ex });
         check!(m, ibv_port_attr { "state" => state, "max_mtu" => max_mtu,
             "active_mtu" => active_mtu, "gid_tbl_len" => gid_tbl_len,
             "port_cap_flags" => port_cap_flags, "max_msg_sz" => max_msg_sz,

@@ -53,6 +53,9 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
         vctx.create_cq_ex = Some(crate::cq::create_cq_ex);
         vctx.query_rt_values = Some(crate::device::query_rt_values);
+        vctx.alloc_dm = Some(crate::dm::alloc_dm);
+        vctx.free_dm = Some(crate::dm::free_dm);
+        vctx.reg_dm_mr = Some(crate::dm::reg_dm_mr);
         vctx.sz = size_of::<verbs_context>() + FUTURE_SLOTS * size_of::<*mut c_void>();
         let c = &mut vctx.context;
         c.device = (&raw const *entry.ibv).cast_mut();

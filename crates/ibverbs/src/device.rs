@@ -223,6 +223,10 @@ pub(crate) unsafe extern "C" fn query_device_ex(
                 (*attr).hca_core_clock = d.hca_core_clock_khz;
             }
         }
+        if attr_size >= std::mem::offset_of!(ibv_device_attr_ex, _ext2) {
+            // SAFETY: the fields up to `_ext2` fit (checked just above).
+            unsafe { (*attr).max_dm_size = d.max_dm_size };
+        }
         if attr_size >= size_of::<ibv_device_attr_ex>() {
             // SAFETY: the whole struct fits.
             unsafe { (*attr).phys_port_cnt_ex = u32::from(base.phys_port_cnt) };

@@ -44,6 +44,7 @@ pub(crate) enum Kind {
     Pd,
     Mr,
     Mw,
+    Dm,
     Cq,
     Channel,
     Qp,

@@ -34,6 +34,8 @@ mod cq;
 #[allow(unsafe_code)]
 mod device;
 #[allow(unsafe_code)]
+mod dm;
+#[allow(unsafe_code)]
 mod ffi;
 #[allow(unsafe_code)]
 mod misc;

@@ -94,6 +94,17 @@ pub(crate) struct MrBox {
     pub(crate) inner: Mutex<uroce::Mr>,
     /// Its PD (changed by `ibv_rereg_mr`).
     pub(crate) pd: AtomicPtr<PdBox>,
+    /// The device memory it is registered on (`ibv_reg_dm_mr`), else null.
+    pub(crate) dm: *const DmBox,
+}
+
+/// An `ibv_dm`.
+#[repr(C)]
+pub(crate) struct DmBox {
+    pub(crate) dm: UnsafeCell<ibv_dm>,
+    pub(crate) inner: uroce::Dm,
+    /// Memory regions on it.
+    pub(crate) users: AtomicU32,
 }
 
 /// An `ibv_mw`.

@@ -45,7 +45,7 @@ pub(crate) unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
 /// Access flags for uroce: optional bits (relaxed ordering, ...) and the
 /// huge-page hint are ignored, as rdma-core's providers do; on-demand
 /// paging is EOPNOTSUPP; anything else unknown is EINVAL.
-fn mr_access(access: c_int) -> Result<uroce::Access, c_int> {
+pub(crate) fn mr_access(access: c_int) -> Result<uroce::Access, c_int> {
     let a = access as u32 & !(IBV_ACCESS_OPTIONAL_RANGE | IBV_ACCESS_HUGETLB);
     const ON_DEMAND: u32 = 1 << 6;
     if a & ON_DEMAND != 0 {
@@ -86,7 +86,9 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int)
     };
     hold(&p.users);
     let pd_box = AtomicPtr::new(std::ptr::from_ref(p).cast_mut());
-    let b = into_c(MrBox { mr: UnsafeCell::new(c), inner: Mutex::new(mr), pd: pd_box }, Kind::Mr);
+    let b =
+        MrBox { mr: UnsafeCell::new(c), inner: Mutex::new(mr), pd: pd_box, dm: std::ptr::null() };
+    let b = into_c(b, Kind::Mr);
     b.cast()
 }
 
@@ -166,6 +168,10 @@ pub(crate) unsafe extern "C" fn ibv_rereg_mr(
         }
         // SAFETY: a live MR of ours (checked just above).
         let b = unsafe { &*mr.cast::<MrBox>() };
+        if !b.dm.is_null() {
+            // Only plain regions (IBV_MR_TYPE_MR) are registered again.
+            return input(libc::EINVAL);
+        }
         let all = REREG_TRANSLATION | REREG_PD | REREG_ACCESS;
         if flags & !all != 0
             || (flags & REREG_TRANSLATION != 0 && (length == 0 || addr.is_null()))
@@ -239,6 +245,10 @@ pub(crate) unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         };
         // SAFETY: an MR holds its PD (use count), so the PD is live.
         release(unsafe { &(*b.pd.load(Ordering::Acquire)).users });
+        if !b.dm.is_null() {
+            // SAFETY: a region holds its device memory (use count).
+            release(unsafe { &(*b.dm).users });
+        }
         drop(b);
         0
     })

@@ -187,6 +187,10 @@ fn rdma_core_pingpongs() {
         cycles("Max receive completion clock cycles"),
     );
     assert!(0.0 < min && min <= avg && avg <= max, "{p}");
+    // Device memory (-j): each side's buffer is a zero-based region on
+    // device memory, filled and read back by ibv_memcpy_to/from_dm.
+    let p = same("ibv_rc_pingpong", &["-g", "0", "-n", "200", "-c", "-j"], limit);
+    assert!(p.client_has("200 iters in") && !p.server.contains("invalid data"), "{p}");
     // The new post-send API (ibv_create_qp_ex, ibv_wr_send, ibv_wr_set_sge).
     let p = same("ibv_rc_pingpong", &["-g", "0", "-n", "200", "-c", "-N"], limit);
     assert!(p.client_has("200 iters in") && !p.server.contains("invalid data"), "{p}");

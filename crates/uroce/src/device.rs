@@ -182,6 +182,7 @@ impl Device {
             phys_port_cnt: 1,
             hca_core_clock_khz: 1_000_000,
             completion_timestamp_mask: u64::MAX,
+            max_dm_size: limits::MAX_DM_SIZE,
         }
     }
 
@@ -252,6 +253,8 @@ pub struct DeviceAttr {
     pub hca_core_clock_khz: u64,
     /// The bits of a completion timestamp that count (all of them).
     pub completion_timestamp_mask: u64,
+    /// The largest device memory allocation.
+    pub max_dm_size: u64,
 }
 
 /// `ibv_atomic_cap`: what a device's atomics are atomic with respect to.

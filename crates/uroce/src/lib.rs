@@ -92,6 +92,7 @@ pub mod cm;
 pub mod config;
 mod context;
 mod device;
+mod dm;
 pub(crate) mod driver;
 mod error;
 #[allow(unsafe_code)]
@@ -123,6 +124,7 @@ pub use config::DeviceConfig;
 pub use context::{Context, Options, ProgressMode};
 pub mod published;
 pub use device::{AtomicCap, Device, DeviceAttr, PortAttr, device, devices};
+pub use dm::Dm;
 pub use driver::AsyncEvent;
 pub use error::{Error, Result};
 pub use link_speed::LinkSpeed;

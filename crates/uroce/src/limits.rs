@@ -23,6 +23,9 @@ pub const MAX_MR: u32 = 1 << 20;
 pub const MAX_MR_SIZE: u64 = 1 << 40;
 /// Protection domains per context.
 pub const MAX_PD: u32 = 65536;
+/// Largest device memory allocation (`max_dm_size`): host memory stands in
+/// for on-chip memory, so this is a sanity bound, not a hardware one.
+pub const MAX_DM_SIZE: u64 = 1 << 26;
 /// Outstanding READ/atomic requests per QP, each direction.
 pub const MAX_QP_RD_ATOM: u32 = uroce_transport::RC_MAX_RD_ATOMIC;
 /// PSNs an RC requester keeps outstanding at most (its send window before

@@ -299,6 +299,29 @@ impl OwnedBuf {
     pub(crate) fn ptr(&self) -> NonNull<u8> {
         self.ptr
     }
+
+    /// Copies `data` in at `offset`, if it fits within the first `len`
+    /// bytes. The caller holds the context's lock (invariant 2: the
+    /// buffer may be registered, and the transport writes it under it).
+    pub(crate) fn copy_in(&self, len: usize, offset: usize, data: &[u8]) -> bool {
+        if len > self.layout.size() || offset.checked_add(data.len()).is_none_or(|e| e > len) {
+            return false;
+        }
+        // SAFETY: in bounds of our allocation (checked above); `data` is
+        // a Rust slice, which cannot overlap a buffer we never lend out.
+        unsafe { std::ptr::copy(data.as_ptr(), self.ptr.as_ptr().add(offset), data.len()) };
+        true
+    }
+
+    /// Copies out from `offset`, as [`OwnedBuf::copy_in`].
+    pub(crate) fn copy_out(&self, len: usize, offset: usize, out: &mut [u8]) -> bool {
+        if len > self.layout.size() || offset.checked_add(out.len()).is_none_or(|e| e > len) {
+            return false;
+        }
+        // SAFETY: as in `copy_in`.
+        unsafe { std::ptr::copy(self.ptr.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
+        true
+    }
 }
 
 impl Drop for OwnedBuf {

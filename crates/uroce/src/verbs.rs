@@ -89,6 +89,8 @@ pub struct Mr {
     /// Freed after the keys are revoked (field order does not matter: the
     /// Drop impl deregisters first).
     _owned: Option<OwnedBuf>,
+    /// The device memory a region on it keeps alive.
+    _dm: Option<crate::Dm>,
 }
 
 impl std::fmt::Debug for Mr {
@@ -200,15 +202,44 @@ impl Pd {
         let addr = iova;
         // SAFETY: forwarded from this function's contract.
         let key = unsafe { e.mem.register(nn, len, addr, self.handle, access) };
-        Ok(Mr { ctx: self.ctx.clone(), key, addr, len, access, _owned: None })
+        Ok(Mr { ctx: self.ctx.clone(), key, addr, len, access, _owned: None, _dm: None })
     }
 
-    /// Creates a queue pair (`ibv_create_qp`). Only RC for now.
+    /// Registers `len` bytes of device memory `dm` from `offset`
+    /// (`ibv_reg_dm_mr`): zero-based, so peers and SGEs name its bytes
+    /// from address 0. The region keeps `dm` alive.
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for an unsupported type, CQs of another
-    /// context, or capabilities above the device limits; [`Error::Limit`]
-    /// past `max_qp`.
+    /// [`Error::InvalidArgument`] for device memory of another context, a
+    /// range outside it, or rights that do not go together.
+    #[allow(unsafe_code)]
+    pub fn reg_dm_mr(
+        &self,
+        dm: &crate::Dm,
+        offset: usize,
+        len: usize,
+        access: Access,
+    ) -> Result<Mr> {
+        if !Arc::ptr_eq(dm.ctx(), &self.ctx) {
+            return Err(Error::InvalidArgument("device memory of another context"));
+        }
+        if len == 0 || offset.checked_add(len).is_none_or(|e| e > dm.len()) {
+            return Err(Error::InvalidArgument("the range is outside the device memory"));
+        }
+        // SAFETY: `offset + len` is within `dm`'s buffer (checked above),
+        // which the returned Mr keeps alive (`_dm`) past its keys' end.
+        let mut mr =
+            unsafe { self.register_raw_at(dm.ptr().as_ptr().add(offset), len, 0, access)? };
+        mr._dm = Some(dm.clone());
+        Ok(mr)
+    }
+
+    /// Creates a queue pair (`ibv_create_qp`): RC, UC or UD.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for CQs or an SRQ of another context, or
+    /// capabilities above the device limits; [`Error::Limit`] past
+    /// `max_qp`.
     pub fn create_qp(&self, init: &QpInitAttr<'_>) -> Result<Qp> {
         let c = init.cap;
         if c.max_send_wr > limits::MAX_QP_WR

@@ -222,3 +222,51 @@ fn completions_carry_the_time_they_reached_their_cq() {
     let stamped = a.cq.wallclock_ns(stamps[4]);
     assert!(stamped <= wall && wall - stamped < 1_000_000_000, "{stamped} vs {wall}");
 }
+
+#[test]
+fn device_memory_is_reached_by_copies_and_a_zero_based_region() {
+    let (a, b, qa, _qb, _) = pair(|_| None);
+    assert!(b.ctx.alloc_dm(0).is_err());
+    assert!(b.ctx.alloc_dm(usize::MAX).is_err(), "above max_dm_size");
+    let dm = b.ctx.alloc_dm(4096).unwrap();
+    dm.write(4000, b"tail").unwrap();
+    assert!(dm.write(4094, b"past").is_err(), "bounds");
+    assert!(b.pd.reg_dm_mr(&dm, 3000, 2000, ALL).is_err(), "a range past its end");
+    assert!(a.pd.reg_dm_mr(&dm, 0, 16, ALL).is_err(), "device memory of another context");
+    // A region on the second half: zero-based, so address 0 is byte 2048.
+    let mr = b.pd.reg_dm_mr(&dm, 2048, 2048, ALL).unwrap();
+    assert_eq!((mr.addr(), mr.len()), (0, 2048));
+    drop(dm);
+    let src = a.pd.alloc_mr(64, ALL).unwrap();
+    src.write(0, b"on chip").unwrap();
+    let sge = [src.sge(0, 7).unwrap()];
+    qa.post_send(&[SendWr {
+        wr_id: 1,
+        opcode: WrOpcode::RdmaWrite,
+        sgl: &sge,
+        remote_addr: 100,
+        rkey: mr.rkey(),
+        ..SendWr::default()
+    }])
+    .unwrap();
+    assert_eq!(poll_n(&a.cq, 1)[0].status, WcStatus::Success);
+    // Read back through the region (which kept the memory alive) and
+    // through a READ of the tail written before.
+    let mut got = [0u8; 7];
+    mr.read(100, &mut got).unwrap();
+    assert_eq!(&got, b"on chip");
+    let sge = [src.sge(8, 4).unwrap()];
+    qa.post_send(&[SendWr {
+        wr_id: 2,
+        opcode: WrOpcode::RdmaRead,
+        sgl: &sge,
+        remote_addr: 4000 - 2048,
+        rkey: mr.rkey(),
+        ..SendWr::default()
+    }])
+    .unwrap();
+    assert_eq!(poll_n(&a.cq, 1)[0].status, WcStatus::Success);
+    let mut tail = [0u8; 4];
+    src.read(8, &mut tail).unwrap();
+    assert_eq!(&tail, b"tail");
+}

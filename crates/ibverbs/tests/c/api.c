@@ -199,6 +199,31 @@ int main(void)
 	CHECK(!ibv_dealloc_pd(other_pd), "the old PD is free again");
 	free(buf2);
 
+	/* Device memory: copies in and out, bounds, a zero-based region on
+	 * it that holds it, refused without IBV_ACCESS_ZERO_BASED. */
+	CHECK(dx.max_dm_size >= 4096, "max_dm_size");
+	struct ibv_dm *dm = ibv_alloc_dm(ctx, &(struct ibv_alloc_dm_attr){.length = 4096});
+	REQUIRE(dm && dm->context == ctx, "alloc_dm");
+	errno = 0;
+	CHECK(!ibv_alloc_dm(ctx, &(struct ibv_alloc_dm_attr){.length = 0}) && errno == EINVAL, "dm of 0");
+	char hello[16] = "device memory!", back[16] = {0};
+	CHECK(!ibv_memcpy_to_dm(dm, 100, hello, sizeof hello) &&
+		      !ibv_memcpy_from_dm(back, dm, 100, sizeof back) && !memcmp(hello, back, 16),
+	      "dm round trip");
+	CHECK(ibv_memcpy_to_dm(dm, 4090, hello, sizeof hello) != 0, "dm copy past its end");
+	errno = 0;
+	CHECK(!ibv_reg_dm_mr(pd, dm, 0, 4096, IBV_ACCESS_LOCAL_WRITE) && errno == EINVAL,
+	      "dm mr needs zero-based");
+	struct ibv_mr *dm_mr =
+		ibv_reg_dm_mr(pd, dm, 1024, 2048, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ZERO_BASED);
+	CHECK(dm_mr && dm_mr->length == 2048 && dm_mr->addr == NULL, "reg_dm_mr");
+	CHECK(!ibv_reg_dm_mr(pd, dm, 3000, 2048, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ZERO_BASED),
+	      "dm mr past its end");
+	CHECK(ibv_rereg_mr(dm_mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT,
+	      "no rereg of a dm region");
+	CHECK(ibv_free_dm(dm) == EBUSY, "dm held by its region");
+	CHECK(!ibv_dereg_mr(dm_mr) && !ibv_free_dm(dm), "free dm");
+
 	/* CQs: a basic one on a channel, and an extended one. */
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
 	REQUIRE(ch && ch->fd >= 0, "channel");
