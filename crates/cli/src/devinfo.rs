@@ -147,7 +147,7 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
         println!("\tlocal_ca_ack_delay:\t\t{}", limits::LOCAL_CA_ACK_DELAY);
         // The extended attributes (ibv_query_device_ex): completion
         // timestamps, and none of the others.
-        print!("{ODP_NONE}");
+        print_odp(&at);
         println!("\tcompletion timestamp_mask:\t\t\t0x{:016x}", at.completion_timestamp_mask);
         println!("\thca_core_clock:\t\t\t{}kHZ", at.hca_core_clock_khz);
         print!("{EXTENDED_NONE}");
@@ -191,17 +191,37 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
     Ok(())
 }
 
-/// What ibv_devinfo -v prints for a device without on-demand paging.
-const ODP_NONE: &str = "\tgeneral_odp_caps:
-\trc_odp_caps:
-\t\t\t\t\tNO SUPPORT
-\tuc_odp_caps:
-\t\t\t\t\tNO SUPPORT
-\tud_odp_caps:
-\t\t\t\t\tNO SUPPORT
-\txrc_odp_caps:
-\t\t\t\t\tNO SUPPORT
-";
+/// `ibv_devinfo -v`'s lines for a set of capability bits (as it names
+/// them), or "NO SUPPORT".
+fn caps_lines(title: &str, bits: u64, names: &[&str]) {
+    println!("\t{title}:");
+    let set: Vec<&str> =
+        names.iter().enumerate().filter(|(i, _)| bits & (1 << i) != 0).map(|(_, n)| *n).collect();
+    if set.is_empty() && !names.is_empty() && title != "general_odp_caps" {
+        println!("\t\t\t\t\tNO SUPPORT");
+    }
+    for n in set {
+        println!("\t\t\t\t\t{n}");
+    }
+}
+
+/// On-demand paging as `ibv_devinfo -v` prints it.
+fn print_odp(at: &uroce::DeviceAttr) {
+    const TRANSPORT: [&str; 6] = [
+        "SUPPORT_SEND",
+        "SUPPORT_RECV",
+        "SUPPORT_WRITE",
+        "SUPPORT_READ",
+        "SUPPORT_ATOMIC",
+        "SUPPORT_SRQ",
+    ];
+    caps_lines("general_odp_caps", at.odp_general_caps, &["ODP_SUPPORT", "ODP_SUPPORT_IMPLICIT"]);
+    caps_lines("rc_odp_caps", u64::from(at.odp_rc_caps), &TRANSPORT);
+    caps_lines("uc_odp_caps", u64::from(at.odp_uc_caps), &TRANSPORT);
+    caps_lines("ud_odp_caps", u64::from(at.odp_ud_caps), &TRANSPORT);
+    // No XRC (issue 16).
+    caps_lines("xrc_odp_caps", 0, &TRANSPORT);
+}
 
 /// What ibv_devinfo -v prints after the clock for a device with none of
 /// the other extended capabilities (TSO, RSS, packet pacing, tag

@@ -103,6 +103,7 @@ pub type QueryDeviceExFn = unsafe extern "C" fn(
     *mut ibv_device_attr_ex,
     usize,
 ) -> c_int;
+pub type AdviseMrFn = unsafe extern "C" fn(*mut ibv_pd, c_int, u32, *mut ibv_sge, u32) -> c_int;
 pub type RegDmMrFn =
     unsafe extern "C" fn(*mut ibv_pd, *mut ibv_dm, u64, usize, c_uint) -> *mut ibv_mr;
 pub type AllocDmFn = unsafe extern "C" fn(*mut ibv_context, *mut ibv_alloc_dm_attr) -> *mut ibv_dm;
@@ -116,7 +117,7 @@ pub type CreateCqExFn =
 #[repr(C)]
 pub struct verbs_context {
     pub query_port: Option<QueryPortFn>,
-    pub advise_mr: *mut c_void,
+    pub advise_mr: Option<AdviseMrFn>,
     pub alloc_null_mr: *mut c_void,
     pub read_counters: *mut c_void,
     pub attach_counters_point_flow: *mut c_void,

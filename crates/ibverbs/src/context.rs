@@ -56,6 +56,7 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         vctx.alloc_dm = Some(crate::dm::alloc_dm);
         vctx.free_dm = Some(crate::dm::free_dm);
         vctx.reg_dm_mr = Some(crate::dm::reg_dm_mr);
+        vctx.advise_mr = Some(crate::pd::advise_mr);
         vctx.sz = size_of::<verbs_context>() + FUTURE_SLOTS * size_of::<*mut c_void>();
         let c = &mut vctx.context;
         c.device = (&raw const *entry.ibv).cast_mut();

@@ -191,9 +191,10 @@ pub(crate) unsafe extern "C" fn ibv_query_device(
     })
 }
 
-/// `verbs_context.query_device_ex`: the basic attributes and completion
-/// timestamps (a 1 GHz clock, every bit counting); none of the other
-/// extended capabilities (ODP, TSO, RSS, ...) exist here.
+/// `verbs_context.query_device_ex`: the basic attributes, on-demand
+/// paging, completion timestamps (a 1 GHz clock, every bit counting) and
+/// device memory; none of the other extended capabilities (TSO, RSS, ...)
+/// exist here.
 pub(crate) unsafe extern "C" fn query_device_ex(
     context: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
@@ -219,6 +220,11 @@ pub(crate) unsafe extern "C" fn query_device_ex(
         if attr_size >= std::mem::offset_of!(ibv_device_attr_ex, _ext) {
             // SAFETY: the fields up to `_ext` fit (checked just above).
             unsafe {
+                (*attr).odp_caps = [
+                    d.odp_general_caps,
+                    u64::from(d.odp_rc_caps) | (u64::from(d.odp_uc_caps) << 32),
+                    u64::from(d.odp_ud_caps),
+                ];
                 (*attr).completion_timestamp_mask = d.completion_timestamp_mask;
                 (*attr).hca_core_clock = d.hca_core_clock_khz;
             }

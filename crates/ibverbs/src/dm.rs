@@ -120,7 +120,7 @@ pub(crate) unsafe extern "C" fn reg_dm_mr(
         let (Some(p), Some(d)) = (live_pd(pd), live_dm(dm)) else {
             return null_errno(libc::EINVAL);
         };
-        if access & ZERO_BASED == 0 {
+        if access & ZERO_BASED == 0 || access & crate::pd::ON_DEMAND as c_uint != 0 {
             return null_errno(libc::EINVAL);
         }
         let rights = match crate::pd::mr_access((access & !ZERO_BASED) as c_int) {

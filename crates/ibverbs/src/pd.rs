@@ -42,15 +42,15 @@ pub(crate) unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
     })
 }
 
+/// `IBV_ACCESS_ON_DEMAND`.
+pub(crate) const ON_DEMAND: c_int = 1 << 6;
+
 /// Access flags for uroce: optional bits (relaxed ordering, ...) and the
 /// huge-page hint are ignored, as rdma-core's providers do; on-demand
-/// paging is EOPNOTSUPP; anything else unknown is EINVAL.
+/// paging is the caller's to act on (`reg` does, `reg_dm_mr` refuses it);
+/// anything else unknown is EINVAL.
 pub(crate) fn mr_access(access: c_int) -> Result<uroce::Access, c_int> {
-    let a = access as u32 & !(IBV_ACCESS_OPTIONAL_RANGE | IBV_ACCESS_HUGETLB);
-    const ON_DEMAND: u32 = 1 << 6;
-    if a & ON_DEMAND != 0 {
-        return Err(libc::EOPNOTSUPP);
-    }
+    let a = access as u32 & !(IBV_ACCESS_OPTIONAL_RANGE | IBV_ACCESS_HUGETLB | ON_DEMAND as u32);
     if a & !0x3f != 0 {
         return Err(libc::EINVAL);
     }
@@ -59,17 +59,30 @@ pub(crate) fn mr_access(access: c_int) -> Result<uroce::Access, c_int> {
 
 fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int) -> *mut ibv_mr {
     let Some(p) = live_pd(pd) else { return null_errno(libc::EINVAL) };
+    let access_bits = access;
     let access = match mr_access(access) {
         Ok(a) => a,
         Err(e) => return null_errno(e),
     };
-    if addr.is_null() {
+    let on_demand = access_bits & ON_DEMAND != 0;
+    if addr.is_null() && !(on_demand && len == usize::MAX && iova == 0) {
+        // NULL is only implicit on-demand paging's whole address space.
         return null_errno(libc::EINVAL);
     }
-    // SAFETY: the verbs contract of ibv_reg_mr: the application keeps
-    // `addr..addr+len` mapped until ibv_dereg_mr, which drops the Mr (and
-    // revokes its keys) before returning.
-    let mr = match unsafe { p.inner.register_raw_at(addr.cast(), len, iova, access) } {
+    let r = if on_demand && addr.is_null() {
+        // SAFETY: the verbs contract: the application gives peers the key
+        // and addresses only of memory they may write.
+        unsafe { p.inner.register_implicit_on_demand(access) }
+    } else if on_demand {
+        // SAFETY: as above; on demand, the memory need not even be mapped.
+        unsafe { p.inner.register_on_demand(addr as usize, len, iova, access) }
+    } else {
+        // SAFETY: the verbs contract of ibv_reg_mr: the application keeps
+        // `addr..addr+len` mapped until ibv_dereg_mr, which drops the Mr
+        // (and revokes its keys) before returning.
+        unsafe { p.inner.register_raw_at(addr.cast(), len, iova, access) }
+    };
+    let mr = match r {
         Ok(mr) => mr,
         Err(e) => return null_errno(e.errno()),
     };
@@ -131,6 +144,33 @@ pub(crate) unsafe extern "C" fn ibv_reg_dmabuf_mr(
 ) -> *mut ibv_mr {
     // No device memory to import a dma-buf into.
     null_errno(libc::EOPNOTSUPP)
+}
+
+/// `verbs_context.advise_mr` (`ibv_advise_mr`): prefetch advice for
+/// ranges of on-demand regions (`IBV_ADVISE_MR_ADVICE_PREFETCH`, `_WRITE`,
+/// `_NO_FAULT`, optionally `IBV_ADVISE_MR_FLAG_FLUSH`). Nothing needs
+/// faulting in ahead (see `uroce::Pd::advise_prefetch`): the ranges are
+/// checked, and EINVAL names a bad one.
+pub(crate) unsafe extern "C" fn advise_mr(
+    pd: *mut ibv_pd,
+    advice: c_int,
+    flags: u32,
+    sg_list: *mut ibv_sge,
+    num_sge: u32,
+) -> c_int {
+    guard(libc::EIO, || {
+        let Some(p) = live_pd(pd) else { return libc::EINVAL };
+        if !(0..=2).contains(&advice) || flags & !1 != 0 || sg_list.is_null() || num_sge == 0 {
+            return libc::EINVAL;
+        }
+        // SAFETY: the caller gives `num_sge` readable SGEs.
+        let sges = unsafe { std::slice::from_raw_parts(sg_list, num_sge as usize) };
+        let sgl: Vec<uroce::Sge> = sges
+            .iter()
+            .map(|s| uroce::Sge { addr: s.addr, length: s.length, lkey: s.lkey })
+            .collect();
+        p.inner.advise_prefetch(&sgl).map_or_else(|e| e.errno(), |()| 0)
+    })
 }
 
 /// `enum ibv_rereg_mr_flags`.

@@ -187,6 +187,15 @@ fn rdma_core_pingpongs() {
         cycles("Max receive completion clock cycles"),
     );
     assert!(0.0 < min && min <= avg && avg <= max, "{p}");
+    // On-demand paging: an explicit region (-o), the implicit one (-O),
+    // each with prefetch advice (-P).
+    for odp in [&["-o"][..], &["-O"], &["-o", "-P"], &["-O", "-P"]] {
+        let mut args = vec!["-g", "0", "-n", "200", "-c"];
+        args.extend(odp);
+        let p = same("ibv_rc_pingpong", &args, limit);
+        assert!(p.client_has("200 iters in") && !p.server.contains("invalid data"), "{p}");
+        assert!(!p.client.contains("Couldn't prefetch"), "{p}");
+    }
     // Device memory (-j): each side's buffer is a zero-based region on
     // device memory, filled and read back by ibv_memcpy_to/from_dm.
     let p = same("ibv_rc_pingpong", &["-g", "0", "-n", "200", "-c", "-j"], limit);
@@ -245,6 +254,11 @@ fn perftest_default_and_old_post_send() {
     perftest("ib_write_bw", &["-c", "UC"], 1);
     perftest("ib_send_bw", &["-e"], 1);
     perftest("ib_atomic_bw", &["-A", "CMP_AND_SWAP"], 1);
+    // Buffers registered on demand (--odp); perftest refuses ODP for its
+    // atomic tests ("ODP does not support ATOMICS for now").
+    for t in ["ib_write_bw", "ib_read_bw", "ib_send_bw", "ib_write_lat", "ib_send_lat"] {
+        perftest(t, &["--odp", "-n", "500"], 1);
+    }
     // 128 outstanding READs/atomics, what rxe offers and perftest asks of
     // a peer (it failed "to modify QP to RTS" at 16).
     for t in ["ib_read_bw", "ib_atomic_bw"] {

@@ -44,6 +44,9 @@ pub enum AccessError {
     OutOfBounds,
     /// An atomic's address is not 8-byte aligned.
     Misaligned,
+    /// An on-demand region's page is not mapped in the process (or, for a
+    /// write, not writable).
+    NotMapped,
 }
 
 /// An 8-byte atomic operation on remote memory.

@@ -183,6 +183,13 @@ impl Device {
             hca_core_clock_khz: 1_000_000,
             completion_timestamp_mask: u64::MAX,
             max_dm_size: limits::MAX_DM_SIZE,
+            // IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT.
+            odp_general_caps: 0b11,
+            // SEND, RECV, WRITE, READ, ATOMIC, SRQ_RECV: every access is
+            // checked the same way, whatever the transport.
+            odp_rc_caps: 0x3f,
+            odp_uc_caps: 0x27,
+            odp_ud_caps: 0x23,
         }
     }
 
@@ -255,6 +262,12 @@ pub struct DeviceAttr {
     pub completion_timestamp_mask: u64,
     /// The largest device memory allocation.
     pub max_dm_size: u64,
+    /// On-demand paging (`ibv_odp_caps`): general (`IBV_ODP_SUPPORT*`) and
+    /// per transport (`IBV_ODP_SUPPORT_SEND` …).
+    pub odp_general_caps: u64,
+    pub odp_rc_caps: u32,
+    pub odp_uc_caps: u32,
+    pub odp_ud_caps: u32,
 }
 
 /// `ibv_atomic_cap`: what a device's atomics are atomic with respect to.

@@ -15,6 +15,12 @@
 //! 2. The table is only used under the context's lock, so a region
 //!    is never removed while a copy into it runs.
 //! 3. Every copy is bounds-checked against the region before it happens.
+//!
+//! On-demand regions (`IBV_ACCESS_ON_DEMAND`) are the exception to 1: their
+//! memory need not be mapped, now or ever. Their bytes are moved only by
+//! `process_vm_readv`/`process_vm_writev` on this process, which the kernel
+//! fails with EFAULT where a page is missing or (writing) read-only, so an
+//! access there ends as an access error, never a fault.
 
 use std::alloc::{Layout, alloc_zeroed, dealloc};
 use std::ptr::NonNull;
@@ -24,9 +30,21 @@ use uroce_transport::keys::{KeyTable, Region};
 use uroce_transport::{Access, AccessError, Accessor, AtomicOp, Key, Memory, MwBind, MwType};
 
 /// Where a registration's bytes are: process memory, reached only by raw
-/// copies.
+/// copies (pinned regions) or by the kernel's checked copies (on-demand).
 #[derive(Debug, Clone, Copy)]
-pub(crate) struct Raw(NonNull<u8>);
+pub(crate) struct Raw {
+    /// The host address of the region's first byte (0 for an implicit
+    /// on-demand region, whose IOVAs are host addresses).
+    base: *mut u8,
+    on_demand: bool,
+}
+
+impl Raw {
+    /// The host address `off` bytes into the region.
+    fn at(self, off: usize) -> *mut u8 {
+        self.base.wrapping_add(off)
+    }
+}
 
 // SAFETY: a `Raw` is plain data describing memory whose lifetime the table
 // manages (invariant 1); moving it between threads moves no ownership of
@@ -72,7 +90,24 @@ impl MemTable {
         pd: u32,
         access: Access,
     ) -> u32 {
-        self.keys.register(Region { backing: Raw(ptr), len, addr, pd, access })
+        let backing = Raw { base: ptr.as_ptr(), on_demand: false };
+        self.keys.register(Region { backing, len, addr, pd, access })
+    }
+
+    /// Adds an on-demand registration of `len` bytes at host address
+    /// `base` (0 and the whole address space for an implicit one), and
+    /// returns its key. Its memory need not be mapped: every copy is
+    /// checked by the kernel.
+    pub(crate) fn register_on_demand(
+        &mut self,
+        base: usize,
+        len: usize,
+        addr: u64,
+        pd: u32,
+        access: Access,
+    ) -> u32 {
+        let backing = Raw { base: base as *mut u8, on_demand: true };
+        self.keys.register(Region { backing, len, addr, pd, access })
     }
 
     /// Removes a registration; its key fails from now on.
@@ -80,22 +115,37 @@ impl MemTable {
         self.keys.deregister(key).is_some()
     }
 
-    /// Replaces registration `key` by one changed by `change` (which gets
-    /// the old region's memory, length, address, PD and rights, and may
-    /// set any of them): the old key fails from now on; returns the new
-    /// key, or `None` for an unknown key.
+    /// Replaces registration `key` by one with another memory range
+    /// (`range`: host address, length, IOVA), PD or rights, each kept when
+    /// `None`: the old key fails from now on; returns the new key, or
+    /// `None` for an unknown key. An on-demand region stays on demand.
     ///
     /// # Safety
-    /// Memory that `change` puts in must stay valid for reads and writes
+    /// A new range of a pinned region must stay valid for reads and writes
     /// until its key is removed.
     pub(crate) unsafe fn reregister(
         &mut self,
         key: u32,
-        change: impl FnOnce(&mut NonNull<u8>, &mut usize, &mut u64, &mut u32, &mut Access),
+        range: Option<(NonNull<u8>, usize, u64)>,
+        pd: Option<u32>,
+        access: Option<Access>,
     ) -> Option<u32> {
         let mut r = self.keys.deregister(key)?;
-        change(&mut r.backing.0, &mut r.len, &mut r.addr, &mut r.pd, &mut r.access);
+        if let Some((ptr, len, iova)) = range {
+            (r.backing.base, r.len, r.addr) = (ptr.as_ptr(), len, iova);
+        }
+        r.pd = pd.unwrap_or(r.pd);
+        r.access = access.unwrap_or(r.access);
         Some(self.keys.register(r))
+    }
+
+    /// Whether `sge` lies in an on-demand region of PD `pd` (what
+    /// `ibv_advise_mr` may prefetch).
+    pub(crate) fn on_demand_range(&self, pd: u32, sge: &uroce_transport::Sge) -> bool {
+        let who = Accessor { pd, qpn: 0 };
+        self.keys
+            .locate(Key::Local(sge.lkey), who, sge.addr, u64::from(sge.length), Access::NONE)
+            .is_ok_and(|(r, _)| r.backing.on_demand)
     }
 
     /// Registrations alive.
@@ -130,10 +180,7 @@ impl MemTable {
         if offset.checked_add(data.len()).is_none_or(|e| e > r.len) {
             return false;
         }
-        // SAFETY: invariant 1 and the bounds check above; `data` is a Rust
-        // slice that cannot overlap registered memory we never lend out.
-        unsafe { std::ptr::copy(data.as_ptr(), r.backing.0.as_ptr().add(offset), data.len()) };
-        true
+        copy_in(r.backing, offset, data).is_ok()
     }
 
     /// Copies out of a region for the application.
@@ -142,11 +189,77 @@ impl MemTable {
         if offset.checked_add(out.len()).is_none_or(|e| e > r.len) {
             return false;
         }
-        // SAFETY: invariant 1 and the bounds check above.
-        unsafe { std::ptr::copy(r.backing.0.as_ptr().add(offset), out.as_mut_ptr(), out.len()) };
-        true
+        copy_out(r.backing, offset, out).is_ok()
     }
 }
+
+/// Copies `data` into a region at `off` (bounds checked by the caller).
+fn copy_in(r: Raw, off: usize, data: &[u8]) -> Result<(), AccessError> {
+    if r.on_demand {
+        return checked_copy(r.at(off), data.as_ptr().cast_mut(), data.len(), true);
+    }
+    // SAFETY: a pinned region: invariant 1 and the caller's bounds check
+    // (invariant 3); `copy` tolerates overlap, which a caller could produce
+    // by registering its own packet buffer.
+    unsafe { std::ptr::copy(data.as_ptr(), r.at(off), data.len()) };
+    Ok(())
+}
+
+/// Copies out of a region from `off` (bounds checked by the caller).
+fn copy_out(r: Raw, off: usize, out: &mut [u8]) -> Result<(), AccessError> {
+    if r.on_demand {
+        return checked_copy(r.at(off), out.as_mut_ptr(), out.len(), false);
+    }
+    // SAFETY: as in `copy_in`.
+    unsafe { std::ptr::copy(r.at(off), out.as_mut_ptr(), out.len()) };
+    Ok(())
+}
+
+/// Moves `len` bytes between this process's memory at `remote` (which may
+/// be unmapped) and the local buffer `local`, through the kernel:
+/// `process_vm_writev` into `remote` when `write`, else
+/// `process_vm_readv` from it. A missing or (writing) read-only page is
+/// [`AccessError::NotMapped`].
+fn checked_copy(
+    remote: *mut u8,
+    local: *mut u8,
+    len: usize,
+    write: bool,
+) -> Result<(), AccessError> {
+    if len == 0 {
+        return Ok(());
+    }
+    let l = libc::iovec { iov_base: local.cast(), iov_len: len };
+    let r = libc::iovec { iov_base: remote.cast(), iov_len: len };
+    // SAFETY: `local` is a live buffer of `len` bytes (the caller's
+    // slice); the kernel checks `remote` and fails instead of faulting.
+    let n = unsafe {
+        if write {
+            libc::process_vm_writev(libc::getpid(), &l, 1, &r, 1, 0)
+        } else {
+            libc::process_vm_readv(libc::getpid(), &l, 1, &r, 1, 0)
+        }
+    };
+    if n == len as isize { Ok(()) } else { Err(AccessError::NotMapped) }
+}
+
+/// Whether the 8 bytes at `addr` are mapped readable and writable now
+/// (`/proc/self/maps`): an atomic on an on-demand region checks this
+/// first, as no checked copy can be atomic.
+fn mapped_rw(addr: usize) -> bool {
+    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return false };
+    maps.lines().any(|l| {
+        let mut w = l.split_whitespace();
+        let (Some(range), Some(perms)) = (w.next(), w.next()) else { return false };
+        let Some((a, b)) = range.split_once('-') else { return false };
+        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
+            return false;
+        };
+        a <= addr && addr.saturating_add(8) <= b && perms.starts_with("rw")
+    })
+}
+
+impl MemTable {}
 
 /// The memory an `INLINE` WR is gathered from at post time under the C
 /// verbs contract: its SGEs are plain process addresses and their L_Keys
@@ -219,19 +332,15 @@ impl Memory for MemTable {
     }
 
     fn read(&self, key: Key, who: Accessor, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
+        // `locate` checked bounds (invariant 3) and the region is alive
+        // (invariants 1, 2).
         let (r, off) = self.keys.locate(key, who, addr, out.len() as u64, key.needs(false))?;
-        // SAFETY: `locate` checked bounds (invariant 3) and the region is
-        // alive (invariants 1, 2). `copy` tolerates overlap, which a caller
-        // could produce by registering its own packet buffer.
-        unsafe { std::ptr::copy(r.backing.0.as_ptr().add(off), out.as_mut_ptr(), out.len()) };
-        Ok(())
+        copy_out(r.backing, off, out)
     }
 
     fn write(&self, key: Key, who: Accessor, addr: u64, data: &[u8]) -> Result<(), AccessError> {
         let (r, off) = self.keys.locate(key, who, addr, data.len() as u64, key.needs(true))?;
-        // SAFETY: as in `read`.
-        unsafe { std::ptr::copy(data.as_ptr(), r.backing.0.as_ptr().add(off), data.len()) };
-        Ok(())
+        copy_in(r.backing, off, data)
     }
 
     fn atomic(
@@ -245,11 +354,16 @@ impl Memory for MemTable {
             return Err(AccessError::Misaligned);
         }
         let (r, off) = self.keys.locate(Key::Remote(rkey), who, addr, 8, Access::REMOTE_ATOMIC)?;
-        let p = r.backing.0.as_ptr().wrapping_add(off);
+        let p = r.backing.at(off);
         if !(p as usize).is_multiple_of(8) {
             // The IOVA is aligned but the host address is not (a
             // registration whose IOVA differs from its address).
             return Err(AccessError::Misaligned);
+        }
+        if r.backing.on_demand && !mapped_rw(p as usize) {
+            // An application that unmaps the page between this check and
+            // the atomic below races its own registration's use.
+            return Err(AccessError::NotMapped);
         }
         // SAFETY: 8 in-bounds, 8-aligned bytes of a live region (checked
         // above). Using an atomic makes the operation atomic with respect to

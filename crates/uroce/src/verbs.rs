@@ -205,6 +205,81 @@ impl Pd {
         Ok(Mr { ctx: self.ctx.clone(), key, addr, len, access, _owned: None, _dm: None })
     }
 
+    /// Registers `len` bytes at host address `addr` on demand (`ibv_reg_mr`
+    /// with `IBV_ACCESS_ON_DEMAND`), named by peers and SGEs at `iova`:
+    /// nothing is touched or pinned, and the memory need not be mapped. An
+    /// access to a page that is not mapped (or, writing, not writable)
+    /// when it happens ends as an access error (a remote access error for
+    /// a peer, a local protection error for a local WR), never a fault; a
+    /// page mapped later is reached then.
+    ///
+    /// # Safety
+    /// While it is registered, no Rust reference may point into the range
+    /// (peers write it at any time).
+    ///
+    /// # Errors
+    /// As [`Pd::register_raw_at`].
+    #[allow(unsafe_code)]
+    pub unsafe fn register_on_demand(
+        &self,
+        addr: usize,
+        len: usize,
+        iova: u64,
+        access: Access,
+    ) -> Result<Mr> {
+        check_access(access)?;
+        if len == 0 || iova.checked_add(len as u64).is_none() || addr.checked_add(len).is_none() {
+            return Err(Error::InvalidArgument("empty range, or its end overflows"));
+        }
+        if len as u64 > limits::MAX_MR_SIZE {
+            return Err(Error::Limit("max_mr_size"));
+        }
+        self.on_demand(addr, len, iova, access)
+    }
+
+    /// Registers the whole address space on demand (implicit on-demand
+    /// paging: `ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_ON_DEMAND)`):
+    /// IOVAs are host addresses, and every access is checked as in
+    /// [`Pd::register_on_demand`].
+    ///
+    /// # Safety
+    /// As [`Pd::register_on_demand`], for all memory the peers are given
+    /// the key and addresses of.
+    ///
+    /// # Errors
+    /// As [`Pd::register_raw_at`].
+    #[allow(unsafe_code)]
+    pub unsafe fn register_implicit_on_demand(&self, access: Access) -> Result<Mr> {
+        check_access(access)?;
+        self.on_demand(0, usize::MAX, 0, access)
+    }
+
+    /// Advises that the ranges of on-demand regions in `sgl` will be
+    /// accessed soon (`ibv_advise_mr` prefetch). Nothing needs faulting in
+    /// ahead here (each access goes through the kernel when it happens),
+    /// so this checks the ranges and returns.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for an empty list or a range that is not
+    /// in an on-demand region of this PD.
+    pub fn advise_prefetch(&self, sgl: &[Sge]) -> Result<()> {
+        let e = self.ctx.lock();
+        if sgl.is_empty() || !sgl.iter().all(|s| e.mem.on_demand_range(self.handle, s)) {
+            return Err(Error::InvalidArgument("not a range of an on-demand region of this PD"));
+        }
+        Ok(())
+    }
+
+    fn on_demand(&self, addr: usize, len: usize, iova: u64, access: Access) -> Result<Mr> {
+        let mut e = self.ctx.lock();
+        if e.mem.len() as u32 >= limits::MAX_MR {
+            return Err(Error::Limit("max_mr"));
+        }
+        let key = e.mem.register_on_demand(addr, len, iova, self.handle, access);
+        let ctx = self.ctx.clone();
+        Ok(Mr { ctx, key, addr: iova, len, access, _owned: None, _dm: None })
+    }
+
     /// Registers `len` bytes of device memory `dm` from `offset`
     /// (`ibv_reg_dm_mr`): zero-based, so peers and SGEs name its bytes
     /// from address 0. The region keeps `dm` alive.
@@ -360,20 +435,8 @@ impl Mr {
         // SAFETY: a new range comes from `rereg_translation`, whose caller
         // keeps it valid until the key is removed; otherwise the region's
         // memory stays what it was, under the same guarantee.
-        let key = unsafe {
-            e.mem.reregister(self.key, |ptr, l, addr, p, acc| {
-                if let Some((nn, len, iova)) = range {
-                    (*ptr, *l, *addr) = (nn, len, iova);
-                }
-                if let Some(pd) = pd {
-                    *p = pd.handle;
-                }
-                if let Some(a) = access {
-                    *acc = a;
-                }
-            })
-        }
-        .ok_or(Error::InvalidArgument("the region is not registered"))?;
+        let key = unsafe { e.mem.reregister(self.key, range, pd.map(|p| p.handle), access) }
+            .ok_or(Error::InvalidArgument("the region is not registered"))?;
         self.key = key;
         if let Some((_, len, iova)) = range {
             (self.len, self.addr) = (len, iova);

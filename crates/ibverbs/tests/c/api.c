@@ -150,10 +150,28 @@ int main(void)
 		     IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, len, access);
 	REQUIRE(mr && mr->lkey && mr->addr == buf && mr->length == len, "reg_mr");
+	/* On-demand paging: explicit and implicit regions, prefetch advice. */
+	CHECK(dx.odp_caps.general_caps == (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT) &&
+		      (dx.odp_caps.per_transport_caps.rc_odp_caps & IBV_ODP_SUPPORT_WRITE),
+	      "odp caps");
+	struct ibv_mr *odp = ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+	CHECK(odp && odp->addr == buf, "ODP");
+	struct ibv_mr *implicit = ibv_reg_mr(pd, NULL, SIZE_MAX, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND);
+	CHECK(implicit && implicit->length == SIZE_MAX, "implicit ODP");
 	errno = 0;
-	CHECK(!ibv_reg_mr(pd, buf, len, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND) &&
-		      errno == EOPNOTSUPP,
-	      "ODP");
+	CHECK(!ibv_reg_mr(pd, NULL, 4096, IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_ON_DEMAND) && errno == EINVAL,
+	      "NULL is only implicit ODP");
+	if (odp) {
+		struct ibv_sge sg = {.addr = (uintptr_t)buf, .length = 4096, .lkey = odp->lkey};
+		CHECK(!ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH_WRITE, IBV_ADVISE_MR_FLAG_FLUSH, &sg, 1),
+		      "advise_mr");
+		sg.lkey = mr->lkey;
+		CHECK(ibv_advise_mr(pd, IBV_ADVISE_MR_ADVICE_PREFETCH, 0, &sg, 1) == EINVAL,
+		      "advise_mr on a pinned region");
+		CHECK(!ibv_dereg_mr(odp), "dereg ODP");
+	}
+	if (implicit)
+		CHECK(!ibv_dereg_mr(implicit), "dereg implicit ODP");
 	errno = 0;
 	CHECK(!ibv_reg_mr(pd, buf, len, IBV_ACCESS_REMOTE_WRITE) && errno == EINVAL,
 	      "remote write without local write");
