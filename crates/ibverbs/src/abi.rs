@@ -130,9 +130,12 @@ pub struct verbs_context {
     pub destroy_flow_action: *mut c_void,
     pub create_flow_action_esp: *mut c_void,
     pub modify_qp_rate_limit: *mut c_void,
-    pub alloc_parent_domain: *mut c_void,
-    pub dealloc_td: *mut c_void,
-    pub alloc_td: *mut c_void,
+    pub alloc_parent_domain: Option<
+        unsafe extern "C" fn(*mut ibv_context, *mut ibv_parent_domain_init_attr) -> *mut ibv_pd,
+    >,
+    pub dealloc_td: Option<unsafe extern "C" fn(*mut ibv_td) -> c_int>,
+    pub alloc_td:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td>,
     pub modify_cq: *mut c_void,
     pub post_srq_ops: *mut c_void,
     pub destroy_rwq_ind_table: *mut c_void,
@@ -660,6 +663,33 @@ pub struct ibv_device_attr_ex {
     pub phys_port_cnt_ex: u32,
 }
 
+/// `struct ibv_td`: a thread domain.
+#[repr(C)]
+pub struct ibv_td {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_td_init_attr`.
+#[repr(C)]
+pub struct ibv_td_init_attr {
+    pub comp_mask: u32,
+}
+
+/// `struct ibv_parent_domain_init_attr`.
+#[repr(C)]
+pub struct ibv_parent_domain_init_attr {
+    pub pd: *mut ibv_pd,
+    pub td: *mut ibv_td,
+    pub comp_mask: u32,
+    pub alloc: *mut c_void,
+    pub free: *mut c_void,
+    pub pd_context: *mut c_void,
+}
+
+/// `IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS`, `_PD_CONTEXT`.
+pub const IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS: u32 = 1;
+pub const IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT: u32 = 2;
+
 /// `struct ibv_dm`: device memory, reached through its copy functions.
 #[repr(C)]
 pub struct ibv_dm {
@@ -880,6 +910,9 @@ mod tests {
         check!(m, ibv_alloc_dm_attr { "length" => length, "log_align_req" => log_align_req,
             "comp_mask" => comp_mask });
         check!(m, ibv_values_ex { "comp_mask" => comp_mask, "raw_clock" => raw_clock });
+        check!(m, ibv_td { "context" => context });
+        check!(m, ibv_parent_domain_init_attr { "pd" => pd, "td" => td, "comp_mask" => comp_mask,
+            "alloc" => alloc, "free" => free, "pd_context" => pd_context });
         check!(m, ibv_comp_channel { "fd" => fd, "refcnt" => refcnt });
         check!(m, ibv_cq { "channel" => channel, "cq_context" => cq_context, "handle" => handle,
             "cqe" => cqe, "mutex" => mutex, "cond" => cond,

@@ -57,6 +57,9 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         vctx.free_dm = Some(crate::dm::free_dm);
         vctx.reg_dm_mr = Some(crate::dm::reg_dm_mr);
         vctx.advise_mr = Some(crate::pd::advise_mr);
+        vctx.alloc_td = Some(crate::pd::alloc_td);
+        vctx.dealloc_td = Some(crate::pd::dealloc_td);
+        vctx.alloc_parent_domain = Some(crate::pd::alloc_parent_domain);
         vctx.sz = size_of::<verbs_context>() + FUTURE_SLOTS * size_of::<*mut c_void>();
         let c = &mut vctx.context;
         c.device = (&raw const *entry.ibv).cast_mut();

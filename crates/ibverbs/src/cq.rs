@@ -163,11 +163,18 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
         }
         let flags = if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_FLAGS != 0 { a.flags } else { 0 };
         // SINGLE_THREADED (bit 0) is a hint; anything else is unsupported.
-        if a.wc_flags & !SUPPORTED_WC_EX != 0
-            || flags & !1 != 0
-            || (a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0 && !a.parent_domain.is_null())
-        {
+        if a.wc_flags & !SUPPORTED_WC_EX != 0 || flags & !1 != 0 {
             return null_errno(libc::EOPNOTSUPP);
+        }
+        // A parent domain of this context may be named (its allocators
+        // are not needed: the ring is uroce's own memory); a plain PD not.
+        if a.comp_mask & IBV_CQ_INIT_ATTR_MASK_PD != 0
+            && !crate::objects::live_pd(a.parent_domain).is_some_and(|p| {
+                // SAFETY: a live PD's public struct.
+                !p.parent_of.is_null() && unsafe { (*p.pd.get()).context } == context
+            })
+        {
+            return null_errno(libc::EINVAL);
         }
         let Ok(cqe) = c_int::try_from(a.cqe) else { return null_errno(libc::EINVAL) };
         create(context, cqe, a.cq_context, a.channel, a.comp_vector as c_int).cast()

@@ -45,6 +45,7 @@ pub(crate) enum Kind {
     Mr,
     Mw,
     Dm,
+    Td,
     Cq,
     Channel,
     Qp,

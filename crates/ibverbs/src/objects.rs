@@ -78,6 +78,19 @@ pub(crate) struct PdBox {
     /// MRs, QPs, SRQs and AHs on this PD: deallocating it before them is
     /// EBUSY, as the kernel answers.
     pub(crate) users: AtomicU32,
+    /// A parent domain (`ibv_alloc_parent_domain`): the PD it stands for
+    /// (whose protection domain it shares) and its thread domain, each
+    /// held while it lives; null for a plain PD.
+    pub(crate) parent_of: *const Self,
+    pub(crate) td: *const TdBox,
+}
+
+/// An `ibv_td`.
+#[repr(C)]
+pub(crate) struct TdBox {
+    pub(crate) td: UnsafeCell<ibv_td>,
+    /// Parent domains on it.
+    pub(crate) users: AtomicU32,
 }
 
 /// Locks `m`, recovering from a panic elsewhere (no panic crosses into C,

@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
 use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, null_errno, set_errno};
-use crate::objects::{MrBox, PdBox, from_c, hold, in_use, into_c, lock, release};
+use crate::objects::{MrBox, PdBox, TdBox, from_c, hold, in_use, into_c, lock, release};
 use crate::objects::{live_ctx, live_pd};
 
 pub(crate) unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
@@ -23,6 +23,8 @@ pub(crate) unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut 
                 pd: UnsafeCell::new(ibv_pd { context, handle: 0 }),
                 inner: pd,
                 users: AtomicU32::new(0),
+                parent_of: std::ptr::null(),
+                td: std::ptr::null(),
             },
             Kind::Pd,
         );
@@ -37,8 +39,103 @@ pub(crate) unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
             return libc::EBUSY;
         }
         // SAFETY: registered as a PD ⇒ made by into_c::<PdBox>.
-        drop(unsafe { from_c(pd.cast::<PdBox>(), Kind::Pd) });
+        let Some(b) = (unsafe { from_c(pd.cast::<PdBox>(), Kind::Pd) }) else {
+            return libc::EINVAL;
+        };
+        // A parent domain lets go of its PD and thread domain.
+        if !b.parent_of.is_null() {
+            // SAFETY: a parent domain holds its PD (use count).
+            release(unsafe { &(*b.parent_of).users });
+        }
+        if !b.td.is_null() {
+            // SAFETY: and its thread domain.
+            release(unsafe { &(*b.td).users });
+        }
         0
+    })
+}
+
+/// `verbs_context.alloc_td` (`ibv_alloc_td`): a thread domain, a promise
+/// that the objects of a parent domain on it are used by one thread at a
+/// time. Accepted; uroce's locks stay (uncontended, they cost little).
+pub(crate) unsafe extern "C" fn alloc_td(
+    context: *mut ibv_context,
+    attr: *mut ibv_td_init_attr,
+) -> *mut ibv_td {
+    guard(std::ptr::null_mut(), || {
+        if live_ctx(context).is_none() {
+            return null_errno(libc::EINVAL);
+        }
+        // SAFETY: NULL or the caller's readable attributes.
+        if unsafe { attr.as_ref() }.is_none_or(|a| a.comp_mask != 0) {
+            return null_errno(libc::EINVAL);
+        }
+        let b = TdBox { td: UnsafeCell::new(ibv_td { context }), users: AtomicU32::new(0) };
+        into_c(b, Kind::Td).cast()
+    })
+}
+
+/// `verbs_context.dealloc_td`: EBUSY while a parent domain uses it.
+pub(crate) unsafe extern "C" fn dealloc_td(td: *mut ibv_td) -> c_int {
+    guard(libc::EIO, || {
+        if !is_live(td.cast::<TdBox>(), Kind::Td) {
+            return libc::EINVAL;
+        }
+        // SAFETY: a live thread domain of ours (checked just above).
+        if in_use(&unsafe { &*td.cast::<TdBox>() }.users) {
+            return libc::EBUSY;
+        }
+        // SAFETY: registered as Td ⇒ made by into_c::<TdBox>.
+        drop(unsafe { from_c(td.cast::<TdBox>(), Kind::Td) });
+        0
+    })
+}
+
+/// `verbs_context.alloc_parent_domain` (`ibv_alloc_parent_domain`): a
+/// PD-like object standing for `attr->pd` (same protection domain:
+/// regions, QPs and CQs made on it are the PD's), with an optional thread
+/// domain. Custom allocators are accepted and not called: uroce's queues
+/// are not in memory the application provides.
+pub(crate) unsafe extern "C" fn alloc_parent_domain(
+    context: *mut ibv_context,
+    attr: *mut ibv_parent_domain_init_attr,
+) -> *mut ibv_pd {
+    guard(std::ptr::null_mut(), || {
+        // SAFETY: NULL or the caller's readable attributes.
+        let Some(a) = (unsafe { attr.as_ref() }) else { return null_errno(libc::EINVAL) };
+        let known = IBV_PARENT_DOMAIN_INIT_ATTR_ALLOCATORS | IBV_PARENT_DOMAIN_INIT_ATTR_PD_CONTEXT;
+        if a.comp_mask & !known != 0 {
+            return null_errno(libc::EINVAL);
+        }
+        let Some(p) = live_pd(a.pd) else { return null_errno(libc::EINVAL) };
+        // SAFETY: a live PD's public struct.
+        if unsafe { (*p.pd.get()).context } != context || !p.parent_of.is_null() {
+            // Another device's PD, or a parent domain of a parent domain.
+            return null_errno(libc::EINVAL);
+        }
+        let td = if a.td.is_null() {
+            std::ptr::null()
+        } else if is_live(a.td.cast::<TdBox>(), Kind::Td)
+            // SAFETY: a live thread domain of ours (checked first).
+            && unsafe { (*a.td).context } == context
+        {
+            a.td.cast::<TdBox>().cast_const()
+        } else {
+            return null_errno(libc::EINVAL);
+        };
+        hold(&p.users);
+        if !td.is_null() {
+            // SAFETY: live (checked above).
+            hold(unsafe { &(*td).users });
+        }
+        let b = PdBox {
+            pd: UnsafeCell::new(ibv_pd { context, handle: 0 }),
+            inner: p.inner.clone(),
+            users: AtomicU32::new(0),
+            parent_of: std::ptr::from_ref(p),
+            td,
+        };
+        into_c(b, Kind::Pd).cast()
     })
 }
 

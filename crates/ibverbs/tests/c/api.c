@@ -242,6 +242,34 @@ int main(void)
 	CHECK(ibv_free_dm(dm) == EBUSY, "dm held by its region");
 	CHECK(!ibv_dereg_mr(dm_mr) && !ibv_free_dm(dm), "free dm");
 
+	/* Thread and parent domains: a parent domain stands for its PD
+	 * (regions and CQs on it), holds its PD and thread domain. */
+	struct ibv_td *td = ibv_alloc_td(ctx, &(struct ibv_td_init_attr){});
+	REQUIRE(td && td->context == ctx, "alloc_td");
+	struct ibv_parent_domain_init_attr pda = {.pd = pd, .td = td};
+	struct ibv_pd *parent = ibv_alloc_parent_domain(ctx, &pda);
+	REQUIRE(parent && parent->context == ctx, "alloc_parent_domain");
+	errno = 0;
+	CHECK(!ibv_alloc_parent_domain(ctx, &(struct ibv_parent_domain_init_attr){.pd = parent}) &&
+		      errno == EINVAL,
+	      "no parent domain of a parent domain");
+	CHECK(ibv_dealloc_td(td) == EBUSY, "the parent domain holds its td");
+	struct ibv_mr *pmr = ibv_reg_mr(parent, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+	CHECK(pmr != NULL, "mr on a parent domain");
+	struct ibv_cq_init_attr_ex pcx = {
+		.cqe = 8, .comp_mask = IBV_CQ_INIT_ATTR_MASK_PD, .parent_domain = parent};
+	struct ibv_cq_ex *pcq = ibv_create_cq_ex(ctx, &pcx);
+	CHECK(pcq != NULL, "cq on a parent domain");
+	pcx.parent_domain = pd;
+	errno = 0;
+	CHECK(!ibv_create_cq_ex(ctx, &pcx) && errno == EINVAL, "cq with a plain pd as parent domain");
+	CHECK(ibv_dealloc_pd(parent) == EBUSY, "parent domain in use");
+	if (pcq)
+		CHECK(!ibv_destroy_cq(ibv_cq_ex_to_cq(pcq)), "destroy parent-domain cq");
+	if (pmr)
+		CHECK(!ibv_dereg_mr(pmr), "dereg parent-domain mr");
+	CHECK(!ibv_dealloc_pd(parent) && !ibv_dealloc_td(td), "dealloc parent domain and td");
+
 	/* CQs: a basic one on a channel, and an extended one. */
 	struct ibv_comp_channel *ch = ibv_create_comp_channel(ctx);
 	REQUIRE(ch && ch->fd >= 0, "channel");
