@@ -150,6 +150,13 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
         print_odp(&at);
         println!("\tcompletion timestamp_mask:\t\t\t0x{:016x}", at.completion_timestamp_mask);
         println!("\thca_core_clock:\t\t\t{}kHZ", at.hca_core_clock_khz);
+        let ex = at.device_cap_flags_ex;
+        println!("\tdevice_cap_flags_ex:\t\t0x{ex:X}");
+        // ibv_devinfo names two of the high flags; the rest are "unknown".
+        let unknown = ex & 0xffff_ffff_0000_0000 & !((1 << 34) | (1 << 36));
+        if unknown != 0 {
+            println!("\t\t\t\t\tUnknown flags: 0x{unknown:X}");
+        }
         print!("{EXTENDED_NONE}");
         println!("\tmaximum available device memory:\t{}Bytes\n", at.max_dm_size);
         println!("\tnum_comp_vectors:\t\t1");
@@ -226,8 +233,7 @@ fn print_odp(at: &uroce::DeviceAttr) {
 /// What ibv_devinfo -v prints after the clock for a device with none of
 /// the other extended capabilities (TSO, RSS, packet pacing, tag
 /// matching); device memory follows.
-const EXTENDED_NONE: &str = "\tdevice_cap_flags_ex:\t\t0x0
-\ttso_caps:
+const EXTENDED_NONE: &str = "\ttso_caps:
 \t\tmax_tso:\t\t\t0
 \trss_caps:
 \t\tmax_rwq_indirection_tables:\t\t\t0

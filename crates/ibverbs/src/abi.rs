@@ -657,7 +657,8 @@ pub struct ibv_device_attr_ex {
     pub completion_timestamp_mask: u64,
     /// kHz.
     pub hca_core_clock: u64,
-    pub _ext: [u8; 96],
+    pub device_cap_flags_ex: u64,
+    pub _ext: [u8; 88],
     pub max_dm_size: u64,
     pub _ext2: [u8; 12],
     pub phys_port_cnt_ex: u32,
@@ -795,6 +796,7 @@ pub mod consts {
     pub const IBV_QP_EX_WITH_LOCAL_INV: u64 = 1 << 7;
     pub const IBV_QP_EX_WITH_BIND_MW: u64 = 1 << 8;
     pub const IBV_QP_EX_WITH_SEND_WITH_INV: u64 = 1 << 9;
+    pub const IBV_QP_EX_WITH_ATOMIC_WRITE: u64 = 1 << 12;
 
     pub const IBV_SEND_INLINE: u32 = 1 << 3;
 
@@ -1003,7 +1005,8 @@ mod tests {
             "phys_port_cnt" => phys_port_cnt });
         check!(m, ibv_device_attr_ex { "orig_attr" => orig_attr, "comp_mask" => comp_mask,
             "odp_caps" => odp_caps, "completion_timestamp_mask" => completion_timestamp_mask,
-            "hca_core_clock" => hca_core_clock, "max_dm_size" => max_dm_size,
+            "hca_core_clock" => hca_core_clock, "device_cap_flags_ex" => device_cap_flags_ex,
+            "max_dm_size" => max_dm_size,
             "phys_port_cnt_ex" => phys_port_cnt_ex });
         check!(m, ibv_port_attr { "state" => state, "max_mtu" => max_mtu,
             "active_mtu" => active_mtu, "gid_tbl_len" => gid_tbl_len,

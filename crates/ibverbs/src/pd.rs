@@ -148,7 +148,9 @@ pub(crate) const ON_DEMAND: c_int = 1 << 6;
 /// anything else unknown is EINVAL.
 pub(crate) fn mr_access(access: c_int) -> Result<uroce::Access, c_int> {
     let a = access as u32 & !(IBV_ACCESS_OPTIONAL_RANGE | IBV_ACCESS_HUGETLB | ON_DEMAND as u32);
-    if a & !0x3f != 0 {
+    // IBV_ACCESS_FLUSH_GLOBAL (rdma-core 45) is taken; FLUSH_PERSISTENT is
+    // refused by the Rust layer (no persistent memory).
+    if a & !(0x3f | uroce::Access::FLUSH_GLOBAL.0 | uroce::Access::FLUSH_PERSISTENT.0) != 0 {
         return Err(libc::EINVAL);
     }
     Ok(uroce::Access(a))

@@ -34,7 +34,8 @@ const SUPPORTED_SEND_OPS: u64 = IBV_QP_EX_WITH_RDMA_WRITE
     | IBV_QP_EX_WITH_ATOMIC_FETCH_AND_ADD
     | IBV_QP_EX_WITH_LOCAL_INV
     | IBV_QP_EX_WITH_BIND_MW
-    | IBV_QP_EX_WITH_SEND_WITH_INV;
+    | IBV_QP_EX_WITH_SEND_WITH_INV
+    | IBV_QP_EX_WITH_ATOMIC_WRITE;
 
 pub(crate) fn live_qp<'a>(qp: *mut ibv_qp) -> Option<&'a QpBox> {
     // SAFETY: dereferenced only once the registry says it is a live QP.

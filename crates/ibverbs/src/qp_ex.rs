@@ -142,6 +142,8 @@ fn complete(b: &QpBox, bl: &Builder) -> c_int {
                 swap: p.swap,
                 ud: p.ud,
                 bind: p.bind,
+                // rdma-core 44 has no ibv_wr_flush (it came in 45).
+                flush: None,
             };
         }
         if let Err(e) = b.inner.post_send(&batch[..chunk.len()]) {
@@ -226,8 +228,23 @@ unsafe extern "C" fn wr_send_tso(qp: *mut ibv_qp_ex, _: *mut c_void, _: u16, _: 
     unsupported(qp);
 }
 
-unsafe extern "C" fn wr_atomic_write(qp: *mut ibv_qp_ex, _: u32, _: u64, _: *const c_void) {
-    unsupported(qp);
+/// `ibv_wr_atomic_write`: the 8 bytes at `atomic_wr` stored at once at
+/// `addr` (IBA 1.5 ATOMIC WRITE).
+unsafe extern "C" fn wr_atomic_write(
+    qp: *mut ibv_qp_ex,
+    rkey: u32,
+    addr: u64,
+    atomic_wr: *const c_void,
+) {
+    if atomic_wr.is_null() {
+        with(qp, |_, bl| bl.err = libc::EINVAL);
+        return;
+    }
+    // SAFETY: the caller gives 8 readable bytes at `atomic_wr`.
+    let value = unsafe { atomic_wr.cast::<u64>().read_unaligned() };
+    begin(qp, WrOpcode::AtomicWrite, |p| {
+        (p.rkey, p.remote_addr, p.compare_add) = (rkey, addr, value);
+    });
 }
 
 unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _: u32) {

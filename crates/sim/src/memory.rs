@@ -123,7 +123,7 @@ impl Memory for TestMemory {
         if !addr.is_multiple_of(8) {
             return Err(AccessError::Misaligned);
         }
-        let (r, off) = self.keys.locate(Key::Remote(rkey), who, addr, 8, Access::REMOTE_ATOMIC)?;
+        let (r, off) = self.keys.locate(Key::Remote(rkey), who, addr, 8, op.needs())?;
         let mut bytes = r.backing.0.borrow_mut();
         let cell = &mut bytes[GUARD + off..GUARD + off + 8];
         let orig = u64::from_ne_bytes(cell.try_into().map_err(|_| AccessError::OutOfBounds)?);
@@ -136,6 +136,7 @@ impl Memory for TestMemory {
                 }
             }
             AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
+            AtomicOp::Write { value } => value,
         };
         cell.copy_from_slice(&new.to_ne_bytes());
         Ok(orig)

@@ -292,7 +292,8 @@ fn connect(qp: &mut Qp, peer: IpAddr, peer_qpn: u32, sq_psn: Psn, rq_psn: Psn, c
         access: Access::LOCAL_WRITE
             | Access::REMOTE_WRITE
             | Access::REMOTE_READ
-            | Access::REMOTE_ATOMIC,
+            | Access::REMOTE_ATOMIC
+            | Access::FLUSH_GLOBAL,
         ..QpAttr::default()
     };
     qp.modify(

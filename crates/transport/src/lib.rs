@@ -38,7 +38,8 @@ pub use stats::{DropReason, Stats};
 pub use time::Instant;
 pub use uroce_wire as wire;
 pub use wqe::{
-    Completion, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    Completion, FlushOp, RecvWr, SendFlags, SendWr, Sge, UdDest, WcFlags, WcOpcode, WcStatus,
+    WrOpcode,
 };
 
 /// The deepest READ/atomic queue a QP may ask for, in either direction

@@ -64,6 +64,22 @@ pub enum AtomicOp {
         /// Addend.
         add: u64,
     },
+    /// ATOMIC WRITE (IBA 1.5): store 8 bytes at once. Needs the region's
+    /// REMOTE_WRITE right, not REMOTE_ATOMIC (as rxe checks it).
+    Write {
+        /// The value stored.
+        value: u64,
+    },
+}
+
+impl AtomicOp {
+    /// The right the region must grant.
+    pub const fn needs(self) -> crate::Access {
+        match self {
+            Self::Write { .. } => crate::Access::REMOTE_WRITE,
+            _ => crate::Access::REMOTE_ATOMIC,
+        }
+    }
 }
 
 /// Who asks for an access: the QP's protection domain and number (type 2

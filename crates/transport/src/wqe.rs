@@ -39,6 +39,12 @@ pub enum WrOpcode {
     BindMw = 8,
     /// SEND with invalidate.
     SendWithInv = 9,
+    /// FLUSH (IBA 1.5): makes earlier WRITEs to a range or region globally
+    /// visible (or persistent) at the responder before it answers.
+    Flush = 14,
+    /// ATOMIC WRITE (IBA 1.5): 8 bytes written at once, the value in
+    /// `compare_add`.
+    AtomicWrite = 15,
 }
 
 impl WrOpcode {
@@ -55,13 +61,31 @@ impl WrOpcode {
             7 => Self::LocalInv,
             8 => Self::BindMw,
             9 => Self::SendWithInv,
+            14 => Self::Flush,
+            15 => Self::AtomicWrite,
             _ => return None,
         })
     }
 
-    /// READ or atomic: counts against `max_rd_atomic` and is fenced.
+    /// READ or atomic, ATOMIC WRITE and FLUSH too: counts against
+    /// `max_rd_atomic` and is fenced. (rxe does not count FLUSH, yet its
+    /// responder keeps a resource for it to answer a duplicate: counting it
+    /// keeps the requester within what the responder remembers.)
     pub const fn is_read_or_atomic(self) -> bool {
-        matches!(self, Self::RdmaRead | Self::AtomicCmpAndSwp | Self::AtomicFetchAndAdd)
+        matches!(
+            self,
+            Self::RdmaRead
+                | Self::AtomicCmpAndSwp
+                | Self::AtomicFetchAndAdd
+                | Self::AtomicWrite
+                | Self::Flush
+        )
+    }
+
+    /// Completed by its response (READ response, atomic ACK; FLUSH and
+    /// ATOMIC WRITE by a zero-length READ response), never by a plain ACK.
+    pub const fn awaits_response(self) -> bool {
+        self.is_read_or_atomic()
     }
 
     /// An atomic operation.
@@ -79,6 +103,8 @@ impl WrOpcode {
             Self::AtomicFetchAndAdd => WcOpcode::FetchAdd,
             Self::LocalInv => WcOpcode::LocalInv,
             Self::BindMw => WcOpcode::BindMw,
+            Self::Flush => WcOpcode::Flush,
+            Self::AtomicWrite => WcOpcode::AtomicWrite,
         }
     }
 }
@@ -150,7 +176,9 @@ pub struct SendWr<'a> {
     pub remote_addr: u64,
     /// Remote key (RDMA and atomics).
     pub rkey: u32,
-    /// Compare value (CmpSwap) or addend (FetchAdd).
+    /// Compare value (CmpSwap), addend (FetchAdd) or the value an ATOMIC
+    /// WRITE stores (its 8 bytes in host order, as `ibv_wr_atomic_write`
+    /// copies them).
     pub compare_add: u64,
     /// Swap value (CmpSwap).
     pub swap: u64,
@@ -158,6 +186,29 @@ pub struct SendWr<'a> {
     pub ud: Option<UdDest>,
     /// The bind of a `BindMw` WR.
     pub bind: Option<crate::memory::MwBind>,
+    /// What a `Flush` WR flushes (with `remote_addr` and `rkey`).
+    pub flush: Option<FlushOp>,
+}
+
+/// A FLUSH's placement and selectivity (IBA 1.5 FETH), and the length of
+/// the range it names.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FlushOp {
+    /// Placement type: `FlushOp::GLOBAL` and/or `FlushOp::PERSISTENT`.
+    pub placement: u8,
+    /// `FlushOp::RANGE` (the range `remote_addr`, `len`) or
+    /// `FlushOp::REGION` (the whole region of `rkey`).
+    pub selectivity: u8,
+    /// The range's length (`RANGE`; 0 flushes nothing but checks the key).
+    pub len: u32,
+}
+
+#[allow(missing_docs)]
+impl FlushOp {
+    pub const GLOBAL: u8 = 1;
+    pub const PERSISTENT: u8 = 2;
+    pub const RANGE: u8 = 0;
+    pub const REGION: u8 = 1;
 }
 
 impl Default for SendWr<'_> {
@@ -175,6 +226,7 @@ impl Default for SendWr<'_> {
             swap: 0,
             ud: None,
             bind: None,
+            flush: None,
         }
     }
 }
@@ -263,6 +315,10 @@ pub enum WcOpcode {
     BindMw = 5,
     /// Local invalidate.
     LocalInv = 6,
+    /// FLUSH.
+    Flush = 8,
+    /// ATOMIC WRITE.
+    AtomicWrite = 9,
     /// A received SEND.
     Recv = 128,
     /// A received RDMA WRITE with immediate.

@@ -249,3 +249,57 @@ fn random_packets_never_break_anything() {
         assert!(p.a.mem.guards_intact() && p.b.mem.guards_intact(), "seed {seed}");
     }
 }
+
+/// IBA 1.5 requests that break their rules: an ATOMIC WRITE of other than
+/// 8 bytes, or at an address that is not 8-aligned (invalid requests, as
+/// rxe answers them); a FLUSH past its region's end (a remote access
+/// error) or asking for no placement type (invalid). Nothing is written.
+#[test]
+fn malformed_atomic_writes_and_flushes_are_refused() {
+    use uroce_wire::FethRepr;
+    let flushable = Access(ALL.0 | Access::FLUSH_GLOBAL.0);
+    // A payload of other than 8 bytes is not an ATOMIC WRITE packet at
+    // all: malformed, dropped before any QP sees it.
+    for n in [4, 16] {
+        let r = RocePacketRepr {
+            reth: Some(RethRepr::default()),
+            ..req(Opcode::RC_ATOMIC_WRITE, Psn::new(0))
+        };
+        let mut buf = vec![0u8; r.packet_len(n)];
+        r.emit(&mut buf, &vec![0; n]).unwrap();
+        assert!(RocePacket::new_checked(&buf[..]).is_err(), "{n}-byte payload");
+    }
+    let cases: [(Opcode, u64, u32, usize, Option<FethRepr>, NakCode); 4] = [
+        (Opcode::RC_ATOMIC_WRITE, 0, 16, 8, None, NakCode::InvalidRequest),
+        (Opcode::RC_ATOMIC_WRITE, 4, 8, 8, None, NakCode::InvalidRequest),
+        (
+            Opcode::RC_FLUSH,
+            4000,
+            200,
+            0,
+            Some(FethRepr { placement: 1, selectivity: 0 }),
+            NakCode::RemoteAccessError,
+        ),
+        (
+            Opcode::RC_FLUSH,
+            0,
+            8,
+            0,
+            Some(FethRepr { placement: 0, selectivity: 0 }),
+            NakCode::InvalidRequest,
+        ),
+    ];
+    for (i, (op, off, len, payload, feth, nak)) in cases.into_iter().enumerate() {
+        let mut p = RcPair::new(10 + i as u64, LinkConfig::default(), PairConfig::default());
+        let (addr, _, rkey) = p.b.mem.register(PD, 4096, flushable);
+        let e = epsn(&p);
+        let mut r = req(op, e);
+        r.reth = Some(RethRepr { va: addr + off, rkey, dma_len: len });
+        r.feth = feth;
+        let out = to_b(&mut p, &packet(&r, &vec![0xee; payload]));
+        assert_eq!(out.len(), 1, "case {i}");
+        assert_eq!(out[0].aeth.unwrap().syndrome, Syndrome::Nak(nak), "case {i}");
+        assert_eq!(p.b.mem.snapshot(addr, 4096), vec![0; 4096], "case {i}: nothing written");
+        assert!(p.b.mem.guards_intact(), "case {i}");
+    }
+}

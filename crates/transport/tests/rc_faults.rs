@@ -1,5 +1,6 @@
 //! Deterministic simulation under faults: random RC workloads in both
-//! directions over links that lose, duplicate, reorder and corrupt packets.
+//! directions over links that lose, duplicate, reorder and corrupt packets
+//! (SEND, WRITE, READ, atomics, and IBA 1.5's ATOMIC WRITE and FLUSH).
 //! Every WR must complete exactly once, in order, successfully, with the
 //! right bytes at the target and nothing written outside a region.
 //!
@@ -10,7 +11,9 @@ use std::time::Duration;
 
 use uroce_sim::pair::{Node, PD, PairConfig};
 use uroce_sim::{LinkConfig, RcPair, SplitMix64};
-use uroce_transport::{Access, RecvWr, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WrOpcode};
+use uroce_transport::{
+    Access, FlushOp, RecvWr, SendWr, Sge, WcFlags, WcOpcode, WcStatus, WrOpcode,
+};
 use uroce_wire::Mtu;
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
@@ -48,7 +51,7 @@ const REGION: usize = 4 << 20;
 fn setup(n: &mut Node) -> Side {
     Side {
         src: n.mem.register(PD, REGION, ALL),
-        wr_dst: n.mem.register(PD, REGION, ALL),
+        wr_dst: n.mem.register(PD, REGION, ALL | Access::FLUSH_GLOBAL),
         recv_dst: n.mem.register(PD, REGION, ALL),
         read_src: n.mem.register(PD, REGION, ALL),
         read_dst: n.mem.register(PD, REGION, ALL),
@@ -86,7 +89,7 @@ fn post_workload(
     let mut recv_off = 0u64;
     let mut read_off = 0u64;
     for i in 0..ops {
-        let kind = rng.below(7);
+        let kind = rng.below(9);
         // Every area is bump-allocated; shrink the message rather than wrap.
         let room =
             (REGION as u64 - 64).saturating_sub(src_off.max(dst_off).max(recv_off).max(read_off));
@@ -129,6 +132,45 @@ fn post_workload(
                     peer_side.recvs.push((5000 + i as u64, len, Some(imm)));
                 }
                 expect = Expect::Remote { addr: wr.remote_addr, data: data.clone() };
+            }
+            7 => {
+                // ATOMIC WRITE: 8 bytes at an aligned address of its own.
+                let base = peer_side.wr_dst.0;
+                let addr = (base + dst_off).next_multiple_of(8);
+                dst_off = addr - base + 8 + 64;
+                let value = rng.next_u64();
+                let wr = SendWr {
+                    wr_id,
+                    opcode: WrOpcode::AtomicWrite,
+                    remote_addr: addr,
+                    rkey: peer_side.wr_dst.2,
+                    compare_add: value,
+                    ..SendWr::default()
+                };
+                me.qp_mut().post_send(now, &[wr]).unwrap();
+                let expect = Expect::Remote { addr, data: value.to_ne_bytes().to_vec() };
+                my.posted.push((wr_id, WrOpcode::AtomicWrite, 8, expect));
+                continue;
+            }
+            8 => {
+                // FLUSH of what was written so far (a range, or the region).
+                let region = rng.below(2) as u8;
+                let wr = SendWr {
+                    wr_id,
+                    opcode: WrOpcode::Flush,
+                    remote_addr: peer_side.wr_dst.0,
+                    rkey: peer_side.wr_dst.2,
+                    flush: Some(FlushOp {
+                        placement: FlushOp::GLOBAL,
+                        selectivity: region,
+                        len: dst_off as u32,
+                    }),
+                    ..SendWr::default()
+                };
+                me.qp_mut().post_send(now, &[wr]).unwrap();
+                let expect = Expect::Remote { addr: peer_side.wr_dst.0, data: vec![] };
+                my.posted.push((wr_id, WrOpcode::Flush, dst_off as usize, expect));
+                continue;
             }
             4 => {
                 // READ: fill the peer's source area, read it into ours.

@@ -183,6 +183,8 @@ impl Device {
             hca_core_clock_khz: 1_000_000,
             completion_timestamp_mask: u64::MAX,
             max_dm_size: limits::MAX_DM_SIZE,
+            device_cap_flags_ex: u64::from(limits::DEVICE_CAP_FLAGS)
+                | limits::DEVICE_CAP_FLAGS_EX_HIGH,
             // IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT.
             odp_general_caps: 0b11,
             // SEND, RECV, WRITE, READ, ATOMIC, SRQ_RECV: every access is
@@ -262,6 +264,9 @@ pub struct DeviceAttr {
     pub completion_timestamp_mask: u64,
     /// The largest device memory allocation.
     pub max_dm_size: u64,
+    /// `device_cap_flags_ex`: `device_cap_flags` and the 64-bit ones
+    /// (ATOMIC WRITE, FLUSH to global visibility).
+    pub device_cap_flags_ex: u64,
     /// On-demand paging (`ibv_odp_caps`): general (`IBV_ODP_SUPPORT*`) and
     /// per transport (`IBV_ODP_SUPPORT_SEND` …).
     pub odp_general_caps: u64,

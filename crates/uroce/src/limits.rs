@@ -60,3 +60,7 @@ pub const LOCAL_CA_ACK_DELAY: u8 = 15;
 /// `ibv_port_attr.port_cap_flags`: `IBV_PORT_IP_BASED_GIDS`, as a RoCE
 /// port reports (CM_SUP will come with the RDMA CM).
 pub const PORT_CAP_FLAGS: u32 = 0x0400_0000;
+/// The high half of `device_cap_flags_ex`: `IB_UVERBS_DEVICE_FLUSH_GLOBAL`
+/// (bit 38) and `IB_UVERBS_DEVICE_ATOMIC_WRITE` (bit 40), as rxe reports
+/// them. Not FLUSH_PERSISTENT: host memory is not persistent.
+pub const DEVICE_CAP_FLAGS_EX_HIGH: u64 = (1 << 38) | (1 << 40);

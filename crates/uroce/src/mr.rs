@@ -353,7 +353,7 @@ impl Memory for MemTable {
         if !addr.is_multiple_of(8) {
             return Err(AccessError::Misaligned);
         }
-        let (r, off) = self.keys.locate(Key::Remote(rkey), who, addr, 8, Access::REMOTE_ATOMIC)?;
+        let (r, off) = self.keys.locate(Key::Remote(rkey), who, addr, 8, op.needs())?;
         let p = r.backing.at(off);
         if !(p as usize).is_multiple_of(8) {
             // The IOVA is aligned but the host address is not (a
@@ -376,6 +376,8 @@ impl Memory for MemTable {
                 }
             }
             AtomicOp::FetchAdd { add } => cell.fetch_add(add, Ordering::AcqRel),
+            // After every earlier operation's bytes, as IBA 1.5 asks.
+            AtomicOp::Write { value } => cell.swap(value, Ordering::AcqRel),
         })
     }
 

@@ -42,6 +42,7 @@ struct Slot {
     swap: u64,
     ud: Option<UdDest>,
     bind: Option<MwBind>,
+    flush: Option<uroce_transport::FlushOp>,
     sgl: Vec<Sge>,
     inline: Vec<u8>,
     /// The payload is in `inline` (an inline WR).
@@ -61,6 +62,7 @@ impl Slot {
             swap: 0,
             ud: None,
             bind: None,
+            flush: None,
             sgl: Vec::with_capacity(max_sge),
             inline: Vec::with_capacity(max_inline),
             has_inline: false,
@@ -81,6 +83,7 @@ impl Slot {
             swap: self.swap,
             ud: self.ud,
             bind: self.bind,
+            flush: self.flush,
         }
     }
 }
@@ -212,6 +215,7 @@ impl QpPost {
             s.swap = wr.swap;
             s.ud = wr.ud;
             s.bind = wr.bind;
+            s.flush = wr.flush;
             s.sgl.clear();
             s.inline.clear();
             s.has_inline = shape.inline;

@@ -105,7 +105,11 @@ fn check_access(access: Access) -> Result<()> {
     if access.0 & needs_local.0 != 0 && !access.contains(Access::LOCAL_WRITE) {
         return Err(Error::InvalidArgument("REMOTE_WRITE/REMOTE_ATOMIC require LOCAL_WRITE"));
     }
-    if access.0 & !0x3f != 0 {
+    if access.contains(Access::FLUSH_PERSISTENT) {
+        // Host memory is not persistent (rxe refuses it on non-pmem too).
+        return Err(Error::InvalidArgument("FLUSH_PERSISTENT needs persistent memory"));
+    }
+    if access.0 & !(0x3f | Access::FLUSH_GLOBAL.0) != 0 {
         return Err(Error::InvalidArgument("unsupported access flags"));
     }
     Ok(())

@@ -118,6 +118,10 @@ impl Access {
     pub const REMOTE_ATOMIC: Self = Self(1 << 3);
     pub const MW_BIND: Self = Self(1 << 4);
     pub const ZERO_BASED: Self = Self(1 << 5);
+    /// FLUSH with global visibility may reach it (IBA 1.5).
+    pub const FLUSH_GLOBAL: Self = Self(1 << 8);
+    /// FLUSH to persistence may reach it (IBA 1.5).
+    pub const FLUSH_PERSISTENT: Self = Self(1 << 9);
     pub const NONE: Self = Self(0);
 
     /// Whether every bit of `other` is set.

@@ -126,7 +126,7 @@ impl Qp {
             if !w.assigned {
                 break;
             }
-            if w.opcode.is_read_or_atomic() {
+            if w.opcode.awaits_response() {
                 // Only its responses complete it; an ACK at or beyond its
                 // PSNs means those responses were lost (implicit NAK).
                 return (progress, !psn.is_before(w.first_psn));
@@ -154,7 +154,7 @@ impl Qp {
         }
         let w = *self.sq.get(self.sq.comp);
         if w.assigned
-            && !w.opcode.is_read_or_atomic()
+            && !w.opcode.awaits_response()
             && psn.is_after(self.comp.psn)
             && !psn.is_after(w.last_psn())
         {
@@ -275,15 +275,23 @@ impl Qp {
             return;
         }
         let w = *self.sq.get(idx);
+        // READs, and ATOMIC WRITE and FLUSH (answered by one zero-length
+        // READ response, as rxe answers them).
+        let answered_by_read = matches!(
+            w.opcode,
+            crate::wqe::WrOpcode::RdmaRead
+                | crate::wqe::WrOpcode::AtomicWrite
+                | crate::wqe::WrOpcode::Flush
+        );
         let in_range = w.assigned
-            && w.opcode == crate::wqe::WrOpcode::RdmaRead
+            && answered_by_read
             && !psn.is_before(w.first_psn)
             && !psn.is_after(w.last_psn());
         if !in_range || psn.is_before(self.comp.psn) {
             // A duplicate, or a response to a later READ behind a gap: the
             // responder is alive and streaming.
             self.stats.drop(DropReason::UnexpectedResponse);
-            if w.assigned && w.opcode == crate::wqe::WrOpcode::RdmaRead {
+            if w.assigned && answered_by_read {
                 self.on_alive(now);
             }
             return;
@@ -298,6 +306,16 @@ impl Qp {
             } else {
                 self.on_alive(now);
             }
+            return;
+        }
+        if w.opcode != crate::wqe::WrOpcode::RdmaRead {
+            if !pkt.payload().is_empty() {
+                self.complete_send_error(idx, WcStatus::BadRespErr);
+                return;
+            }
+            self.comp.psn = psn.next();
+            self.complete_ok();
+            self.on_progress(now);
             return;
         }
         let mtu = self.mtu();

@@ -28,7 +28,7 @@ use crate::queue::{RecvCur, RecvQueue, SendQueue, SendWqe};
 use crate::srq::Srq;
 use crate::stats::{DropReason, Stats};
 pub use crate::wqe::PostError;
-use crate::wqe::{Completion, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WrOpcode};
+use crate::wqe::{Completion, FlushOp, RecvWr, SendFlags, SendWr, WcOpcode, WcStatus, WrOpcode};
 use crate::{Instant, RC_MAX_RD_ATOMIC};
 use attr::{AttrMask, ModifyError, QpAttr, QpState, QpType, check_transition};
 
@@ -112,6 +112,11 @@ impl QpInit {
         let supported = match self.qp_type {
             QpType::Rc => match wr.opcode {
                 WrOpcode::BindMw => wr.bind.is_some(),
+                WrOpcode::Flush => wr.flush.is_some_and(|f| {
+                    f.placement != 0
+                        && f.placement & !(FlushOp::GLOBAL | FlushOp::PERSISTENT) == 0
+                        && f.selectivity <= FlushOp::REGION
+                }),
                 _ => true,
             },
             QpType::Uc => match wr.opcode {
@@ -129,6 +134,18 @@ impl QpInit {
         };
         if !supported {
             return Err(PostError::InvalidOpcode);
+        }
+        // ATOMIC WRITE carries its 8 bytes in the WR, FLUSH none: neither
+        // has a gather list.
+        match (wr.opcode, wr.flush) {
+            (WrOpcode::AtomicWrite, _) => {
+                return Ok(SendShape { length: 8, num_sge: 0, inline: false, from_sgl: false });
+            }
+            (WrOpcode::Flush, Some(f)) => {
+                let length = u64::from(f.len);
+                return Ok(SendShape { length, num_sge: 0, inline: false, from_sgl: false });
+            }
+            _ => {}
         }
         let local_op = matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::LocalInv);
         let inline =
@@ -656,7 +673,10 @@ impl Qp {
             wr_id: wr.wr_id,
             opcode: wr.opcode,
             flags: wr.flags,
-            imm_or_inv: wr.imm_or_inv,
+            // A FLUSH keeps its FETH bits where the immediate would be.
+            imm_or_inv: wr.flush.map_or(wr.imm_or_inv, |f| {
+                u32::from(f.placement) | (u32::from(f.selectivity) << 4)
+            }),
             remote_addr: wr.remote_addr,
             rkey: wr.rkey,
             compare_add: wr.compare_add,
@@ -672,7 +692,8 @@ impl Qp {
         if from_sgl && let Some(mem) = mem {
             self.gather_inline(wr, mem)?;
         }
-        self.sq.push(wqe, if inline { &[] } else { wr.sgl }, data);
+        let sgl = if inline || num_sge == 0 { &[][..] } else { wr.sgl };
+        self.sq.push(wqe, sgl, data);
         if wqe.signaled {
             self.req.awaited_post |= self.req.unsignaled_run >= AWAITED_RUN;
             self.req.unsignaled_run = 0;

@@ -2,7 +2,7 @@
 //! assignment, the READ/atomic limit, fences, the send window) and restarts
 //! from the oldest unacknowledged PSN when the completer asks (go-back-N).
 
-use uroce_wire::{AtomicEthRepr, BthRepr, Opcode, RethRepr, RocePacketRepr};
+use uroce_wire::{AtomicEthRepr, BthRepr, FethRepr, Opcode, RethRepr, RocePacketRepr};
 
 use super::attr::{Access, QpState, QpType};
 use super::{AsyncEvent, DEFAULT_PKEY, MAX_PKTS_PER_ACK, Qp};
@@ -71,7 +71,10 @@ impl Qp {
             }
             wqe.first_psn = self.req.next_psn;
             wqe.npsn = match wqe.opcode {
-                WrOpcode::AtomicCmpAndSwp | WrOpcode::AtomicFetchAndAdd => 1,
+                WrOpcode::AtomicCmpAndSwp
+                | WrOpcode::AtomicFetchAndAdd
+                | WrOpcode::AtomicWrite
+                | WrOpcode::Flush => 1,
                 _ => packets(wqe.length, mtu),
             };
             wqe.assigned = true;
@@ -228,9 +231,26 @@ impl Qp {
                 });
                 repr.bth.ack_req = true;
             }
+            WrOpcode::AtomicWrite => {
+                // RETH for 8 bytes, the value as the payload (IBA 1.5).
+                repr.bth.opcode = Opcode::RC_ATOMIC_WRITE;
+                repr.reth = Some(RethRepr { va: wqe.remote_addr, rkey: wqe.rkey, dma_len: 8 });
+                payload_len = 8;
+                repr.bth.ack_req = true;
+            }
+            WrOpcode::Flush => {
+                repr.bth.opcode = Opcode::RC_FLUSH;
+                repr.feth = Some(FethRepr {
+                    placement: (wqe.imm_or_inv & 0xf) as u8,
+                    selectivity: ((wqe.imm_or_inv >> 4) & 0x3) as u8,
+                });
+                repr.reth =
+                    Some(RethRepr { va: wqe.remote_addr, rkey: wqe.rkey, dma_len: wqe.length });
+                repr.bth.ack_req = true;
+            }
             WrOpcode::LocalInv | WrOpcode::BindMw => return None,
         }
-        let is_data = !wqe.opcode.is_read_or_atomic();
+        let is_data = !wqe.opcode.awaits_response();
         if self.init.qp_type == QpType::Uc {
             // Same operation codes, UC transport bits; UC asks for no ACKs.
             repr.bth.opcode = uroce_wire::Opcode(repr.bth.opcode.0 | 0x20);
@@ -270,7 +290,9 @@ impl Qp {
             return None;
         }
         let payload = &mut buf[hl..hl + payload_len as usize];
-        if wqe.inline {
+        if wqe.opcode == WrOpcode::AtomicWrite {
+            payload.copy_from_slice(&wqe.compare_add.to_ne_bytes());
+        } else if wqe.inline {
             let data = self.sq.inline_data(idx);
             payload.copy_from_slice(&data[offset as usize..(offset + payload_len) as usize]);
         } else if payload_len > 0 {

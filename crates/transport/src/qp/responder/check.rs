@@ -19,6 +19,23 @@ pub(super) enum PsnCheck {
     Duplicate,
 }
 
+/// The rights a FLUSH of placement type `placement` needs (QP and
+/// region); `None` for no type or an unknown bit.
+pub(super) fn flush_rights(placement: u8) -> Option<Access> {
+    use crate::wqe::FlushOp;
+    if placement == 0 || placement & !(FlushOp::GLOBAL | FlushOp::PERSISTENT) != 0 {
+        return None;
+    }
+    let mut a = Access::NONE;
+    if placement & FlushOp::GLOBAL != 0 {
+        a = a | Access::FLUSH_GLOBAL;
+    }
+    if placement & FlushOp::PERSISTENT != 0 {
+        a = a | Access::FLUSH_PERSISTENT;
+    }
+    Some(a)
+}
+
 impl Qp {
     /// IBTA §9.7.5.1.1: compares the request's PSN with the expected PSN.
     pub(super) fn check_psn(&self, pkt: &RocePacket<&[u8]>) -> PsnCheck {
@@ -52,6 +69,12 @@ impl Qp {
             Operation::RdmaWrite => Access::REMOTE_WRITE,
             Operation::RdmaReadRequest => Access::REMOTE_READ,
             Operation::CompareSwap | Operation::FetchAdd => Access::REMOTE_ATOMIC,
+            Operation::AtomicWrite => Access::REMOTE_WRITE,
+            // The placement types asked for (IBA 1.5, as rxe checks them).
+            Operation::Flush => match pkt.feth() {
+                Some(f) => flush_rights(f.placement()).ok_or(Reject::INVALID_REQUEST)?,
+                None => return Err(invalid),
+            },
             _ => return Err(invalid),
         };
         if !qp_access.contains(needed) {

@@ -28,8 +28,79 @@ impl Qp {
             Operation::Send => self.exec_send(pkt, mem, srq),
             Operation::RdmaWrite => self.exec_write(pkt, mem, srq),
             Operation::RdmaReadRequest => self.exec_read(pkt, mem),
+            Operation::AtomicWrite => self.exec_atomic_write(pkt, mem),
+            Operation::Flush => self.exec_flush(pkt, mem),
             _ => self.exec_atomic(pkt, mem),
         }
+    }
+
+    /// ATOMIC WRITE (IBA 1.5): 8 bytes stored at once at an 8-aligned
+    /// address of a region granting REMOTE_WRITE, answered (and replayed
+    /// for a duplicate) by a zero-length READ response, as rxe does.
+    pub(super) fn exec_atomic_write(
+        &mut self,
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+    ) -> Result<(), Reject> {
+        let Some(reth) = pkt.reth() else {
+            return Err(Reject::INVALID_REQUEST);
+        };
+        let data = pkt.payload();
+        // It takes a READ/atomic resource: none offered, none taken (rxe).
+        if reth.dma_len() != 8
+            || data.len() != 8
+            || self.attr.max_dest_rd_atomic == 0
+            || self.rd_atomic_queued() >= MAX_QUEUED_RD_ATOMIC
+        {
+            return Err(Reject::INVALID_REQUEST);
+        }
+        let value = u64::from_ne_bytes(data.try_into().map_err(|_| Reject::INVALID_REQUEST)?);
+        match mem.atomic(reth.rkey(), self.me(), reth.va(), AtomicOp::Write { value }) {
+            Ok(_) => {}
+            Err(AccessError::Misaligned) => return Err(Reject::INVALID_REQUEST),
+            Err(_) => return Err(Reject::Fatal { code: NakCode::RemoteAccessError, recv: None }),
+        }
+        self.answer_done(pkt);
+        Ok(())
+    }
+
+    /// FLUSH (IBA 1.5): the range (or, selectivity "region", the key's
+    /// whole region) must be the QP's and grant the placement types asked
+    /// for; then earlier WRITEs are visible to every later reader (they
+    /// were placed in PSN order, with the CPU's own stores; a fence orders
+    /// them for readers on other CPUs). Answered as an ATOMIC WRITE.
+    pub(super) fn exec_flush(
+        &mut self,
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+    ) -> Result<(), Reject> {
+        let (Some(reth), Some(feth)) = (pkt.reth(), pkt.feth()) else {
+            return Err(Reject::INVALID_REQUEST);
+        };
+        let rights = super::check::flush_rights(feth.placement()).ok_or(Reject::INVALID_REQUEST)?;
+        if self.rd_atomic_queued() >= MAX_QUEUED_RD_ATOMIC || feth.selectivity() > 1 {
+            return Err(Reject::INVALID_REQUEST);
+        }
+        // Selectivity "region" names the region by its key: its rights are
+        // checked at the RETH address, with no length.
+        let len = if feth.selectivity() == 0 { u64::from(reth.dma_len()) } else { 0 };
+        if mem.check(Key::Remote(reth.rkey()), self.me(), reth.va(), len, rights).is_err() {
+            return Err(Reject::Fatal { code: NakCode::RemoteAccessError, recv: None });
+        }
+        std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
+        self.answer_done(pkt);
+        Ok(())
+    }
+
+    /// Queues the zero-length READ response that answers an ATOMIC WRITE
+    /// or FLUSH, and remembers it for a duplicate.
+    fn answer_done(&mut self, pkt: &RocePacket<&[u8]>) {
+        let psn = pkt.bth().psn();
+        self.remember(RdAtomicRes::Done { psn });
+        self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+        let msn = self.resp.msn;
+        self.resp.push_out(RespItem::Read { psn, va: 0, rkey: 0, remaining: 0, first: true, msn });
+        self.accept(pkt, 1);
     }
 
     pub(super) fn accept(&mut self, pkt: &RocePacket<&[u8]>, npsn: u32) {
@@ -37,8 +108,14 @@ impl Qp {
         self.resp.nak_sent = false;
         if self.init.qp_type == QpType::Rc
             && pkt.bth().ack_req()
-            && pkt.info().operation != Operation::RdmaReadRequest
-            && !matches!(pkt.info().operation, Operation::CompareSwap | Operation::FetchAdd)
+            && !matches!(
+                pkt.info().operation,
+                Operation::RdmaReadRequest
+                    | Operation::CompareSwap
+                    | Operation::FetchAdd
+                    | Operation::AtomicWrite
+                    | Operation::Flush
+            )
         {
             let psn = self.resp.epsn.sub(1);
             if self.resp.push_ack(psn) {

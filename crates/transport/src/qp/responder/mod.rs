@@ -45,8 +45,19 @@ pub(crate) enum RespItem {
 /// result, never performed twice.
 #[derive(Debug, Clone, Copy)]
 enum RdAtomicRes {
-    Read { first_psn: Psn, last_psn: Psn },
-    Atomic { psn: Psn, orig: u64 },
+    Read {
+        first_psn: Psn,
+        last_psn: Psn,
+    },
+    Atomic {
+        psn: Psn,
+        orig: u64,
+    },
+    /// An ATOMIC WRITE or FLUSH done: a duplicate is answered again
+    /// (a zero-length READ response) without doing it twice.
+    Done {
+        psn: Psn,
+    },
 }
 
 /// A message being received across packets.

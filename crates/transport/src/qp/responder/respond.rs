@@ -71,6 +71,21 @@ impl Qp {
                     self.resp.push_out(item);
                 }
             }
+            Operation::AtomicWrite | Operation::Flush => {
+                let done = self
+                    .resp
+                    .res
+                    .iter()
+                    .any(|r| matches!(*r, RdAtomicRes::Done { psn: p } if p == psn));
+                if done && self.rd_atomic_queued() < MAX_QUEUED_RD_ATOMIC {
+                    let msn = self.resp.msn;
+                    let item =
+                        RespItem::Read { psn, va: 0, rkey: 0, remaining: 0, first: true, msn };
+                    self.resp.push_out(item);
+                } else {
+                    self.stats.drop(DropReason::StaleDuplicate);
+                }
+            }
             Operation::CompareSwap | Operation::FetchAdd => {
                 let saved = self.resp.res.iter().find_map(|r| match *r {
                     RdAtomicRes::Atomic { psn: p, orig } if p == psn => Some(orig),
@@ -115,7 +130,7 @@ impl Qp {
         for r in &self.resp.res {
             let first = match *r {
                 RdAtomicRes::Read { first_psn, .. } => first_psn,
-                RdAtomicRes::Atomic { psn, .. } => psn,
+                RdAtomicRes::Atomic { psn, .. } | RdAtomicRes::Done { psn } => psn,
             };
             if first.is_after(dup) && !first.is_after(last) {
                 last = first.sub(1);
