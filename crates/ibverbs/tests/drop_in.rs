@@ -292,6 +292,41 @@ fn perftest_wr_api_path() {
     }
 }
 
+/// perftest options that mean something on RoCE: 16 QPs, a small TX
+/// depth, Gb/s reports, an explicit GID index, and `--run_infinitely` for
+/// a bounded time (both sides killed after a few reports). Not here:
+/// `--use_hugepages` (needs huge pages reserved on the host) and GID index
+/// 1 (on loopback both devices' second GID is the same `::1`).
+#[test]
+fn perftest_options() {
+    let _g = serial();
+    env();
+    perftest("ib_write_bw", &["-q", "16", "-n", "200"], 1);
+    perftest("ib_send_bw", &["-q", "16", "-n", "200"], 1);
+    perftest("ib_read_bw", &["-t", "16", "-n", "500"], 1);
+    perftest("ib_write_bw", &["--report_gbits", "-n", "500"], 1);
+    perftest("ib_write_lat", &["-x", "0", "-n", "500"], 1);
+    // --run_infinitely -D 1: a report a second until killed.
+    let udp = uroce::testing::free_port();
+    let tcp = tcp_port().to_string();
+    let args = ["--run_infinitely", "-D", "1", "-p", &tcp];
+    let srv = cmd(&tool("ib_write_bw"), &args, "127.0.0.1", udp).spawn().unwrap();
+    uroce::testing::wait_tcp_listening(tcp.parse().unwrap(), Duration::from_secs(20));
+    let mut cargs = args.to_vec();
+    cargs.push("127.0.0.1");
+    let cli = cmd(&tool("ib_write_bw"), &cargs, "127.0.0.2", udp).spawn().unwrap();
+    let stop = Instant::now() + Duration::from_secs(6);
+    let (co, _) = finish(cli, stop);
+    let (so, _) = finish(srv, Instant::now());
+    let rows = perftest_rows(&text(&co));
+    assert!(
+        rows.len() >= 2 && rows.iter().all(|r| r.len() >= 5 && r[4] > 0.0),
+        "want reports every second: {}\n--- server ---\n{}",
+        text(&co),
+        text(&so)
+    );
+}
+
 #[test]
 fn perftest_all_sizes() {
     let _g = serial();
