@@ -152,57 +152,147 @@ fn devices_and_devinfo_match_uroce_tools() {
     assert!(v.contains("GID[  0]:\t\t::ffff:127.0.0.1, RoCE v2"), "{v}");
 }
 
+/// How an example of the table runs.
+#[derive(Clone, Copy, PartialEq)]
+enum Run {
+    /// Server and client with the same flags (plus `-g 0 -n 200`, and the
+    /// harness's port), 200 iterations, data checked with `-c`.
+    Pair,
+    /// Another test runs it (named).
+    Elsewhere(&'static str),
+    /// Started, its first line checked, then stopped.
+    Watch,
+    /// Not on uroce yet, and why.
+    NotYet(&'static str),
+}
+
+/// Every rdma-core 44 example in Debian's ibverbs-utils, with every flag
+/// its `--help` lists that means something on RoCE (`-p` is the harness's,
+/// `-g 0` is every pingpong's: RoCE has no LIDs): one row per program and
+/// flag set. The README's "rdma-core examples" table is generated from
+/// these rows (`UROCE_UPDATE_README=1 cargo test -p uroce-ibverbs --test
+/// drop_in readme` rewrites it; the test fails while they differ).
+const EXAMPLES: &[(&str, &[&str], &str, Run)] = &[
+    (
+        "ibv_devices",
+        &[],
+        "the device list",
+        Run::Elsewhere("devices_and_devinfo_match_uroce_tools"),
+    ),
+    (
+        "ibv_devinfo",
+        &["-v"],
+        "every attribute, as `uroce devinfo -v`",
+        Run::Elsewhere("devices_and_devinfo_match_uroce_tools"),
+    ),
+    ("ibv_asyncwatch", &[], "the async event descriptor, then events", Run::Watch),
+    ("ibv_rc_pingpong", &["-c"], "4096-byte SENDs, data checked", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-s", "1"], "1 byte", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-s", "100000"], "many packets a message", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-m", "256"], "path MTU 256", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-m", "4096"], "path MTU 4096", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-r", "16"], "16 receives posted at a time", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-l", "3"], "service level 3", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-e"], "sleeping on completion events", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-e", "-s", "100000"], "events, many packets", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-d", "uroce0", "-i", "1"], "the device and port named", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-N"], "the new post-send API (`ibv_wr_*`)", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-t"], "completion timestamps", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-j"], "device memory", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-o"], "on-demand paging", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-O"], "implicit on-demand paging", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-o", "-P"], "ODP with prefetch advice", Run::Pair),
+    ("ibv_rc_pingpong", &["-c", "-O", "-P"], "implicit ODP with prefetch advice", Run::Pair),
+    ("ibv_uc_pingpong", &["-c"], "UC SENDs, data checked", Run::Pair),
+    ("ibv_uc_pingpong", &["-c", "-s", "1"], "1 byte", Run::Pair),
+    ("ibv_uc_pingpong", &["-c", "-s", "100000"], "many packets a message", Run::Pair),
+    ("ibv_uc_pingpong", &["-c", "-m", "4096"], "path MTU 4096", Run::Pair),
+    ("ibv_uc_pingpong", &["-c", "-r", "16"], "16 receives at a time", Run::Pair),
+    ("ibv_uc_pingpong", &["-c", "-l", "3"], "service level 3", Run::Pair),
+    ("ibv_uc_pingpong", &["-c", "-e"], "completion events", Run::Pair),
+    ("ibv_ud_pingpong", &["-c"], "UD datagrams, data checked", Run::Pair),
+    ("ibv_ud_pingpong", &["-c", "-s", "1"], "1 byte", Run::Pair),
+    ("ibv_ud_pingpong", &["-c", "-s", "4096"], "a whole MTU", Run::Pair),
+    ("ibv_ud_pingpong", &["-c", "-r", "16"], "16 receives at a time", Run::Pair),
+    ("ibv_ud_pingpong", &["-c", "-l", "3"], "service level 3", Run::Pair),
+    ("ibv_ud_pingpong", &["-c", "-e"], "completion events", Run::Pair),
+    ("ibv_srq_pingpong", &["-c"], "16 QPs on one SRQ, data checked", Run::Pair),
+    ("ibv_srq_pingpong", &["-c", "-s", "1"], "1 byte", Run::Pair),
+    ("ibv_srq_pingpong", &["-c", "-s", "100000"], "many packets a message", Run::Pair),
+    ("ibv_srq_pingpong", &["-c", "-m", "4096"], "path MTU 4096", Run::Pair),
+    ("ibv_srq_pingpong", &["-c", "-q", "4"], "4 QPs", Run::Pair),
+    ("ibv_srq_pingpong", &["-c", "-r", "64"], "64 receives at a time", Run::Pair),
+    ("ibv_srq_pingpong", &["-c", "-l", "3"], "service level 3", Run::Pair),
+    ("ibv_srq_pingpong", &["-c", "-e"], "completion events", Run::Pair),
+    ("ibv_srq_pingpong", &["-c", "-o"], "on-demand paging", Run::Pair),
+    ("ibv_xsrq_pingpong", &[], "XRC", Run::NotYet("XRC domains, SRQs and QPs (issue 16)")),
+];
+
 #[test]
-fn rdma_core_pingpongs() {
+fn rdma_core_examples() {
     let _g = serial();
     env();
     let limit = Duration::from_secs(60);
-    for kind in ["rc", "uc", "ud", "srq"] {
-        let name = format!("ibv_{kind}_pingpong");
-        let sizes: &[&str] =
-            if kind == "ud" { &["1", "1024", "4096"] } else { &["1", "4096", "100000"] };
-        for size in sizes {
-            for events in [false, true] {
-                let mut args = vec!["-g", "0", "-n", "200", "-c", "-s", size];
-                if events {
-                    args.push("-e");
-                }
-                let p = same(&name, &args, limit);
-                assert!(p.client_has("200 iters in"), "{p}");
-                assert!(!p.server.contains("invalid data"), "data check failed: {p}");
+    for &(prog, flags, what, run) in EXAMPLES {
+        match run {
+            Run::Pair => {
+                let mut args = vec!["-g", "0", "-n", "200"];
+                args.extend(flags);
+                let p = same(prog, &args, limit);
+                assert!(p.client_has("200 iters in"), "{what}: {p}");
+                assert!(!p.server.contains("invalid data"), "{what}: data check failed: {p}");
+                assert!(!p.client.contains("Couldn't"), "{what}: {p}");
             }
+            Run::Watch => {
+                let c = cmd(&tool(prog), flags, "127.0.0.1", uroce::testing::free_port())
+                    .spawn()
+                    .unwrap();
+                let (out, _) = finish(c, Instant::now() + Duration::from_secs(2));
+                assert!(text(&out).contains("uroce0: async event FD"), "{prog}: {}", text(&out));
+            }
+            Run::Elsewhere(_) | Run::NotYet(_) => {}
         }
     }
-    // Completion timestamps (-t): each side reads every CQE's time on the
-    // device clock and reports the gaps between receive completions.
-    let p = same("ibv_rc_pingpong", &["-g", "0", "-n", "200", "-c", "-t"], limit);
-    assert!(p.client_has("200 iters in") && !p.server.contains("invalid data"), "{p}");
-    let cycles = |what: &str| -> f64 {
-        let line = p.client.lines().find(|l| l.starts_with(what)).unwrap_or_else(|| panic!("{p}"));
-        line.rsplit(' ').next().and_then(|v| v.trim().parse().ok()).unwrap_or_else(|| panic!("{p}"))
-    };
-    let (min, avg, max) = (
-        cycles("Min receive completion clock cycles"),
-        cycles("Average receive completion clock cycles"),
-        cycles("Max receive completion clock cycles"),
+}
+
+/// The README's table of the examples, as generated from `EXAMPLES`.
+fn examples_table() -> String {
+    let mut t = String::from(
+        "| program | flags (both sides; pingpongs also `-g 0 -n 200`) | what it shows | state |\n\
+         |---|---|---|---|\n",
     );
-    assert!(0.0 < min && min <= avg && avg <= max, "{p}");
-    // On-demand paging: an explicit region (-o), the implicit one (-O),
-    // each with prefetch advice (-P).
-    for odp in [&["-o"][..], &["-O"], &["-o", "-P"], &["-O", "-P"]] {
-        let mut args = vec!["-g", "0", "-n", "200", "-c"];
-        args.extend(odp);
-        let p = same("ibv_rc_pingpong", &args, limit);
-        assert!(p.client_has("200 iters in") && !p.server.contains("invalid data"), "{p}");
-        assert!(!p.client.contains("Couldn't prefetch"), "{p}");
+    for &(prog, flags, what, run) in EXAMPLES {
+        let flags =
+            if flags.is_empty() { "none".to_string() } else { format!("`{}`", flags.join(" ")) };
+        let state = match run {
+            Run::Pair | Run::Watch => "works".to_string(),
+            Run::Elsewhere(test) => format!("works (`{test}`)"),
+            Run::NotYet(why) => format!("not yet: {why}"),
+        };
+        t.push_str(&format!("| {prog} | {flags} | {what} | {state} |\n"));
     }
-    // Device memory (-j): each side's buffer is a zero-based region on
-    // device memory, filled and read back by ibv_memcpy_to/from_dm.
-    let p = same("ibv_rc_pingpong", &["-g", "0", "-n", "200", "-c", "-j"], limit);
-    assert!(p.client_has("200 iters in") && !p.server.contains("invalid data"), "{p}");
-    // The new post-send API (ibv_create_qp_ex, ibv_wr_send, ibv_wr_set_sge).
-    let p = same("ibv_rc_pingpong", &["-g", "0", "-n", "200", "-c", "-N"], limit);
-    assert!(p.client_has("200 iters in") && !p.server.contains("invalid data"), "{p}");
+    t
+}
+
+#[test]
+fn readme_examples_table_is_generated_from_the_rows() {
+    const BEGIN: &str = "<!-- rdma-core examples: generated by drop_in.rs -->\n";
+    const END: &str = "<!-- end of rdma-core examples -->";
+    let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../README.md");
+    let readme = std::fs::read_to_string(&path).unwrap();
+    let (Some(b), Some(e)) = (readme.find(BEGIN), readme.find(END)) else {
+        panic!("README.md lacks the rdma-core examples markers");
+    };
+    let want = examples_table();
+    let have = &readme[b + BEGIN.len()..e];
+    if have != want {
+        if std::env::var_os("UROCE_UPDATE_README").is_some() {
+            let new = format!("{}{want}{}", &readme[..b + BEGIN.len()], &readme[e..]);
+            std::fs::write(&path, new).unwrap();
+        } else {
+            panic!("README's examples table is stale; UROCE_UPDATE_README=1 rewrites it:\n{want}");
+        }
+    }
 }
 
 /// Each perftest tool with `args`; checks the client printed `rows` rows
