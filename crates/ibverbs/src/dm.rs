@@ -64,24 +64,38 @@ fn live_dm<'a>(dm: *mut ibv_dm) -> Option<&'a DmBox> {
     is_live(dm.cast::<DmBox>(), Kind::Dm).then(|| unsafe { obj::<_, DmBox>(dm) }).flatten()
 }
 
-unsafe extern "C" fn memcpy_to_dm(
+/// Checks a copy's arguments, then runs it: 0, or the errno.
+fn dm_copy(
     dm: *mut ibv_dm,
     offset: u64,
-    host: *const c_void,
+    host: bool,
     length: usize,
+    copy: impl FnOnce(&uroce::Dm, usize) -> uroce::Result<()>,
 ) -> c_int {
     guard(libc::EIO, || {
         let Some(d) = live_dm(dm) else { return libc::EINVAL };
         if length == 0 {
             return 0;
         }
-        if host.is_null() {
+        let Ok(off) = usize::try_from(offset) else { return libc::EINVAL };
+        if !host {
             return libc::EINVAL;
         }
-        // SAFETY: the caller gives `length` readable bytes at `host`.
+        copy(&d.inner, off).map_or_else(|e| e.errno(), |()| 0)
+    })
+}
+
+unsafe extern "C" fn memcpy_to_dm(
+    dm: *mut ibv_dm,
+    offset: u64,
+    host: *const c_void,
+    length: usize,
+) -> c_int {
+    dm_copy(dm, offset, !host.is_null(), length, |d, off| {
+        // SAFETY: the caller gives `length` readable bytes at `host`
+        // (not NULL: checked by `dm_copy` before this runs).
         let src = unsafe { std::slice::from_raw_parts(host.cast::<u8>(), length) };
-        let Ok(off) = usize::try_from(offset) else { return libc::EINVAL };
-        d.inner.write(off, src).map_or_else(|e| e.errno(), |()| 0)
+        d.write(off, src)
     })
 }
 
@@ -91,18 +105,10 @@ unsafe extern "C" fn memcpy_from_dm(
     offset: u64,
     length: usize,
 ) -> c_int {
-    guard(libc::EIO, || {
-        let Some(d) = live_dm(dm) else { return libc::EINVAL };
-        if length == 0 {
-            return 0;
-        }
-        if host.is_null() {
-            return libc::EINVAL;
-        }
+    dm_copy(dm, offset, !host.is_null(), length, |d, off| {
         // SAFETY: the caller gives `length` writable bytes at `host`.
         let dst = unsafe { std::slice::from_raw_parts_mut(host.cast::<u8>(), length) };
-        let Ok(off) = usize::try_from(offset) else { return libc::EINVAL };
-        d.inner.read(off, dst).map_or_else(|e| e.errno(), |()| 0)
+        d.read(off, dst)
     })
 }
 

@@ -310,6 +310,67 @@ pub mod testing {
         }
     }
 
+    /// The next `n` completions of `cq`, busy-polling (test code: panics
+    /// after 10 s without them).
+    pub fn wait_completions(cq: &crate::Cq, n: usize) -> Vec<crate::Completion> {
+        use crate::{Completion, WcOpcode, WcStatus};
+        let mut out = Vec::with_capacity(n);
+        let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 16];
+        let t = std::time::Instant::now();
+        while out.len() < n {
+            let k = cq.poll(&mut wc[..(n - out.len()).min(16)]).expect("polling the CQ");
+            out.extend_from_slice(&wc[..k]);
+            assert!(
+                t.elapsed() < std::time::Duration::from_secs(10),
+                "got {} of {n} completions",
+                out.len()
+            );
+        }
+        out
+    }
+
+    /// Two contexts on 127.0.0.1 and 127.0.0.2 (one UDP port), each with
+    /// a PD and a CQ of 64 entries: the two sides of a test.
+    pub fn two_sides() -> (u16, Side, Side) {
+        let port = free_port();
+        let side = |addr| {
+            let ctx = open(addr, port);
+            let pd = ctx.alloc_pd().expect("a PD");
+            let cq = ctx.create_cq(64).expect("a CQ");
+            Side { ctx, pd, cq }
+        };
+        (port, side("127.0.0.1"), side("127.0.0.2"))
+    }
+
+    /// One side of [`two_sides`].
+    pub struct Side {
+        /// Its context.
+        pub ctx: crate::Context,
+        /// A PD.
+        pub pd: crate::Pd,
+        /// A CQ for both queues of its QPs.
+        pub cq: crate::Cq,
+    }
+
+    /// A connected pair of RC QPs between the sides of [`two_sides`] (a
+    /// at 127.0.0.1, b at 127.0.0.2), every WR signaled; b's QP grants
+    /// `b_access`, a's every remote right.
+    pub fn rc_pair(
+        port: u16,
+        a: &Side,
+        b: &Side,
+        cap: crate::QpCaps,
+        b_access: crate::Access,
+    ) -> (crate::Qp, crate::Qp) {
+        let all = crate::Access(1 | 2 | 4 | 8);
+        let qa = rc_qp(&a.pd, &a.cq, cap, true);
+        let qb = rc_qp(&b.pd, &b.cq, cap, true);
+        let (ia, ib) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+        crate::connect(&qa, ib, port, qb.qpn(), 1, 2, all).expect("connecting a");
+        crate::connect(&qb, ia, port, qa.qpn(), 2, 1, b_access).expect("connecting b");
+        (qa, qb)
+    }
+
     /// The next completion of `cq`, busy-polling (test code: panics after
     /// 10 s without one).
     pub fn wait_completion(cq: &crate::Cq) -> crate::Completion {

@@ -3,10 +3,9 @@
 //! on the QP and the region, bounds) each ending the requester's WR with
 //! the status rxe gives, and the completions' opcodes and lengths.
 
-use std::net::IpAddr;
-
+use uroce::testing::Side;
 use uroce::transport::FlushOp;
-use uroce::{Access, Context, Cq, Pd, Qp, QpCaps, SendWr, WcOpcode, WcStatus, WrOpcode};
+use uroce::{Access, Qp, QpCaps, SendWr, WcOpcode, WcStatus, WrOpcode};
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 const CAP: QpCaps = QpCaps {
@@ -19,33 +18,23 @@ const CAP: QpCaps = QpCaps {
 
 struct Two {
     port: u16,
-    a: (Context, Pd, Cq),
-    b: (Context, Pd, Cq),
+    a: Side,
+    b: Side,
 }
 
 fn two() -> Two {
-    let port = uroce::testing::free_port();
-    let side = |addr| {
-        let c = uroce::testing::open(addr, port);
-        let (pd, cq) = (c.alloc_pd().unwrap(), c.create_cq(64).unwrap());
-        (c, pd, cq)
-    };
-    Two { port, a: side("127.0.0.1"), b: side("127.0.0.2") }
+    let (port, a, b) = uroce::testing::two_sides();
+    Two { port, a, b }
 }
 
 /// A connected RC pair whose responder (b) grants `access`.
 fn qps(t: &Two, access: Access) -> (Qp, Qp) {
-    let qa = uroce::testing::rc_qp(&t.a.1, &t.a.2, CAP, true);
-    let qb = uroce::testing::rc_qp(&t.b.1, &t.b.2, CAP, true);
-    let (ia, ib): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
-    uroce::connect(&qa, ib, t.port, qb.qpn(), 1, 2, ALL).unwrap();
-    uroce::connect(&qb, ia, t.port, qa.qpn(), 2, 1, access).unwrap();
-    (qa, qb)
+    uroce::testing::rc_pair(t.port, &t.a, &t.b, CAP, access)
 }
 
 fn post(t: &Two, qp: &Qp, wr: SendWr<'_>) -> uroce::Completion {
     qp.post_send(&[wr]).unwrap();
-    uroce::testing::wait_completion(&t.a.2)
+    uroce::testing::wait_completion(&t.a.cq)
 }
 
 fn atomic_write(addr: u64, rkey: u32, value: u64) -> SendWr<'static> {
@@ -73,7 +62,7 @@ fn flush(addr: u64, rkey: u32, placement: u8, selectivity: u8, len: u32) -> Send
 #[test]
 fn atomic_write_stores_eight_bytes_at_once() {
     let t = two();
-    let mr = t.b.1.alloc_mr(4096, ALL).unwrap();
+    let mr = t.b.pd.alloc_mr(4096, ALL).unwrap();
     let (qa, _qb) = qps(&t, ALL);
     let c = post(&t, &qa, atomic_write(mr.addr() + 64, mr.rkey(), 0x0102_0304_0506_0708));
     assert_eq!((c.status, c.opcode, c.byte_len), (WcStatus::Success, WcOpcode::AtomicWrite, 8));
@@ -84,7 +73,7 @@ fn atomic_write_stores_eight_bytes_at_once() {
     let c = post(&t, &qa, atomic_write(mr.addr() + 65, mr.rkey(), 1));
     assert_eq!(c.status, WcStatus::RemInvReqErr);
     // A region without REMOTE_WRITE: a remote access error.
-    let ro = t.b.1.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
+    let ro = t.b.pd.alloc_mr(4096, Access::LOCAL_WRITE | Access::REMOTE_READ).unwrap();
     let (qa, _qb) = qps(&t, ALL);
     let c = post(&t, &qa, atomic_write(ro.addr(), ro.rkey(), 1));
     assert_eq!(c.status, WcStatus::RemAccessErr);
@@ -98,11 +87,11 @@ fn atomic_write_stores_eight_bytes_at_once() {
 fn flush_checks_placement_rights_and_bounds() {
     let t = two();
     let flushable = ALL | Access::FLUSH_GLOBAL;
-    assert!(t.b.1.alloc_mr(64, ALL | Access::FLUSH_PERSISTENT).is_err(), "no persistent memory");
-    let mr = t.b.1.alloc_mr(4096, flushable).unwrap();
+    assert!(t.b.pd.alloc_mr(64, ALL | Access::FLUSH_PERSISTENT).is_err(), "no persistent memory");
+    let mr = t.b.pd.alloc_mr(4096, flushable).unwrap();
     let (qa, _qb) = qps(&t, flushable);
     // A WRITE, then a FLUSH of its range, then of the whole region.
-    let src = t.a.1.alloc_mr(64, ALL).unwrap();
+    let src = t.a.pd.alloc_mr(64, ALL).unwrap();
     src.write(0, b"durable?").unwrap();
     let sgl = [src.sge(0, 8).unwrap()];
     let w = SendWr {
@@ -124,7 +113,7 @@ fn flush_checks_placement_rights_and_bounds() {
     let c = post(&t, &qa, flush(mr.addr() + 4000, mr.rkey(), FlushOp::GLOBAL, FlushOp::RANGE, 200));
     assert_eq!(c.status, WcStatus::RemAccessErr);
     // A region without FLUSH_GLOBAL: a remote access error.
-    let plain = t.b.1.alloc_mr(64, ALL).unwrap();
+    let plain = t.b.pd.alloc_mr(64, ALL).unwrap();
     let (qa, _qb) = qps(&t, flushable);
     let c = post(&t, &qa, flush(plain.addr(), plain.rkey(), FlushOp::GLOBAL, FlushOp::RANGE, 8));
     assert_eq!(c.status, WcStatus::RemAccessErr);

@@ -7,8 +7,8 @@ use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
 use uroce::{
-    Access, Completion, Context, Cq, Pd, Qp, QpCaps, QpInitAttr, QpType, RecvWr, SendWr, Srq,
-    SrqAttr, WcOpcode, WcStatus, WrOpcode,
+    Access, Context, Cq, Pd, Qp, QpCaps, QpInitAttr, QpType, RecvWr, SendWr, Srq, SrqAttr,
+    WcStatus, WrOpcode,
 };
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
@@ -57,16 +57,8 @@ fn pair(srq_b: impl FnOnce(&Side) -> Option<Srq>) -> (Side, Side, Qp, Qp, Option
     (a, b, qa, qb, srq)
 }
 
-fn poll_n(cq: &Cq, n: usize) -> Vec<Completion> {
-    let mut out = vec![];
-    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 16];
-    let t = Instant::now();
-    while out.len() < n {
-        let k = cq.poll(&mut wc).unwrap();
-        out.extend_from_slice(&wc[..k]);
-        assert!(t.elapsed() < Duration::from_secs(10), "got {} of {n} completions", out.len());
-    }
-    out
+fn poll_n(cq: &Cq, n: usize) -> Vec<uroce::Completion> {
+    uroce::testing::wait_completions(cq, n)
 }
 
 fn wait_pending(cq: &Cq, n: usize) {

@@ -7,12 +7,8 @@
 
 #![allow(unsafe_code)]
 
-use std::net::IpAddr;
-use std::time::{Duration, Instant};
-
-use uroce::{
-    Access, Completion, Context, Cq, Pd, Qp, QpCaps, SendWr, Sge, WcOpcode, WcStatus, WrOpcode,
-};
+use uroce::testing::Side;
+use uroce::{Access, Cq, Qp, QpCaps, SendWr, Sge, WcStatus, WrOpcode};
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 const PAGE: usize = 4096;
@@ -26,37 +22,18 @@ const CAP: QpCaps = QpCaps {
 
 struct Two {
     port: u16,
-    a: (Context, Pd, Cq),
-    b: (Context, Pd, Cq),
+    a: Side,
+    b: Side,
 }
 
 fn two() -> Two {
-    let port = uroce::testing::free_port();
-    let side = |addr| {
-        let c = uroce::testing::open(addr, port);
-        let (pd, cq) = (c.alloc_pd().unwrap(), c.create_cq(64).unwrap());
-        (c, pd, cq)
-    };
-    Two { port, a: side("127.0.0.1"), b: side("127.0.0.2") }
+    let (port, a, b) = uroce::testing::two_sides();
+    Two { port, a, b }
 }
 
 /// A fresh connected RC pair (a QP that met an access error is done).
 fn qps(t: &Two) -> (Qp, Qp) {
-    let qa = uroce::testing::rc_qp(&t.a.1, &t.a.2, CAP, true);
-    let qb = uroce::testing::rc_qp(&t.b.1, &t.b.2, CAP, true);
-    let (ia, ib): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
-    uroce::connect(&qa, ib, t.port, qb.qpn(), 1, 2, ALL).unwrap();
-    uroce::connect(&qb, ia, t.port, qa.qpn(), 2, 1, ALL).unwrap();
-    (qa, qb)
-}
-
-fn one(cq: &Cq) -> Completion {
-    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false)];
-    let t = Instant::now();
-    while cq.poll(&mut wc).unwrap() == 0 {
-        assert!(t.elapsed() < Duration::from_secs(10), "no completion");
-    }
-    wc[0]
+    uroce::testing::rc_pair(t.port, &t.a, &t.b, CAP, ALL)
 }
 
 fn rdma(qp: &Qp, cq: &Cq, opcode: WrOpcode, sge: Sge, remote: u64, rkey: u32) -> WcStatus {
@@ -70,7 +47,7 @@ fn rdma(qp: &Qp, cq: &Cq, opcode: WrOpcode, sge: Sge, remote: u64, rkey: u32) ->
         ..SendWr::default()
     }])
     .unwrap();
-    one(cq).status
+    uroce::testing::wait_completion(cq).status
 }
 
 /// Three anonymous pages, the middle one unmapped: a hole.
@@ -98,13 +75,13 @@ fn missing_and_read_only_pages_are_access_errors_not_faults() {
     let base = pages_with_a_hole();
     // SAFETY: no Rust reference points into the pages.
     let odp =
-        unsafe { t.b.1.register_on_demand(base as usize, 3 * PAGE, 0x4000_0000, ALL) }.unwrap();
-    let src = t.a.1.alloc_mr(PAGE, ALL).unwrap();
+        unsafe { t.b.pd.register_on_demand(base as usize, 3 * PAGE, 0x4000_0000, ALL) }.unwrap();
+    let src = t.a.pd.alloc_mr(PAGE, ALL).unwrap();
     src.write(0, b"on demand").unwrap();
     let (qa, _qb) = qps(&t);
     let s9 = src.sge(0, 9).unwrap();
     assert_eq!(
-        rdma(&qa, &t.a.2, WrOpcode::RdmaWrite, s9, 0x4000_0000 + 10, odp.rkey()),
+        rdma(&qa, &t.a.cq, WrOpcode::RdmaWrite, s9, 0x4000_0000 + 10, odp.rkey()),
         WcStatus::Success
     );
     let mut got = [0u8; 9];
@@ -116,10 +93,10 @@ fn missing_and_read_only_pages_are_access_errors_not_faults() {
     // READ from the third page (zeroes), then a WRITE into the hole.
     let back = src.sge(100, 8).unwrap();
     let far = 0x4000_0000 + 2 * PAGE as u64;
-    assert_eq!(rdma(&qa, &t.a.2, WrOpcode::RdmaRead, back, far, odp.rkey()), WcStatus::Success);
+    assert_eq!(rdma(&qa, &t.a.cq, WrOpcode::RdmaRead, back, far, odp.rkey()), WcStatus::Success);
     let hole = 0x4000_0000 + PAGE as u64 + 64;
     assert_eq!(
-        rdma(&qa, &t.a.2, WrOpcode::RdmaWrite, s9, hole, odp.rkey()),
+        rdma(&qa, &t.a.cq, WrOpcode::RdmaWrite, s9, hole, odp.rkey()),
         WcStatus::RemAccessErr
     );
     assert!(odp.read(PAGE + 64, &mut got).is_err(), "the application's copy fails too");
@@ -139,7 +116,7 @@ fn missing_and_read_only_pages_are_access_errors_not_faults() {
     };
     assert_eq!(p.cast::<u8>(), base.wrapping_add(PAGE));
     let (qa, _qb) = qps(&t);
-    assert_eq!(rdma(&qa, &t.a.2, WrOpcode::RdmaWrite, s9, hole, odp.rkey()), WcStatus::Success);
+    assert_eq!(rdma(&qa, &t.a.cq, WrOpcode::RdmaWrite, s9, hole, odp.rkey()), WcStatus::Success);
     odp.read(PAGE + 64, &mut got).unwrap();
     assert_eq!(&got, b"on demand");
     let fadd = |qp: &Qp, addr| {
@@ -154,7 +131,7 @@ fn missing_and_read_only_pages_are_access_errors_not_faults() {
             ..SendWr::default()
         }])
         .unwrap();
-        one(&t.a.2).status
+        uroce::testing::wait_completion(&t.a.cq).status
     };
     assert_eq!(fadd(&qa, far), WcStatus::Success);
     let mut v = [0u8; 8];
@@ -165,7 +142,7 @@ fn missing_and_read_only_pages_are_access_errors_not_faults() {
     assert_eq!(fadd(&qa, far), WcStatus::RemAccessErr, "an atomic on a read-only page");
     let (qa, _qb) = qps(&t);
     assert_eq!(
-        rdma(&qa, &t.a.2, WrOpcode::RdmaWrite, s9, far + 16, odp.rkey()),
+        rdma(&qa, &t.a.cq, WrOpcode::RdmaWrite, s9, far + 16, odp.rkey()),
         WcStatus::RemAccessErr
     );
     drop(odp);
@@ -177,21 +154,21 @@ fn missing_and_read_only_pages_are_access_errors_not_faults() {
 fn the_implicit_region_is_the_whole_address_space() {
     let t = two();
     // SAFETY: peers get the addresses of `target` only.
-    let all = unsafe { t.b.1.register_implicit_on_demand(ALL) }.unwrap();
+    let all = unsafe { t.b.pd.register_implicit_on_demand(ALL) }.unwrap();
     assert_eq!((all.addr(), all.len()), (0, usize::MAX));
     let target = vec![0u8; 64].into_boxed_slice();
     let at = target.as_ptr() as u64;
-    let src = t.a.1.alloc_mr(PAGE, ALL).unwrap();
+    let src = t.a.pd.alloc_mr(PAGE, ALL).unwrap();
     src.write(0, b"anywhere").unwrap();
     let (qa, _qb) = qps(&t);
     let s = src.sge(0, 8).unwrap();
-    assert_eq!(rdma(&qa, &t.a.2, WrOpcode::RdmaWrite, s, at + 8, all.rkey()), WcStatus::Success);
+    assert_eq!(rdma(&qa, &t.a.cq, WrOpcode::RdmaWrite, s, at + 8, all.rkey()), WcStatus::Success);
     // The WRITE went through the kernel, not a reference: read it back.
     let mut got = [0u8; 8];
     all.read(at as usize + 8, &mut got).unwrap();
     assert_eq!(&got, b"anywhere");
     // Address 0 is never mapped.
-    assert_eq!(rdma(&qa, &t.a.2, WrOpcode::RdmaWrite, s, 0, all.rkey()), WcStatus::RemAccessErr);
+    assert_eq!(rdma(&qa, &t.a.cq, WrOpcode::RdmaWrite, s, 0, all.rkey()), WcStatus::RemAccessErr);
     drop(all);
     drop(target);
 }
@@ -202,14 +179,14 @@ fn prefetch_advice_is_for_on_demand_ranges_of_the_pd() {
     let buf = vec![0u8; 2 * PAGE].into_boxed_slice();
     let addr = buf.as_ptr() as usize;
     // SAFETY: no Rust reference is used while it is registered.
-    let odp = unsafe { t.b.1.register_on_demand(addr, 2 * PAGE, addr as u64, ALL) }.unwrap();
-    let pinned = t.b.1.alloc_mr(PAGE, ALL).unwrap();
-    t.b.1.advise_prefetch(&[odp.sge(0, 2 * PAGE as u32).unwrap()]).unwrap();
-    assert!(t.b.1.advise_prefetch(&[]).is_err());
-    assert!(t.b.1.advise_prefetch(&[pinned.sge(0, 8).unwrap()]).is_err(), "a pinned region");
+    let odp = unsafe { t.b.pd.register_on_demand(addr, 2 * PAGE, addr as u64, ALL) }.unwrap();
+    let pinned = t.b.pd.alloc_mr(PAGE, ALL).unwrap();
+    t.b.pd.advise_prefetch(&[odp.sge(0, 2 * PAGE as u32).unwrap()]).unwrap();
+    assert!(t.b.pd.advise_prefetch(&[]).is_err());
+    assert!(t.b.pd.advise_prefetch(&[pinned.sge(0, 8).unwrap()]).is_err(), "a pinned region");
     let past = Sge { addr: addr as u64 + PAGE as u64, length: 2 * PAGE as u32, lkey: odp.lkey() };
-    assert!(t.b.1.advise_prefetch(&[past]).is_err(), "past its end");
-    let other = t.b.0.alloc_pd().unwrap();
+    assert!(t.b.pd.advise_prefetch(&[past]).is_err(), "past its end");
+    let other = t.b.ctx.alloc_pd().unwrap();
     assert!(other.advise_prefetch(&[odp.sge(0, 8).unwrap()]).is_err(), "another PD");
     drop(odp);
     drop(buf);
