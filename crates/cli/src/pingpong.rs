@@ -539,6 +539,7 @@ fn connect_qps(c: &Ctx, a: &Args, mtu: Mtu, mine: &[Dest], rem: &[Dest]) -> Resu
                 AttrMask::STATE | AttrMask::SQ_PSN,
             ),
             QpType::Ud => (AttrMask::STATE, AttrMask::STATE | AttrMask::SQ_PSN),
+            QpType::XrcSend | QpType::XrcRecv => anyhow::bail!("uroce pingpong has no XRC mode"),
         };
         qp.modify(&attr, rtr).context("Failed to modify QP to RTR")?;
         qp.modify(&QpAttr { state: QpState::ReadyToSend, ..attr }, rts)

@@ -66,6 +66,7 @@ fn begin(qp: *mut ibv_qp_ex, opcode: WrOpcode, set: impl FnOnce(&mut Pending)) {
             imm: 0,
             ud: None,
             bind: None,
+            xrc_srqn: 0,
             sge: (bl.sges.len(), 0),
             inline: None,
         };
@@ -144,6 +145,7 @@ fn complete(b: &QpBox, bl: &Builder) -> c_int {
                 bind: p.bind,
                 // rdma-core 44 has no ibv_wr_flush (it came in 45).
                 flush: None,
+                xrc_srqn: p.xrc_srqn,
             };
         }
         if let Err(e) = b.inner.post_send(&batch[..chunk.len()]) {
@@ -247,8 +249,9 @@ unsafe extern "C" fn wr_atomic_write(
     });
 }
 
-unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, _: u32) {
-    unsupported(qp);
+/// `ibv_wr_set_xrc_srqn`: the target SRQ of the WR just started.
+unsafe extern "C" fn wr_set_xrc_srqn(qp: *mut ibv_qp_ex, srqn: u32) {
+    last(qp, |bl, i| bl.wrs[i].xrc_srqn = srqn);
 }
 
 unsafe extern "C" fn wr_set_ud_addr(qp: *mut ibv_qp_ex, ah: *mut ibv_ah, qpn: u32, qkey: u32) {

@@ -22,6 +22,8 @@ pub(crate) struct Pending {
     pub(crate) imm: u32,
     pub(crate) ud: Option<UdDest>,
     pub(crate) bind: Option<MwBind>,
+    /// XRC: the target SRQ (`ibv_wr_set_xrc_srqn`).
+    pub(crate) xrc_srqn: u32,
     /// Range in `Builder::sges`.
     pub(crate) sge: (usize, usize),
     /// Range in `Builder::bytes` when the data is inline.

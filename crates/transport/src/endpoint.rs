@@ -213,6 +213,8 @@ struct Slot {
     send_cq: u32,
     recv_cq: u32,
     srq: Option<u32>,
+    /// An XRC target's domain: requests name SRQs of it.
+    xrcd: Option<u32>,
     /// In the active queue.
     active: bool,
     /// The deadline this QP has in the timer heap (later entries for it are
@@ -338,7 +340,25 @@ impl Endpoint {
     /// go to `send_cq` and `recv_cq` and whose receives come from `srq`.
     pub fn add_qp(&mut self, qp: Qp, send_cq: u32, recv_cq: u32, srq: Option<u32>) {
         let qpn = qp.qpn();
-        let slot = Slot { qp, send_cq, recv_cq, srq, active: false, armed: None };
+        let slot = Slot { qp, send_cq, recv_cq, srq, xrcd: None, active: false, armed: None };
+        self.qps.insert(qpn, slot);
+        self.touch(qpn);
+    }
+
+    /// Adds an XRC target QP of domain `xrcd`: its requests' receives,
+    /// PD and completions are those of the SRQ each names (of `xrcd`).
+    pub fn add_xrc_target(&mut self, qp: Qp, xrcd: u32) {
+        let qpn = qp.qpn();
+        let none = u32::MAX;
+        let slot = Slot {
+            qp,
+            send_cq: none,
+            recv_cq: none,
+            srq: None,
+            xrcd: Some(xrcd),
+            active: false,
+            armed: None,
+        };
         self.qps.insert(qpn, slot);
         self.touch(qpn);
     }
@@ -572,6 +592,36 @@ impl Endpoint {
             self.stats.drop_unknown_qpn += 1;
             return;
         };
+        if let Some(xrcd) = slot.xrcd {
+            // An XRC target: the SRQ the request names, of its domain.
+            let srq = pkt.xrceth().map(|x| x.xrc_srqn()).and_then(|n| self.srqs.get_mut(&n));
+            let Some((srq, xrc)) =
+                srq.and_then(|s| s.xrc().filter(|x| x.xrcd == xrcd).map(|x| (s, x)))
+            else {
+                // No such SRQ in its domain (or no XRCETH): dropped, as
+                // rxe's XRC patches do; the requester retries and fails.
+                self.stats.drop(crate::stats::DropReason::Malformed);
+                return;
+            };
+            self.srq_dirty = true;
+            slot.qp.set_xrc_pd(xrc.pd);
+            slot.qp.handle_datagram_srq(now, from, to, pkt, mem, srq);
+            // Its receive completions are the SRQ's, for the SRQ's CQ.
+            slot.qp.publish_gauge();
+            while let Some(c) = slot.qp.poll_completion() {
+                Self::push_completion(
+                    &self.cqs,
+                    &mut self.notify,
+                    &mut self.events,
+                    xrc.cq,
+                    c,
+                    now,
+                );
+                self.moved = true;
+            }
+            self.touch(qpn);
+            return;
+        }
         match slot.srq.and_then(|id| self.srqs.get_mut(&id)) {
             Some(srq) => {
                 self.srq_dirty = true;
@@ -709,16 +759,7 @@ impl Endpoint {
         while let Some(c) = slot.qp.poll_completion() {
             self.moved = true;
             let id = if c.is_recv { slot.recv_cq } else { slot.send_cq };
-            if let Some(cq) = self.cqs.get(&id) {
-                let mut cq = cq.lock();
-                let was = cq.overflowed;
-                match cq.push(c, now) {
-                    Ok(true) => self.notify.push_back(id),
-                    Ok(false) => {}
-                    Err(()) if !was => self.events.push_back(DeviceEvent::CqError { cq: id }),
-                    Err(()) => {}
-                }
-            }
+            Self::push_completion(&self.cqs, &mut self.notify, &mut self.events, id, c, now);
         }
         while let Some(e) = slot.qp.poll_event() {
             self.moved = true;
@@ -740,6 +781,27 @@ impl Endpoint {
             Some(_) => {}
             // No timer any more: the heap's entry is stale.
             None => slot.armed = None,
+        }
+    }
+
+    /// Puts `c` on CQ `id` (if it is one), with the notification or the
+    /// CQ error event that follows.
+    fn push_completion(
+        cqs: &FastMap<u32, SharedCq>,
+        notify: &mut VecDeque<u32>,
+        events: &mut VecDeque<DeviceEvent>,
+        id: u32,
+        c: Completion,
+        now: Instant,
+    ) {
+        let Some(cq) = cqs.get(&id) else { return };
+        let mut cq = cq.lock();
+        let was = cq.overflowed;
+        match cq.push(c, now) {
+            Ok(true) => notify.push_back(id),
+            Ok(false) => {}
+            Err(()) if !was => events.push_back(DeviceEvent::CqError { cq: id }),
+            Err(()) => {}
         }
     }
 

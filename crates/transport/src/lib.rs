@@ -34,6 +34,7 @@ pub use qp::{
     AWAITED_RUN, AsyncEvent, PostError, Qp, QpCaps, QpInit, QueueGauge, SendShape, Transmit,
 };
 pub use srq::Srq;
+pub use srq::XrcSrq;
 pub use stats::{DropReason, Stats};
 pub use time::Instant;
 pub use uroce_wire as wire;

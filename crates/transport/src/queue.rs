@@ -33,6 +33,8 @@ pub(crate) struct SendWqe {
     pub(crate) ud: Option<crate::wqe::UdDest>,
     /// Memory window bind.
     pub(crate) bind: Option<crate::memory::MwBind>,
+    /// XRC: the target SRQ.
+    pub(crate) xrc_srqn: u32,
 }
 
 impl SendWqe {
@@ -55,6 +57,7 @@ impl SendWqe {
         counted: false,
         ud: None,
         bind: None,
+        xrc_srqn: 0,
     };
 
     /// The last PSN of the WQE (valid once assigned).

@@ -13,6 +13,21 @@ pub struct Srq {
     /// Armed low-water mark; 0 when disarmed.
     limit: u32,
     limit_reached: bool,
+    /// An XRC SRQ's domain, PD and CQ.
+    xrc: Option<XrcSrq>,
+}
+
+/// What makes an SRQ an XRC one: requests to XRC target QPs of its domain
+/// name it, their memory accesses are checked against its PD, and their
+/// completions go to its CQ.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct XrcSrq {
+    /// The XRC domain.
+    pub xrcd: u32,
+    /// Its protection domain.
+    pub pd: u32,
+    /// The CQ its receive completions go to.
+    pub cq: u32,
 }
 
 impl Srq {
@@ -22,7 +37,19 @@ impl Srq {
             rq: RecvQueue::new(max_wr.max(1) as usize, max_sge.max(1) as usize),
             limit: 0,
             limit_reached: false,
+            xrc: None,
         }
+    }
+
+    /// An XRC SRQ of domain `xrc.xrcd` (`ibv_create_srq_ex` with
+    /// `IBV_SRQT_XRC`).
+    pub fn new_xrc(max_wr: u32, max_sge: u32, xrc: XrcSrq) -> Self {
+        Self { xrc: Some(xrc), ..Self::new(max_wr, max_sge) }
+    }
+
+    /// Its XRC domain, PD and CQ, if it is an XRC SRQ.
+    pub fn xrc(&self) -> Option<XrcSrq> {
+        self.xrc
     }
 
     /// Capacity.

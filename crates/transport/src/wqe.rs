@@ -188,6 +188,9 @@ pub struct SendWr<'a> {
     pub bind: Option<crate::memory::MwBind>,
     /// What a `Flush` WR flushes (with `remote_addr` and `rkey`).
     pub flush: Option<FlushOp>,
+    /// An XRC initiator's WR: the number of the peer's XRC SRQ it goes to
+    /// (`wr.qp_type.xrc.remote_srqn`).
+    pub xrc_srqn: u32,
 }
 
 /// A FLUSH's placement and selectivity (IBA 1.5 FETH), and the length of
@@ -227,6 +230,7 @@ impl Default for SendWr<'_> {
             ud: None,
             bind: None,
             flush: None,
+            xrc_srqn: 0,
         }
     }
 }

@@ -137,7 +137,7 @@ pub use uroce_transport::{
 };
 pub use uroce_wire as wire;
 pub use uroce_wire::{LocalAckTimeout, Mtu, Psn, RnrTimer};
-pub use verbs::{Cq, Mr, Mw, Pd, Qp, QpInitAttr, Srq, SrqAttr, inc_rkey};
+pub use verbs::{Cq, Mr, Mw, Pd, Qp, QpInitAttr, Srq, SrqAttr, Xrcd, inc_rkey};
 
 /// Moves an RC or UC QP from RESET to RTS connected to `peer` (the usual
 /// three `ibv_modify_qp` calls of every verbs example), with perftest's
@@ -157,7 +157,7 @@ pub fn connect(
     peer_psn: u32,
     access: Access,
 ) -> Result<()> {
-    let rc = qp.qp_type() == QpType::Rc;
+    let t = qp.qp_type();
     let mut attr = QpAttr { state: QpState::Init, access, ..QpAttr::default() };
     qp.modify(
         &attr,
@@ -177,8 +177,13 @@ pub fn connect(
     attr.rq_psn = Psn::new(peer_psn);
     attr.max_dest_rd_atomic = 16;
     attr.min_rnr_timer = RnrTimer::from_code(12);
-    let rtr_rc =
-        if rc { AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER } else { AttrMask::NONE };
+    // What each type takes beyond UC's (the kernel's qp_state_table): RC
+    // and the XRC target receive requests, RC and the initiator send them.
+    let rtr_rc = if matches!(t, QpType::Rc | QpType::XrcRecv) {
+        AttrMask::MAX_DEST_RD_ATOMIC | AttrMask::MIN_RNR_TIMER
+    } else {
+        AttrMask::NONE
+    };
     qp.modify(
         &attr,
         AttrMask::STATE
@@ -194,10 +199,15 @@ pub fn connect(
     attr.rnr_retry = 7;
     attr.sq_psn = Psn::new(my_psn);
     attr.max_rd_atomic = 16;
-    let rts_rc = if rc {
-        AttrMask::TIMEOUT | AttrMask::RETRY_CNT | AttrMask::RNR_RETRY | AttrMask::MAX_QP_RD_ATOMIC
-    } else {
-        AttrMask::NONE
+    let rts_rc = match t {
+        QpType::Rc | QpType::XrcSend => {
+            AttrMask::TIMEOUT
+                | AttrMask::RETRY_CNT
+                | AttrMask::RNR_RETRY
+                | AttrMask::MAX_QP_RD_ATOMIC
+        }
+        QpType::XrcRecv => AttrMask::TIMEOUT,
+        _ => AttrMask::NONE,
     };
     qp.modify(&attr, AttrMask::STATE | AttrMask::SQ_PSN | rts_rc)
 }

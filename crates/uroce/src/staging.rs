@@ -43,6 +43,7 @@ struct Slot {
     ud: Option<UdDest>,
     bind: Option<MwBind>,
     flush: Option<uroce_transport::FlushOp>,
+    xrc_srqn: u32,
     sgl: Vec<Sge>,
     inline: Vec<u8>,
     /// The payload is in `inline` (an inline WR).
@@ -63,6 +64,7 @@ impl Slot {
             ud: None,
             bind: None,
             flush: None,
+            xrc_srqn: 0,
             sgl: Vec::with_capacity(max_sge),
             inline: Vec::with_capacity(max_inline),
             has_inline: false,
@@ -84,6 +86,7 @@ impl Slot {
             ud: self.ud,
             bind: self.bind,
             flush: self.flush,
+            xrc_srqn: self.xrc_srqn,
         }
     }
 }
@@ -216,6 +219,7 @@ impl QpPost {
             s.ud = wr.ud;
             s.bind = wr.bind;
             s.flush = wr.flush;
+            s.xrc_srqn = wr.xrc_srqn;
             s.sgl.clear();
             s.inline.clear();
             s.has_inline = shape.inline;

@@ -358,7 +358,8 @@ impl Pd {
             sq_sig_all: init.sq_sig_all,
             max_unacked_psns: limits::SEND_WINDOW_PSNS,
             port_mtu: self.ctx.device.port_attr().active_mtu,
-            uses_srq: init.srq.is_some(),
+            // An XRC initiator has no receive queue at all.
+            uses_srq: init.srq.is_some() || init.qp_type == QpType::XrcSend,
         };
         let qp = uroce_transport::Qp::new(qp_init);
         let post = Arc::new(QpPost::new(qp_init, qp.gauge()));
@@ -370,9 +371,129 @@ impl Pd {
             post,
             cap: c,
             qp_type: init.qp_type,
-            _pd: self.clone(),
-            _cqs: [init.send_cq.clone(), init.recv_cq.clone()],
+            _pd: Some(self.clone()),
+            _cqs: vec![init.send_cq.clone(), init.recv_cq.clone()],
             _srq: init.srq.cloned(),
+            _xrcd: None,
+        })
+    }
+}
+
+/// An XRC domain (`ibv_xrcd`): XRC SRQs and XRC target QPs of one domain
+/// work together. An initiator QP (`QpType::XrcSend`, made on a PD) sends
+/// each WR to an SRQ of the peer's domain, named by
+/// [`SendWr::xrc_srqn`](crate::SendWr); the peer's target QP
+/// ([`Xrcd::create_target_qp`]) takes it into that SRQ, whose PD checks
+/// the memory accesses and whose CQ gets the completion. Cloning shares
+/// the domain; its SRQs and target QPs keep it alive.
+#[derive(Clone)]
+pub struct Xrcd {
+    inner: Arc<XrcdInner>,
+}
+
+struct XrcdInner {
+    ctx: Arc<Inner>,
+    id: u32,
+}
+
+impl std::fmt::Debug for Xrcd {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Xrcd({})", self.inner.id)
+    }
+}
+
+impl Context {
+    /// Opens a new XRC domain (`ibv_open_xrcd`).
+    ///
+    /// # Errors
+    /// None here yet; the signature leaves room for a shared domain's.
+    pub fn open_xrcd(&self) -> Result<Xrcd> {
+        static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
+        let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        Ok(Xrcd { inner: Arc::new(XrcdInner { ctx: self.inner.clone(), id }) })
+    }
+}
+
+impl Xrcd {
+    /// Creates an XRC SRQ of this domain (`ibv_create_srq_ex` with
+    /// `IBV_SRQT_XRC`): requests that name it ([`Srq::handle`], the
+    /// SRQ number) take its WQEs; `pd` checks their memory accesses, and
+    /// their completions go to `cq`.
+    ///
+    /// # Errors
+    /// As [`Context::create_srq`]; [`Error::InvalidArgument`] for a PD or
+    /// CQ of another context.
+    pub fn create_srq(&self, pd: &Pd, cq: &Cq, attr: &SrqAttr) -> Result<Srq> {
+        if !Arc::ptr_eq(&pd.ctx, &self.inner.ctx) || !Arc::ptr_eq(&cq.inner.ctx, &self.inner.ctx) {
+            return Err(Error::InvalidArgument("PD or CQ of another context"));
+        }
+        if attr.max_wr == 0
+            || attr.max_wr > limits::MAX_SRQ_WR
+            || attr.max_sge == 0
+            || attr.max_sge > limits::MAX_SGE
+        {
+            return Err(Error::InvalidArgument("SRQ size out of range"));
+        }
+        let xrc = uroce_transport::XrcSrq { xrcd: self.inner.id, pd: pd.handle, cq: cq.inner.id };
+        let mut srq = uroce_transport::Srq::new_xrc(attr.max_wr, attr.max_sge, xrc);
+        srq.arm(attr.srq_limit).map_err(|_| Error::InvalidArgument("srq_limit above max_wr"))?;
+        let mut e = self.inner.ctx.lock();
+        if e.ep.srq_count() as u32 >= limits::MAX_SRQ {
+            return Err(Error::Limit("max_srq"));
+        }
+        let id = e.ep.add_srq(srq);
+        let keep = (cq.clone(), self.clone());
+        Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.ctx.clone(), id, _xrc: Some(keep) }) })
+    }
+
+    /// Creates an XRC target QP of this domain (`ibv_create_qp_ex` with
+    /// `IBV_QPT_XRC_RECV`): no PD, CQs or queues of its own. Connect it
+    /// to the peer's initiator as any RC QP (it sends only responses).
+    ///
+    /// # Errors
+    /// [`Error::Limit`] past `max_qp`.
+    pub fn create_target_qp(&self) -> Result<Qp> {
+        let ctx = &self.inner.ctx;
+        let mut e = ctx.lock();
+        if e.ep.qp_count() as u32 >= limits::MAX_QP {
+            return Err(Error::Limit("max_qp"));
+        }
+        let qpn = e.ep.alloc_qpn();
+        let qp_init = QpInit {
+            qpn,
+            qp_type: QpType::XrcRecv,
+            pd: 0,
+            caps: QpCaps {
+                max_send_wr: 0,
+                max_recv_wr: 0,
+                max_send_sge: 0,
+                max_recv_sge: 0,
+                max_inline_data: 0,
+            },
+            sq_sig_all: false,
+            max_unacked_psns: limits::SEND_WINDOW_PSNS,
+            port_mtu: ctx.device.port_attr().active_mtu,
+            uses_srq: true,
+        };
+        let qp = uroce_transport::Qp::new(qp_init);
+        let post = Arc::new(QpPost::new(qp_init, qp.gauge()));
+        e.ep.add_xrc_target(qp, self.inner.id);
+        Ok(Qp {
+            ctx: ctx.clone(),
+            qpn,
+            post,
+            cap: QpCaps {
+                max_send_wr: 0,
+                max_recv_wr: 0,
+                max_send_sge: 0,
+                max_recv_sge: 0,
+                max_inline_data: 0,
+            },
+            qp_type: QpType::XrcRecv,
+            _pd: None,
+            _cqs: Vec::new(),
+            _srq: None,
+            _xrcd: Some(self.clone()),
         })
     }
 }
@@ -697,9 +818,12 @@ pub struct Qp {
     /// The queue sizes granted (`ibv_create_qp` writes them back).
     cap: QpCaps,
     qp_type: QpType,
-    _pd: Pd,
-    _cqs: [Cq; 2],
+    /// What it keeps alive: its PD, CQs and SRQ (an XRC target: its
+    /// domain only).
+    _pd: Option<Pd>,
+    _cqs: Vec<Cq>,
     _srq: Option<Srq>,
+    _xrcd: Option<Xrcd>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -717,6 +841,11 @@ impl Qp {
     /// Whether the QP takes its receives from an SRQ.
     pub fn uses_srq(&self) -> bool {
         self._srq.is_some()
+    }
+
+    /// An XRC target QP's domain.
+    pub fn xrcd(&self) -> Option<&Xrcd> {
+        self._xrcd.as_ref()
     }
 
     /// The transport type.
@@ -912,6 +1041,8 @@ impl Qp {
 struct SrqInner {
     ctx: Arc<Inner>,
     id: u32,
+    /// An XRC SRQ's CQ and domain, kept alive with it.
+    _xrc: Option<(Cq, Xrcd)>,
 }
 
 impl Drop for SrqInner {
@@ -965,7 +1096,7 @@ impl Context {
             return Err(Error::Limit("max_srq"));
         }
         let id = e.ep.add_srq(srq);
-        Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.clone(), id }) })
+        Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.clone(), id, _xrc: None }) })
     }
 }
 

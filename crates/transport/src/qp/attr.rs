@@ -16,6 +16,25 @@ pub enum QpType {
     Uc = 3,
     /// Unreliable datagram.
     Ud = 4,
+    /// XRC initiator (`IBV_QPT_XRC_SEND`): sends to SRQs of the peer's XRC
+    /// domain, named per WR; no receive queue.
+    XrcSend = 9,
+    /// XRC target (`IBV_QPT_XRC_RECV`): receives into the SRQ each request
+    /// names (of its own XRC domain); no send queue, PD or CQs of its own.
+    XrcRecv = 10,
+}
+
+impl QpType {
+    /// Reliable and connected: RC and both XRC sides (acknowledged,
+    /// retried, in PSN order).
+    pub const fn is_reliable(self) -> bool {
+        matches!(self, Self::Rc | Self::XrcSend | Self::XrcRecv)
+    }
+
+    /// Either XRC side.
+    pub const fn is_xrc(self) -> bool {
+        matches!(self, Self::XrcSend | Self::XrcRecv)
+    }
 }
 
 /// QP state. Discriminants are `ibv_qp_state`'s.
@@ -225,8 +244,9 @@ impl Default for QpAttr {
 /// The attribute masks allowed for one transition, per QP type.
 #[derive(Clone, Copy)]
 struct Rule {
-    required: [u32; 3],
-    optional: [u32; 3],
+    /// Per type: RC, UC, UD, XRC initiator, XRC target.
+    required: [u32; 5],
+    optional: [u32; 5],
 }
 
 const fn idx(t: QpType) -> usize {
@@ -234,6 +254,8 @@ const fn idx(t: QpType) -> usize {
         QpType::Rc => 0,
         QpType::Uc => 1,
         QpType::Ud => 2,
+        QpType::XrcSend => 3,
+        QpType::XrcRecv => 4,
     }
 }
 
@@ -259,42 +281,57 @@ const fn rule(cur: QpState, next: QpState) -> Option<Rule> {
     const MIG: u32 = AttrMask::PATH_MIG_STATE.0;
     const CUR: u32 = AttrMask::CUR_STATE.0;
     const SQDN: u32 = AttrMask::EN_SQD_ASYNC_NOTIFY.0;
-    const fn r(required: [u32; 3], optional: [u32; 3]) -> Option<Rule> {
+    const fn r(required: [u32; 5], optional: [u32; 5]) -> Option<Rule> {
         Some(Rule { required, optional })
     }
-    const NONE: [u32; 3] = [0, 0, 0];
+    const NONE: [u32; 5] = [0; 5];
+    // RC's, UC's and UD's rules, then the XRC initiator's and target's as
+    // Linux's qp_state_table has them (the initiator receives no requests,
+    // the target sends none).
+    const RC_RTS_OPT: u32 = CUR | ALT | ACC | RNRT | MIG;
     match (cur, next) {
         (_, Reset) => r(NONE, NONE),
         (Reset, Error) => None,
         (_, Error) => r(NONE, NONE),
-        (Reset, Init) => r([PKEY | PORT | ACC, PKEY | PORT | ACC, PKEY | PORT | QKEY], NONE),
-        (Init, Init) => r(NONE, [PKEY | PORT | ACC, PKEY | PORT | ACC, PKEY | PORT | QKEY]),
-        (Init, ReadyToReceive) => r(
-            [AV | MTU | DQPN | RQPSN | MDRA | RNRT, AV | MTU | DQPN | RQPSN, 0],
-            [ALT | ACC | PKEY, ALT | ACC | PKEY, PKEY | QKEY],
-        ),
+        (Reset, Init) => {
+            let rc = PKEY | PORT | ACC;
+            r([rc, rc, PKEY | PORT | QKEY, rc, rc], NONE)
+        }
+        (Init, Init) => {
+            let rc = PKEY | PORT | ACC;
+            r(NONE, [rc, rc, PKEY | PORT | QKEY, rc, rc])
+        }
+        (Init, ReadyToReceive) => {
+            let rc = AV | MTU | DQPN | RQPSN | MDRA | RNRT;
+            let uc = AV | MTU | DQPN | RQPSN;
+            let opt = ALT | ACC | PKEY;
+            r([rc, uc, 0, uc, rc], [opt, opt, PKEY | QKEY, opt, opt])
+        }
         (ReadyToReceive, ReadyToSend) => r(
-            [TMO | RETRY | RNRR | SQPSN | MRA, SQPSN, SQPSN],
-            [CUR | ALT | ACC | RNRT | MIG, CUR | ALT | ACC | MIG, CUR | QKEY],
+            [
+                TMO | RETRY | RNRR | SQPSN | MRA,
+                SQPSN,
+                SQPSN,
+                TMO | RETRY | RNRR | SQPSN | MRA,
+                TMO | SQPSN,
+            ],
+            [RC_RTS_OPT, CUR | ALT | ACC | MIG, CUR | QKEY, RC_RTS_OPT, RC_RTS_OPT],
         ),
         (ReadyToSend, ReadyToSend) => {
-            r(NONE, [CUR | ACC | ALT | MIG | RNRT, CUR | ACC | ALT | MIG, CUR | QKEY])
+            let rc = CUR | ACC | ALT | MIG | RNRT;
+            r(NONE, [rc, CUR | ACC | ALT | MIG, CUR | QKEY, rc, rc])
         }
-        (ReadyToSend, SendQueueDrain) => r(NONE, [SQDN, SQDN, SQDN]),
+        (ReadyToSend, SendQueueDrain) => r(NONE, [SQDN; 5]),
         (SendQueueDrain, ReadyToSend) => {
-            r(NONE, [CUR | ALT | ACC | RNRT | MIG, CUR | ALT | ACC | MIG, CUR | QKEY])
+            r(NONE, [RC_RTS_OPT, CUR | ALT | ACC | MIG, CUR | QKEY, RC_RTS_OPT, RC_RTS_OPT])
         }
-        (SendQueueDrain, SendQueueDrain) => r(
-            NONE,
-            [
-                PORT | AV | TMO | RETRY | RNRR | MRA | MDRA | ALT | ACC | PKEY | RNRT | MIG,
-                AV | ALT | ACC | PKEY | MIG,
-                PKEY | QKEY,
-            ],
-        ),
+        (SendQueueDrain, SendQueueDrain) => {
+            let rc = PORT | AV | TMO | RETRY | RNRR | MRA | MDRA | ALT | ACC | PKEY | RNRT | MIG;
+            r(NONE, [rc, AV | ALT | ACC | PKEY | MIG, PKEY | QKEY, rc, rc])
+        }
         // RC has no SQE state: its send errors move the QP to ERR.
         (SendQueueError, ReadyToSend) => {
-            Some(Rule { required: NONE, optional: [0, CUR | ACC, CUR | QKEY] })
+            Some(Rule { required: NONE, optional: [0, CUR | ACC, CUR | QKEY, 0, 0] })
         }
         _ => None,
     }

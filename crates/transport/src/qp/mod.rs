@@ -131,6 +131,10 @@ impl QpInit {
             QpType::Ud => {
                 matches!(wr.opcode, WrOpcode::Send | WrOpcode::SendWithImm) && wr.ud.is_some()
             }
+            // An initiator sends what RC sends, but binds no windows (they
+            // need a local PD of the responder's); a target sends nothing.
+            QpType::XrcSend => !matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::Flush),
+            QpType::XrcRecv => false,
         };
         if !supported {
             return Err(PostError::InvalidOpcode);
@@ -687,6 +691,7 @@ impl Qp {
             signaled: self.init.sq_sig_all || wr.flags.contains(SendFlags::SIGNALED),
             ud: wr.ud,
             bind: wr.bind,
+            xrc_srqn: wr.xrc_srqn,
             ..SendWqe::EMPTY
         };
         if from_sgl && let Some(mem) = mem {
@@ -702,7 +707,7 @@ impl Qp {
         }
         if self.state == QpState::Error {
             self.flush_all();
-        } else if self.init.qp_type == QpType::Rc {
+        } else if self.init.qp_type.is_reliable() {
             self.hold.on_post(now);
         }
         Ok(())
@@ -821,8 +826,15 @@ impl Qp {
             QpType::Rc => Transport::Rc,
             QpType::Uc => Transport::Uc,
             QpType::Ud => Transport::Ud,
+            QpType::XrcSend | QpType::XrcRecv => Transport::Xrc,
         };
-        if info.transport != ours {
+        // An XRC initiator takes only responses, a target only requests.
+        let one_way_wrong = match self.init.qp_type {
+            QpType::XrcSend => info.is_request,
+            QpType::XrcRecv => !info.is_request,
+            _ => false,
+        };
+        if info.transport != ours || one_way_wrong {
             self.stats.drop(DropReason::WrongTransport);
             return;
         }
@@ -1016,6 +1028,12 @@ impl Qp {
     /// This QP as a memory accessor.
     pub(crate) fn me(&self) -> crate::memory::Accessor {
         crate::memory::Accessor { pd: self.init.pd, qpn: self.init.qpn }
+    }
+
+    /// An XRC target's PD for the request at hand: its SRQ's (a target has
+    /// none of its own). The endpoint sets it before each request.
+    pub fn set_xrc_pd(&mut self, pd: u32) {
+        self.init.pd = pd;
     }
 
     pub(crate) fn mtu(&self) -> u32 {

@@ -255,6 +255,11 @@ impl Qp {
             // Same operation codes, UC transport bits; UC asks for no ACKs.
             repr.bth.opcode = uroce_wire::Opcode(repr.bth.opcode.0 | 0x20);
         }
+        if self.init.qp_type == QpType::XrcSend {
+            // XRC transport bits, and the target SRQ in an XRCETH.
+            repr.bth.opcode = uroce_wire::Opcode(repr.bth.opcode.0 | 0xa0);
+            repr.xrceth = Some(wqe.xrc_srqn);
+        }
         if is_data {
             // Ask for an ACK on a message's last packet, on the packet that
             // fills the window (nothing more may be sent until one comes),

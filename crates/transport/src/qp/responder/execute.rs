@@ -8,7 +8,7 @@ use uroce_wire::{NakCode, Operation, RocePacket};
 use super::{InMsg, MAX_QUEUED_RD_ATOMIC, RdAtomicRes, Reject, RespItem};
 use crate::memory::{AccessError, AtomicOp, Key, Memory};
 use crate::qp::Qp;
-use crate::qp::attr::{Access, QpType};
+use crate::qp::attr::Access;
 use crate::qp::requester::packets;
 use crate::queue::sgl_pieces;
 use crate::srq::Srq;
@@ -99,14 +99,22 @@ impl Qp {
         self.remember(RdAtomicRes::Done { psn });
         self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
         let msn = self.resp.msn;
-        self.resp.push_out(RespItem::Read { psn, va: 0, rkey: 0, remaining: 0, first: true, msn });
+        self.resp.push_out(RespItem::Read {
+            psn,
+            va: 0,
+            rkey: 0,
+            remaining: 0,
+            first: true,
+            msn,
+            pd: 0,
+        });
         self.accept(pkt, 1);
     }
 
     pub(super) fn accept(&mut self, pkt: &RocePacket<&[u8]>, npsn: u32) {
         self.resp.epsn = self.resp.epsn.add(npsn);
         self.resp.nak_sent = false;
-        if self.init.qp_type == QpType::Rc
+        if self.init.qp_type.is_reliable()
             && pkt.bth().ack_req()
             && !matches!(
                 pkt.info().operation,
@@ -335,7 +343,8 @@ impl Qp {
         self.remember(RdAtomicRes::Read { first_psn: psn, last_psn: psn.add(npsn - 1) });
         self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
         let msn = self.resp.msn;
-        self.resp.push_out(RespItem::Read { psn, va, rkey, remaining: len, first: true, msn });
+        let pd = self.me().pd;
+        self.resp.push_out(RespItem::Read { psn, va, rkey, remaining: len, first: true, msn, pd });
         self.accept(pkt, npsn);
         Ok(())
     }

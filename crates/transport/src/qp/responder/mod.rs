@@ -37,7 +37,9 @@ pub(crate) enum RespItem {
     /// ATOMIC ACKNOWLEDGE.
     AtomicAck { psn: Psn, orig: u64, msn: u32 },
     /// READ response packets still to send.
-    Read { psn: Psn, va: u64, rkey: u32, remaining: u32, first: bool, msn: u32 },
+    /// `pd`: the PD the READ was checked against (an XRC target's comes
+    /// from the SRQ each request names).
+    Read { psn: Psn, va: u64, rkey: u32, remaining: u32, first: bool, msn: u32, pd: u32 },
 }
 
 /// A remembered READ or atomic, for answering duplicates (rxe

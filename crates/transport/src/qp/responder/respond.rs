@@ -13,6 +13,12 @@ use crate::qp::attr::{Access, QpState};
 use crate::qp::{DEFAULT_PKEY, Qp};
 use crate::stats::DropReason;
 
+/// An RC response opcode in the XRC transport's class for an XRC target
+/// (the same operation codes, transport bits 101).
+fn xrc_if(t: crate::qp::attr::QpType, op: Opcode) -> Opcode {
+    if t == crate::qp::attr::QpType::XrcRecv { Opcode(op.0 | 0xa0) } else { op }
+}
+
 impl Qp {
     /// A request with a PSN before the expected one: the requester resent
     /// it because an ACK or response was lost.
@@ -47,7 +53,8 @@ impl Qp {
                     return;
                 }
                 let msn = self.resp.msn;
-                let item = RespItem::Read { psn, va, rkey, remaining: len, first: true, msn };
+                let pd = self.me().pd;
+                let item = RespItem::Read { psn, va, rkey, remaining: len, first: true, msn, pd };
                 // If that READ is still being answered, restart its stream
                 // from the resent request instead of sending it twice (one
                 // stream per READ, as rxe keeps one resource per READ).
@@ -79,8 +86,15 @@ impl Qp {
                     .any(|r| matches!(*r, RdAtomicRes::Done { psn: p } if p == psn));
                 if done && self.rd_atomic_queued() < MAX_QUEUED_RD_ATOMIC {
                     let msn = self.resp.msn;
-                    let item =
-                        RespItem::Read { psn, va: 0, rkey: 0, remaining: 0, first: true, msn };
+                    let item = RespItem::Read {
+                        psn,
+                        va: 0,
+                        rkey: 0,
+                        remaining: 0,
+                        first: true,
+                        msn,
+                        pd: 0,
+                    };
                     self.resp.push_out(item);
                 } else {
                     self.stats.drop(DropReason::StaleDuplicate);
@@ -165,16 +179,19 @@ impl Qp {
                 self.resp.pop_out();
                 self.build_ack(psn, Syndrome::ACK, msn, Some(orig), buf)
             }
-            RespItem::Read { psn, va, rkey, remaining, first, msn } => {
+            RespItem::Read { psn, va, rkey, remaining, first, msn, pd } => {
                 let mtu = self.mtu();
                 let n = remaining.min(mtu);
                 let last = remaining <= mtu;
-                let opcode = match (first, last) {
-                    (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
-                    (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
-                    (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
-                    (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
-                };
+                let opcode = xrc_if(
+                    self.init.qp_type,
+                    match (first, last) {
+                        (true, true) => Opcode::RC_RDMA_READ_RESPONSE_ONLY,
+                        (true, false) => Opcode::RC_RDMA_READ_RESPONSE_FIRST,
+                        (false, false) => Opcode::RC_RDMA_READ_RESPONSE_MIDDLE,
+                        (false, true) => Opcode::RC_RDMA_READ_RESPONSE_LAST,
+                    },
+                );
                 let repr = RocePacketRepr {
                     bth: BthRepr {
                         opcode,
@@ -194,7 +211,12 @@ impl Qp {
                 }
                 if n > 0
                     && mem
-                        .read(Key::Remote(rkey), self.me(), va, &mut buf[hl..hl + n as usize])
+                        .read(
+                            Key::Remote(rkey),
+                            crate::memory::Accessor { pd, qpn: self.init.qpn },
+                            va,
+                            &mut buf[hl..hl + n as usize],
+                        )
                         .is_err()
                 {
                     // The region went away under a READ in progress.
@@ -235,11 +257,14 @@ impl Qp {
     ) -> Option<usize> {
         let repr = RocePacketRepr {
             bth: BthRepr {
-                opcode: if orig.is_some() {
-                    Opcode::RC_ATOMIC_ACKNOWLEDGE
-                } else {
-                    Opcode::RC_ACKNOWLEDGE
-                },
+                opcode: xrc_if(
+                    self.init.qp_type,
+                    if orig.is_some() {
+                        Opcode::RC_ATOMIC_ACKNOWLEDGE
+                    } else {
+                        Opcode::RC_ACKNOWLEDGE
+                    },
+                ),
                 pkey: DEFAULT_PKEY,
                 dest_qpn: self.attr.dest_qpn,
                 psn,

@@ -1,0 +1,128 @@
+//! XRC over UDP between two contexts: an initiator QP on one side sends to
+//! two XRC SRQs of the other side's domain through one target QP (each WR
+//! names its SRQ); each SRQ's PD checks the accesses and its CQ gets the
+//! completions; an SRQ of another domain, or none, is never reached.
+
+use uroce::{
+    Access, QpCaps, QpInitAttr, QpState, QpType, RecvWr, SendWr, SrqAttr, WcOpcode, WcStatus,
+    WrOpcode,
+};
+
+const ALL: Access = Access(1 | 2 | 4 | 8);
+
+#[test]
+fn an_initiator_reaches_srqs_of_the_targets_domain() {
+    let (port, a, b) = uroce::testing::two_sides();
+    let cap = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 0,
+        max_send_sge: 1,
+        max_recv_sge: 0,
+        max_inline_data: 0,
+    };
+    let ini =
+        a.pd.create_qp(&QpInitAttr {
+            send_cq: &a.cq,
+            recv_cq: &a.cq,
+            cap,
+            qp_type: QpType::XrcSend,
+            sq_sig_all: true,
+            srq: None,
+        })
+        .unwrap();
+    assert!(ini.post_recv(&[RecvWr { wr_id: 0, sgl: &[] }]).is_err(), "no receive queue");
+    let xrcd = b.ctx.open_xrcd().unwrap();
+    let (cq1, cq2) = (b.ctx.create_cq(16).unwrap(), b.ctx.create_cq(16).unwrap());
+    let pd2 = b.ctx.alloc_pd().unwrap();
+    let attr = SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 };
+    let srq1 = xrcd.create_srq(&b.pd, &cq1, &attr).unwrap();
+    let srq2 = xrcd.create_srq(&pd2, &cq2, &attr).unwrap();
+    let tgt = xrcd.create_target_qp().unwrap();
+    assert_eq!((tgt.qp_type(), tgt.xrcd().is_some()), (QpType::XrcRecv, true));
+    let (ia, ib) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    uroce::connect(&ini, ib, port, tgt.qpn(), 1, 2, ALL).unwrap();
+    uroce::connect(&tgt, ia, port, ini.qpn(), 2, 1, ALL).unwrap();
+    assert_eq!(tgt.query().state, QpState::ReadyToSend);
+
+    let (m1, m2) = (b.pd.alloc_mr(4096, ALL).unwrap(), pd2.alloc_mr(4096, ALL).unwrap());
+    srq1.post_recv(&[RecvWr { wr_id: 11, sgl: &[m1.sge(0, 4096).unwrap()] }]).unwrap();
+    srq2.post_recv(&[RecvWr { wr_id: 22, sgl: &[m2.sge(0, 4096).unwrap()] }]).unwrap();
+    let src = a.pd.alloc_mr(4096, ALL).unwrap();
+    src.write(0, b"to srq one").unwrap();
+    src.write(100, b"to srq two").unwrap();
+    let s1 = [src.sge(0, 10).unwrap()];
+    let s2 = [src.sge(100, 10).unwrap()];
+    ini.post_send(&[
+        SendWr { wr_id: 1, sgl: &s1, xrc_srqn: srq1.handle(), ..SendWr::default() },
+        SendWr { wr_id: 2, sgl: &s2, xrc_srqn: srq2.handle(), ..SendWr::default() },
+    ])
+    .unwrap();
+    let sent = uroce::testing::wait_completions(&a.cq, 2);
+    assert!(sent.iter().all(|c| c.status == WcStatus::Success), "{sent:?}");
+    // Each SRQ's CQ got its receive, on the target QP's number.
+    let c1 = uroce::testing::wait_completion(&cq1);
+    let c2 = uroce::testing::wait_completion(&cq2);
+    assert_eq!((c1.wr_id, c1.opcode, c1.byte_len, c1.qp_num), (11, WcOpcode::Recv, 10, tgt.qpn()));
+    assert_eq!((c2.wr_id, c2.byte_len, c2.qp_num), (22, 10, tgt.qpn()));
+    let mut got = [0u8; 10];
+    m1.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"to srq one");
+    m2.read(0, &mut got).unwrap();
+    assert_eq!(&got, b"to srq two");
+
+    // A WRITE checked against SRQ 2's PD: a region of that PD is reached,
+    // one of another PD is not.
+    let w = |rkey, srqn| SendWr {
+        wr_id: 3,
+        opcode: WrOpcode::RdmaWrite,
+        sgl: &s1,
+        remote_addr: if rkey == m2.rkey() { m2.addr() + 512 } else { m1.addr() + 512 },
+        rkey,
+        xrc_srqn: srqn,
+        ..SendWr::default()
+    };
+    ini.post_send(&[w(m2.rkey(), srq2.handle())]).unwrap();
+    assert_eq!(uroce::testing::wait_completion(&a.cq).status, WcStatus::Success);
+    m2.read(512, &mut got).unwrap();
+    assert_eq!(&got, b"to srq one");
+    ini.post_send(&[w(m1.rkey(), srq2.handle())]).unwrap();
+    assert_eq!(uroce::testing::wait_completion(&a.cq).status, WcStatus::RemAccessErr);
+}
+
+#[test]
+fn an_srq_of_another_domain_is_never_reached() {
+    let (port, a, b) = uroce::testing::two_sides();
+    let cap = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 0,
+        max_send_sge: 1,
+        max_recv_sge: 0,
+        max_inline_data: 0,
+    };
+    let ini =
+        a.pd.create_qp(&QpInitAttr {
+            send_cq: &a.cq,
+            recv_cq: &a.cq,
+            cap,
+            qp_type: QpType::XrcSend,
+            sq_sig_all: true,
+            srq: None,
+        })
+        .unwrap();
+    let (d1, d2) = (b.ctx.open_xrcd().unwrap(), b.ctx.open_xrcd().unwrap());
+    let attr = SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 };
+    let foreign = d2.create_srq(&b.pd, &b.cq, &attr).unwrap();
+    let m = b.pd.alloc_mr(64, ALL).unwrap();
+    foreign.post_recv(&[RecvWr { wr_id: 9, sgl: &[m.sge(0, 64).unwrap()] }]).unwrap();
+    let tgt = d1.create_target_qp().unwrap();
+    let (ia, ib) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    uroce::connect(&ini, ib, port, tgt.qpn(), 1, 2, ALL).unwrap();
+    uroce::connect(&tgt, ia, port, ini.qpn(), 2, 1, ALL).unwrap();
+    let src = a.pd.alloc_mr(64, ALL).unwrap();
+    let s = [src.sge(0, 8).unwrap()];
+    ini.post_send(&[SendWr { wr_id: 1, sgl: &s, xrc_srqn: foreign.handle(), ..SendWr::default() }])
+        .unwrap();
+    // Dropped at the target: the initiator's retries run out.
+    assert_eq!(uroce::testing::wait_completion(&a.cq).status, WcStatus::RetryExcErr);
+    assert_eq!(b.cq.pending(), 0, "nothing reached the foreign SRQ");
+}
