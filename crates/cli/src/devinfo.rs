@@ -226,8 +226,7 @@ fn print_odp(at: &uroce::DeviceAttr) {
     caps_lines("rc_odp_caps", u64::from(at.odp_rc_caps), &TRANSPORT);
     caps_lines("uc_odp_caps", u64::from(at.odp_uc_caps), &TRANSPORT);
     caps_lines("ud_odp_caps", u64::from(at.odp_ud_caps), &TRANSPORT);
-    // No XRC (issue 16).
-    caps_lines("xrc_odp_caps", 0, &TRANSPORT);
+    caps_lines("xrc_odp_caps", u64::from(at.odp_xrc_caps), &TRANSPORT);
 }
 
 /// What ibv_devinfo -v prints after the clock for a device with none of

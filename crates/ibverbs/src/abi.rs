@@ -153,10 +153,12 @@ pub struct verbs_context {
     pub ABI_placeholder1: *mut c_void,
     pub open_qp: *mut c_void,
     pub create_qp_ex: Option<CreateQpExFn>,
-    pub get_srq_num: *mut c_void,
-    pub create_srq_ex: *mut c_void,
-    pub open_xrcd: *mut c_void,
-    pub close_xrcd: *mut c_void,
+    pub get_srq_num: Option<unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int>,
+    pub create_srq_ex:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_srq_init_attr_ex) -> *mut ibv_srq>,
+    pub open_xrcd:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_xrcd_init_attr) -> *mut ibv_xrcd>,
+    pub close_xrcd: Option<unsafe extern "C" fn(*mut ibv_xrcd) -> c_int>,
     pub _ABI_placeholder3: u64,
     pub sz: usize,
     pub context: ibv_context,
@@ -660,9 +662,28 @@ pub struct ibv_device_attr_ex {
     pub device_cap_flags_ex: u64,
     pub _ext: [u8; 88],
     pub max_dm_size: u64,
-    pub _ext2: [u8; 12],
+    pub _ext2: [u8; 8],
+    pub xrc_odp_caps: u32,
     pub phys_port_cnt_ex: u32,
 }
+
+/// `struct ibv_xrcd`: an XRC domain.
+#[repr(C)]
+pub struct ibv_xrcd {
+    pub context: *mut ibv_context,
+}
+
+/// `struct ibv_xrcd_init_attr`.
+#[repr(C)]
+pub struct ibv_xrcd_init_attr {
+    pub comp_mask: u32,
+    pub fd: c_int,
+    pub oflags: c_int,
+}
+
+/// `IBV_XRCD_INIT_ATTR_FD`, `_OFLAGS`.
+pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1;
+pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 2;
 
 /// `struct ibv_td`: a thread domain.
 #[repr(C)]
@@ -782,6 +803,8 @@ pub mod consts {
     pub const IBV_QPT_RC: c_int = 2;
     pub const IBV_QPT_UC: c_int = 3;
     pub const IBV_QPT_UD: c_int = 4;
+    pub const IBV_QPT_XRC_SEND: c_int = 9;
+    pub const IBV_QPT_XRC_RECV: c_int = 10;
 
     pub const IBV_QP_INIT_ATTR_PD: u32 = 1 << 0;
     pub const IBV_QP_INIT_ATTR_SEND_OPS_FLAGS: u32 = 1 << 6;
@@ -913,6 +936,8 @@ mod tests {
             "comp_mask" => comp_mask });
         check!(m, ibv_values_ex { "comp_mask" => comp_mask, "raw_clock" => raw_clock });
         check!(m, ibv_td { "context" => context });
+        check!(m, ibv_xrcd { "context" => context });
+        check!(m, ibv_xrcd_init_attr { "comp_mask" => comp_mask, "fd" => fd, "oflags" => oflags });
         check!(m, ibv_parent_domain_init_attr { "pd" => pd, "td" => td, "comp_mask" => comp_mask,
             "alloc" => alloc, "free" => free, "pd_context" => pd_context });
         check!(m, ibv_comp_channel { "fd" => fd, "refcnt" => refcnt });
@@ -1006,7 +1031,7 @@ mod tests {
         check!(m, ibv_device_attr_ex { "orig_attr" => orig_attr, "comp_mask" => comp_mask,
             "odp_caps" => odp_caps, "completion_timestamp_mask" => completion_timestamp_mask,
             "hca_core_clock" => hca_core_clock, "device_cap_flags_ex" => device_cap_flags_ex,
-            "max_dm_size" => max_dm_size,
+            "max_dm_size" => max_dm_size, "xrc_odp_caps" => xrc_odp_caps,
             "phys_port_cnt_ex" => phys_port_cnt_ex });
         check!(m, ibv_port_attr { "state" => state, "max_mtu" => max_mtu,
             "active_mtu" => active_mtu, "gid_tbl_len" => gid_tbl_len,

@@ -234,6 +234,10 @@ pub(crate) unsafe extern "C" fn query_device_ex(
             // SAFETY: the fields up to `_ext2` fit (checked just above).
             unsafe { (*attr).max_dm_size = d.max_dm_size };
         }
+        if attr_size >= std::mem::offset_of!(ibv_device_attr_ex, phys_port_cnt_ex) {
+            // SAFETY: the fields up to `phys_port_cnt_ex` fit.
+            unsafe { (*attr).xrc_odp_caps = d.odp_xrc_caps };
+        }
         if attr_size >= size_of::<ibv_device_attr_ex>() {
             // SAFETY: the whole struct fits.
             unsafe { (*attr).phys_port_cnt_ex = u32::from(base.phys_port_cnt) };

@@ -46,6 +46,7 @@ pub(crate) enum Kind {
     Mw,
     Dm,
     Td,
+    Xrcd,
     Cq,
     Channel,
     Qp,

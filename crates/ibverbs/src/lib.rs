@@ -56,6 +56,8 @@ mod rdmacm;
 #[allow(unsafe_code)]
 mod srq;
 mod wr_batch;
+#[allow(unsafe_code)]
+mod xrc;
 
 /// The exported symbols, each a jump to its function (see `build.rs`).
 #[allow(unsafe_code)]

@@ -173,6 +173,20 @@ pub(crate) struct SrqBox {
     pub(crate) max_sge: u32,
     pub(crate) pd: *const PdBox,
     pub(crate) users: AtomicU32,
+    /// An XRC SRQ's domain and CQ (held while it lives), else null.
+    pub(crate) xrcd: *const XrcdBox,
+    pub(crate) cq: *const CqBox,
+}
+
+/// An `ibv_xrcd`.
+#[repr(C)]
+pub(crate) struct XrcdBox {
+    pub(crate) xrcd: UnsafeCell<ibv_xrcd>,
+    pub(crate) inner: uroce::Xrcd,
+    /// The file it was opened by (shared with other opens of it), if any.
+    pub(crate) file: Option<(u64, u64)>,
+    /// XRC SRQs and target QPs in it.
+    pub(crate) users: AtomicU32,
 }
 
 /// An `ibv_ah`.
@@ -193,6 +207,8 @@ pub(crate) struct QpBox {
     pub(crate) send_cq: *const CqBox,
     pub(crate) recv_cq: *const CqBox,
     pub(crate) srq: *const SrqBox,
+    /// An XRC target's domain, else null.
+    pub(crate) xrcd: *const XrcdBox,
     /// Created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: `ibv_qp_to_qp_ex`
     /// answers for it.
     pub(crate) ex: bool,

@@ -57,15 +57,24 @@ fn create(
         IBV_QPT_RC => QpType::Rc,
         IBV_QPT_UC => QpType::Uc,
         IBV_QPT_UD => QpType::Ud,
-        // XRC, raw packet, driver QPs.
-        8..=10 | 0xff => return Err(libc::EOPNOTSUPP),
+        IBV_QPT_XRC_SEND => QpType::XrcSend,
+        // XRC targets come from create_qp_ex with an XRC domain.
+        IBV_QPT_XRC_RECV => return Err(libc::EINVAL),
+        // Raw packet (8), driver QPs.
+        8 | 0xff => return Err(libc::EOPNOTSUPP),
         _ => return Err(libc::EINVAL),
     };
     let scq = live_cq(a.send_cq).ok_or(libc::EINVAL)?;
-    let rcq = live_cq(a.recv_cq).ok_or(libc::EINVAL)?;
+    // An XRC initiator receives nothing: it has no receive CQ.
+    let rcq = if qp_type == QpType::XrcSend && a.recv_cq.is_null() {
+        scq
+    } else {
+        live_cq(a.recv_cq).ok_or(libc::EINVAL)?
+    };
     if !Arc::ptr_eq(&scq.dev, &c.dev) || !Arc::ptr_eq(&rcq.dev, &c.dev) {
         return Err(libc::EINVAL);
     }
+    let rcq_held = if a.recv_cq.is_null() { std::ptr::null() } else { std::ptr::from_ref(rcq) };
     let srq = if a.srq.is_null() { None } else { Some(live_srq(a.srq).ok_or(libc::EINVAL)?) };
     let mut cap = a.cap;
     if srq.is_some() {
@@ -112,8 +121,9 @@ fn create(
             dev: c.dev.clone(),
             pd: p,
             send_cq: scq,
-            recv_cq: rcq,
+            recv_cq: rcq_held,
             srq: srq.map_or(std::ptr::null(), |s| s as *const SrqBox),
+            xrcd: std::ptr::null(),
             ex,
             cap,
             sq_sig_all: a.sq_sig_all != 0,
@@ -124,7 +134,9 @@ fn create(
     );
     hold(&p.users);
     hold(&scq.users);
-    hold(&rcq.users);
+    if !rcq_held.is_null() {
+        hold(&rcq.users);
+    }
     if let Some(s) = srq {
         hold(&s.users);
     }
@@ -160,7 +172,15 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         // SAFETY: the caller passes a readable and writable init attr.
         let a = unsafe { &mut *attr };
         const CREATE_FLAGS: u32 = 1 << 2;
-        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | CREATE_FLAGS;
+        const XRCD: u32 = 1 << 1;
+        let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | CREATE_FLAGS | XRCD;
+        if a.qp_type == IBV_QPT_XRC_RECV {
+            if a.comp_mask & XRCD == 0 {
+                return null_errno(libc::EINVAL);
+            }
+            return crate::xrc::create_target(c, a.xrcd.cast(), a.qp_context)
+                .map_or_else(null_errno, |b| b.cast());
+        }
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
             return null_errno(libc::EINVAL);
         }
@@ -198,11 +218,18 @@ pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // counts), so all are live.
         unsafe {
             b.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.qpn());
-            release(&(*b.pd).users);
-            release(&(*b.send_cq).users);
-            release(&(*b.recv_cq).users);
-            if !b.srq.is_null() {
-                release(&(*b.srq).users);
+            // An XRC target has none of these but its domain.
+            for users in [
+                b.pd.as_ref().map(|p| &p.users),
+                b.send_cq.as_ref().map(|c| &c.users),
+                b.recv_cq.as_ref().map(|c| &c.users),
+                b.srq.as_ref().map(|s| &s.users),
+                b.xrcd.as_ref().map(|x| &x.users),
+            ]
+            .into_iter()
+            .flatten()
+            {
+                release(users);
             }
         }
         // SAFETY: registered as a QP ⇒ made by into_c::<QpBox>.
@@ -433,6 +460,7 @@ unsafe fn send_wr<'a>(
         flags: SendFlags(w.send_flags & 0xf),
         sgl,
         imm_or_inv: imm_to_uroce(opcode, w.imm_data),
+        xrc_srqn: if qp_type == QpType::XrcSend { w.remote_srqn } else { 0 },
         ..SendWr::default()
     };
     if opcode.is_atomic() {

@@ -47,6 +47,8 @@ pub(crate) unsafe extern "C" fn ibv_create_srq(
                 max_sge: got.max_sge,
                 pd: p,
                 users: AtomicU32::new(0),
+                xrcd: std::ptr::null(),
+                cq: std::ptr::null(),
             },
             Kind::Srq,
         );
@@ -111,8 +113,17 @@ pub(crate) unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
         if in_use(&b.users) {
             return libc::EBUSY;
         }
-        // SAFETY: an SRQ holds its PD (use count).
-        release(unsafe { &(*b.pd).users });
+        // SAFETY: an SRQ holds its PD (use count), an XRC SRQ its domain
+        // and CQ too.
+        unsafe {
+            release(&(*b.pd).users);
+            if !b.xrcd.is_null() {
+                release(&(*b.xrcd).users);
+            }
+            if !b.cq.is_null() {
+                release(&(*b.cq).users);
+            }
+        }
         b.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.handle());
         // SAFETY: registered as an SRQ ⇒ made by into_c::<SrqBox>.
         drop(unsafe { from_c(srq.cast::<SrqBox>(), Kind::Srq) });

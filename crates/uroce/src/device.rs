@@ -192,6 +192,7 @@ impl Device {
             odp_rc_caps: 0x3f,
             odp_uc_caps: 0x27,
             odp_ud_caps: 0x23,
+            odp_xrc_caps: 0x3f,
         }
     }
 
@@ -273,6 +274,7 @@ pub struct DeviceAttr {
     pub odp_rc_caps: u32,
     pub odp_uc_caps: u32,
     pub odp_ud_caps: u32,
+    pub odp_xrc_caps: u32,
 }
 
 /// `ibv_atomic_cap`: what a device's atomics are atomic with respect to.
