@@ -158,6 +158,9 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
             println!("\t\t\t\t\tUnknown flags: 0x{unknown:X}");
         }
         print!("{EXTENDED_NONE}");
+        println!("\n\tcq moderation caps:");
+        println!("\t\tmax_cq_count:\t{}", at.max_cq_count);
+        println!("\t\tmax_cq_period:\t{} us\n", at.max_cq_period_us);
         println!("\tmaximum available device memory:\t{}Bytes\n", at.max_dm_size);
         println!("\tnum_comp_vectors:\t\t1");
     }

@@ -136,7 +136,7 @@ pub struct verbs_context {
     pub dealloc_td: Option<unsafe extern "C" fn(*mut ibv_td) -> c_int>,
     pub alloc_td:
         Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td>,
-    pub modify_cq: *mut c_void,
+    pub modify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, *mut ibv_modify_cq_attr) -> c_int>,
     pub post_srq_ops: *mut c_void,
     pub destroy_rwq_ind_table: *mut c_void,
     pub create_rwq_ind_table: *mut c_void,
@@ -660,12 +660,27 @@ pub struct ibv_device_attr_ex {
     /// kHz.
     pub hca_core_clock: u64,
     pub device_cap_flags_ex: u64,
-    pub _ext: [u8; 88],
+    pub _ext: [u8; 80],
+    /// `max_cq_count`, `max_cq_period` (µs).
+    pub cq_mod_caps: [u16; 2],
+    pub _pad2: u32,
     pub max_dm_size: u64,
     pub _ext2: [u8; 8],
     pub xrc_odp_caps: u32,
     pub phys_port_cnt_ex: u32,
 }
+
+/// `struct ibv_modify_cq_attr` (`ibv_modify_cq`).
+#[repr(C)]
+pub struct ibv_modify_cq_attr {
+    pub attr_mask: u32,
+    pub cq_count: u16,
+    /// µs.
+    pub cq_period: u16,
+}
+
+/// `IBV_CQ_ATTR_MODERATE`.
+pub const IBV_CQ_ATTR_MODERATE: u32 = 1;
 
 /// `struct ibv_xrcd`: an XRC domain.
 #[repr(C)]
@@ -936,6 +951,7 @@ mod tests {
             "comp_mask" => comp_mask });
         check!(m, ibv_values_ex { "comp_mask" => comp_mask, "raw_clock" => raw_clock });
         check!(m, ibv_td { "context" => context });
+        check!(m, ibv_modify_cq_attr { "attr_mask" => attr_mask, "moderate" => cq_count });
         check!(m, ibv_xrcd { "context" => context });
         check!(m, ibv_xrcd_init_attr { "comp_mask" => comp_mask, "fd" => fd, "oflags" => oflags });
         check!(m, ibv_parent_domain_init_attr { "pd" => pd, "td" => td, "comp_mask" => comp_mask,
@@ -1031,7 +1047,8 @@ mod tests {
         check!(m, ibv_device_attr_ex { "orig_attr" => orig_attr, "comp_mask" => comp_mask,
             "odp_caps" => odp_caps, "completion_timestamp_mask" => completion_timestamp_mask,
             "hca_core_clock" => hca_core_clock, "device_cap_flags_ex" => device_cap_flags_ex,
-            "max_dm_size" => max_dm_size, "xrc_odp_caps" => xrc_odp_caps,
+            "cq_mod_caps" => cq_mod_caps, "max_dm_size" => max_dm_size,
+            "xrc_odp_caps" => xrc_odp_caps,
             "phys_port_cnt_ex" => phys_port_cnt_ex });
         check!(m, ibv_port_attr { "state" => state, "max_mtu" => max_mtu,
             "active_mtu" => active_mtu, "gid_tbl_len" => gid_tbl_len,

@@ -64,6 +64,7 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         vctx.close_xrcd = Some(crate::xrc::close_xrcd);
         vctx.create_srq_ex = Some(crate::xrc::create_srq_ex);
         vctx.get_srq_num = Some(crate::xrc::get_srq_num);
+        vctx.modify_cq = Some(crate::cq::modify_cq);
         vctx.sz = size_of::<verbs_context>() + FUTURE_SLOTS * size_of::<*mut c_void>();
         let c = &mut vctx.context;
         c.device = (&raw const *entry.ibv).cast_mut();

@@ -181,6 +181,20 @@ pub(crate) unsafe extern "C" fn create_cq_ex(
     })
 }
 
+/// `verbs_context.modify_cq` (`ibv_modify_cq`): event moderation, the
+/// only attribute there is.
+pub(crate) unsafe extern "C" fn modify_cq(cq: *mut ibv_cq, attr: *mut ibv_modify_cq_attr) -> c_int {
+    guard(libc::EIO, || {
+        let Some(b) = live_cq(cq) else { return libc::EINVAL };
+        // SAFETY: NULL or the caller's readable attributes.
+        let Some(a) = (unsafe { attr.as_ref() }) else { return libc::EINVAL };
+        if a.attr_mask != IBV_CQ_ATTR_MODERATE {
+            return libc::EINVAL;
+        }
+        b.inner.moderate(a.cq_count, a.cq_period).map_or_else(|e| e.errno(), |()| 0)
+    })
+}
+
 /// `ibv_resize_cq`: grows or shrinks the CQ with completions waiting
 /// (they stay); EINVAL for fewer entries than wait, as rxe. `cq->cqe`
 /// becomes the new size.

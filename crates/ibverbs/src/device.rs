@@ -228,6 +228,7 @@ pub(crate) unsafe extern "C" fn query_device_ex(
                 (*attr).completion_timestamp_mask = d.completion_timestamp_mask;
                 (*attr).hca_core_clock = d.hca_core_clock_khz;
                 (*attr).device_cap_flags_ex = d.device_cap_flags_ex;
+                (*attr).cq_mod_caps = [d.max_cq_count, d.max_cq_period_us];
             }
         }
         if attr_size >= std::mem::offset_of!(ibv_device_attr_ex, _ext2) {

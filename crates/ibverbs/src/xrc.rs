@@ -43,10 +43,11 @@ pub(crate) unsafe extern "C" fn open_xrcd(
         // SAFETY: NULL or the caller's readable attributes.
         let Some(a) = (unsafe { attr.as_ref() }) else { return null_errno(libc::EINVAL) };
         let all = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS;
-        if a.comp_mask & !all != 0 || a.comp_mask & IBV_XRCD_INIT_ATTR_FD == 0 {
+        // Both are required (rdma-core's ibv_cmd_open_xrcd).
+        if a.comp_mask != all {
             return null_errno(libc::EINVAL);
         }
-        let oflags = if a.comp_mask & IBV_XRCD_INIT_ATTR_OFLAGS != 0 { a.oflags } else { 0 };
+        let oflags = a.oflags;
         let file = if a.fd == -1 {
             None
         } else {

@@ -112,6 +112,21 @@ pub struct CqRing {
     armed: Option<bool>,
     /// Notifications raised and not yet acknowledged (`ibv_ack_cq_events`).
     unacked_events: u64,
+    /// Event moderation (`ibv_modify_cq`): the notification waits for
+    /// `count` completions or `period` after the first, whichever comes
+    /// first.
+    moderation: Option<Moderation>,
+}
+
+/// A CQ's event moderation and where it stands.
+#[derive(Debug, Clone, Copy)]
+struct Moderation {
+    count: u16,
+    period: core::time::Duration,
+    /// Completions that would have notified since arming.
+    seen: u16,
+    /// When the first of them came.
+    since: Option<Instant>,
 }
 
 impl CqRing {
@@ -122,6 +137,47 @@ impl CqRing {
             overflowed: false,
             armed: None,
             unacked_events: 0,
+            moderation: None,
+        }
+    }
+
+    /// Sets event moderation (`ibv_modify_cq` with `IBV_CQ_ATTR_MODERATE`):
+    /// an armed CQ notifies after `count` completions, or `period` after
+    /// the first of them. `count` 1 and no period: every completion (the
+    /// default).
+    pub fn moderate(&mut self, count: u16, period: core::time::Duration) {
+        self.moderation = (count > 1 || !period.is_zero()).then_some(Moderation {
+            count: count.max(1),
+            period,
+            seen: 0,
+            since: None,
+        });
+    }
+
+    /// When a moderated, armed CQ's period ends (it notifies then).
+    fn moderation_deadline(&self) -> Option<Instant> {
+        let m = self.moderation?;
+        if self.armed.is_none() || m.period.is_zero() {
+            return None;
+        }
+        m.since.map(|t| t.saturating_add(m.period))
+    }
+
+    /// Notifies a moderated CQ whose period has ended; whether it did.
+    fn moderation_due(&mut self, now: Instant) -> bool {
+        if self.moderation_deadline().is_none_or(|d| d > now) {
+            return false;
+        }
+        self.notify();
+        true
+    }
+
+    /// Raises the one notification an arming allows, and disarms.
+    fn notify(&mut self) {
+        self.armed = None;
+        self.unacked_events += 1;
+        if let Some(m) = &mut self.moderation {
+            (m.seen, m.since) = (0, None);
         }
     }
 
@@ -198,11 +254,18 @@ impl CqRing {
             Some(false) => true,
             None => false,
         };
-        if wanted {
-            self.armed = None;
-            self.unacked_events += 1;
+        if !wanted {
+            return Ok(false);
         }
-        Ok(wanted)
+        if let Some(m) = &mut self.moderation {
+            m.seen = m.seen.saturating_add(1);
+            m.since.get_or_insert(now);
+            if m.seen < m.count {
+                return Ok(false);
+            }
+        }
+        self.notify();
+        Ok(true)
     }
 }
 
@@ -255,6 +318,8 @@ pub struct Endpoint {
     moved: bool,
     /// An SRQ was used since its limit was last looked at.
     srq_dirty: bool,
+    /// CQs with event moderation (their periods are timers too).
+    moderated: Vec<u32>,
     gsi: Option<(VecDeque<GsiDatagram>, usize)>,
     /// MADs to send from QPN 1: (destination, its UDP port, source GID
     /// index, MAD).
@@ -291,6 +356,7 @@ impl Endpoint {
             notify: VecDeque::new(),
             moved: false,
             srq_dirty: false,
+            moderated: Vec::new(),
             gsi: None,
             gsi_out: VecDeque::new(),
             gsi_psn: 0,
@@ -663,13 +729,30 @@ impl Endpoint {
 
     /// The earliest deadline at which [`Endpoint::handle_timeout`] must run.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
+        let cq = self.moderated_deadline();
         while let Some(&Reverse((t, qpn))) = self.timers.peek() {
             if self.qps.get(&qpn).is_some_and(|s| s.armed == Some(t)) {
-                return Some(t);
+                return Some(cq.map_or(t, |c| c.min(t)));
             }
             self.timers.pop();
         }
-        None
+        cq
+    }
+
+    /// Sets CQ `id`'s event moderation (see [`CqRing::moderate`]).
+    pub fn moderate_cq(&mut self, id: u32, count: u16, period: core::time::Duration) -> bool {
+        let Some(cq) = self.cqs.get(&id) else { return false };
+        cq.lock().moderate(count, period);
+        if !self.moderated.contains(&id) {
+            self.moderated.push(id);
+        }
+        true
+    }
+
+    /// The earliest end of a moderated CQ's period.
+    fn moderated_deadline(&self) -> Option<Instant> {
+        let live = self.moderated.iter().filter_map(|id| self.cqs.get(id));
+        live.filter_map(|c| c.lock().moderation_deadline()).min()
     }
 
     /// [`Endpoint::poll_timeout`] without dropping stale heap entries (a
@@ -685,6 +768,13 @@ impl Endpoint {
     /// Runs the timers due at `now`. Returns how many QPs had one.
     pub fn handle_timeout(&mut self, now: Instant) -> usize {
         let mut fired = 0;
+        self.moderated.retain(|id| self.cqs.contains_key(id));
+        for &id in &self.moderated {
+            if self.cqs.get(&id).is_some_and(|c| c.lock().moderation_due(now)) {
+                self.notify.push_back(id);
+                self.moved = true;
+            }
+        }
         while let Some(&Reverse((t, qpn))) = self.timers.peek() {
             if t > now {
                 break;

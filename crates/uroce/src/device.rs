@@ -193,6 +193,8 @@ impl Device {
             odp_uc_caps: 0x27,
             odp_ud_caps: 0x23,
             odp_xrc_caps: 0x3f,
+            max_cq_count: limits::MAX_CQ_COUNT,
+            max_cq_period_us: limits::MAX_CQ_PERIOD_US,
         }
     }
 
@@ -275,6 +277,9 @@ pub struct DeviceAttr {
     pub odp_uc_caps: u32,
     pub odp_ud_caps: u32,
     pub odp_xrc_caps: u32,
+    /// CQ event moderation (`cq_mod_caps`): largest count, period in µs.
+    pub max_cq_count: u16,
+    pub max_cq_period_us: u16,
 }
 
 /// `ibv_atomic_cap`: what a device's atomics are atomic with respect to.

@@ -60,6 +60,10 @@ pub const LOCAL_CA_ACK_DELAY: u8 = 15;
 /// `ibv_port_attr.port_cap_flags`: `IBV_PORT_IP_BASED_GIDS`, as a RoCE
 /// port reports (CM_SUP will come with the RDMA CM).
 pub const PORT_CAP_FLAGS: u32 = 0x0400_0000;
+/// CQ event moderation's largest count, as mlx5 offers.
+pub const MAX_CQ_COUNT: u16 = u16::MAX;
+/// CQ event moderation's longest period (µs), as mlx5 offers.
+pub const MAX_CQ_PERIOD_US: u16 = 4095;
 /// The high half of `device_cap_flags_ex`: `IB_UVERBS_DEVICE_FLUSH_GLOBAL`
 /// (bit 38) and `IB_UVERBS_DEVICE_ATOMIC_WRITE` (bit 40), as rxe reports
 /// them. Not FLUSH_PERSISTENT: host memory is not persistent.

@@ -689,6 +689,27 @@ impl Cq {
         self.inner.ctx.wallclock_ns(timestamp)
     }
 
+    /// Moderates the CQ's events (`ibv_modify_cq` with
+    /// `IBV_CQ_ATTR_MODERATE`): once armed, it notifies after `count`
+    /// completions, or `period_us` microseconds after the first of them,
+    /// whichever comes first (count 1 and period 0: every completion).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a count of 0 or a period above
+    /// `max_cq_period`.
+    pub fn moderate(&self, count: u16, period_us: u16) -> Result<()> {
+        if count == 0 || period_us > limits::MAX_CQ_PERIOD_US {
+            return Err(Error::InvalidArgument("moderation count 0 or period too long"));
+        }
+        let period = std::time::Duration::from_micros(u64::from(period_us));
+        let mut e = self.inner.ctx.lock();
+        if e.ep.moderate_cq(self.inner.id, count, period) {
+            Ok(())
+        } else {
+            Err(Error::InvalidArgument("CQ destroyed"))
+        }
+    }
+
     /// Completions waiting to be polled (not a verbs call: for monitoring
     /// and tests).
     pub fn pending(&self) -> usize {

@@ -262,3 +262,68 @@ fn device_memory_is_reached_by_copies_and_a_zero_based_region() {
     src.read(8, &mut tail).unwrap();
     assert_eq!(&tail, b"tail");
 }
+
+#[test]
+fn moderated_cq_events_wait_for_a_count_or_a_period() {
+    let (port, a, b) = uroce::testing::two_sides();
+    let ch = a.ctx.create_comp_channel().unwrap();
+    let cq = a.ctx.create_cq_with(64, Some(&ch)).unwrap();
+    let qa = uroce::testing::rc_qp(
+        &a.pd,
+        &cq,
+        QpCaps {
+            max_send_wr: 16,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        true,
+    );
+    let qb = uroce::testing::rc_qp(
+        &b.pd,
+        &b.cq,
+        QpCaps {
+            max_send_wr: 1,
+            max_recv_wr: 1,
+            max_send_sge: 1,
+            max_recv_sge: 1,
+            max_inline_data: 0,
+        },
+        true,
+    );
+    let (ia, ib) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    uroce::connect(&qa, ib, port, qb.qpn(), 1, 2, ALL).unwrap();
+    uroce::connect(&qb, ia, port, qa.qpn(), 2, 1, ALL).unwrap();
+    let dst = b.pd.alloc_mr(64, ALL).unwrap();
+    let src = a.pd.alloc_mr(64, ALL).unwrap();
+    let sge = [src.sge(0, 8).unwrap()];
+    let write = || SendWr {
+        opcode: WrOpcode::RdmaWrite,
+        sgl: &sge,
+        remote_addr: dst.addr(),
+        rkey: dst.rkey(),
+        ..SendWr::default()
+    };
+    assert!(cq.moderate(0, 0).is_err());
+    assert!(cq.moderate(4, 5000).is_err(), "above max_cq_period");
+    // Four completions per event, no period: three stay silent.
+    cq.moderate(4, 0).unwrap();
+    cq.req_notify(false).unwrap();
+    qa.post_send(&[write(), write(), write()]).unwrap();
+    wait_pending(&cq, 3);
+    assert_eq!(ch.get_event_timeout(Duration::from_millis(100)).unwrap(), None, "3 of 4");
+    qa.post_send(&[write()]).unwrap();
+    assert_eq!(ch.get_event_timeout(Duration::from_secs(5)).unwrap(), Some(cq.handle()));
+    cq.ack_events(1);
+    uroce::testing::wait_completions(&cq, 4);
+    // A count that never comes: the period (4 ms) ends the wait.
+    cq.moderate(100, 4000).unwrap();
+    cq.req_notify(false).unwrap();
+    let posted = Instant::now();
+    qa.post_send(&[write()]).unwrap();
+    assert_eq!(ch.get_event_timeout(Duration::from_secs(5)).unwrap(), Some(cq.handle()));
+    assert!(posted.elapsed() >= Duration::from_micros(3900), "{:?}", posted.elapsed());
+    cq.ack_events(1);
+    uroce::testing::wait_completions(&cq, 1);
+}

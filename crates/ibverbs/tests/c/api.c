@@ -4,6 +4,7 @@
  * rdma-core returns for bad arguments and wrong teardown order. Run by
  * tests/c_api.rs with LD_LIBRARY_PATH pointing at uroce-lib. */
 #include <errno.h>
+#include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -175,8 +176,30 @@ int main(void)
 	errno = 0;
 	CHECK(!ibv_reg_mr(pd, buf, len, IBV_ACCESS_REMOTE_WRITE) && errno == EINVAL,
 	      "remote write without local write");
+	/* XRC domains: FD and OFLAGS required; a file's domain is shared
+	 * within the process (O_EXCL refuses a second open). */
 	errno = 0;
-	CHECK(!ibv_open_xrcd(ctx, &(struct ibv_xrcd_init_attr){}) && errno == EOPNOTSUPP, "xrcd");
+	CHECK(!ibv_open_xrcd(ctx, &(struct ibv_xrcd_init_attr){}) && errno == EINVAL, "xrcd attrs");
+	struct ibv_xrcd_init_attr xa = {.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
+					.fd = -1, .oflags = O_CREAT};
+	struct ibv_xrcd *xd = ibv_open_xrcd(ctx, &xa);
+	CHECK(xd && xd->context == ctx && !ibv_close_xrcd(xd), "private xrcd");
+	char xpath[] = "/tmp/uroce-api-xrcd-XXXXXX";
+	int xfd = mkstemp(xpath);
+	xa.fd = xfd;
+	struct ibv_xrcd *x1 = ibv_open_xrcd(ctx, &xa);
+	struct ibv_xrcd *x2 = ibv_open_xrcd(ctx, &xa);
+	CHECK(x1 && x2, "a file's xrcd opened twice");
+	xa.oflags = O_CREAT | O_EXCL;
+	errno = 0;
+	CHECK(!ibv_open_xrcd(ctx, &xa) && errno == EEXIST, "O_EXCL");
+	if (x1 && x2)
+		CHECK(!ibv_close_xrcd(x1) && !ibv_close_xrcd(x2), "close xrcds");
+	xa.oflags = 0;
+	errno = 0;
+	CHECK(!ibv_open_xrcd(ctx, &xa) && errno == EINVAL, "no O_CREAT for a new file's domain");
+	close(xfd);
+	unlink(xpath);
 
 	/* ibv_rereg_mr: libibverbs' input checks (ERR_INPUT), the command's
 	 * (ERR_CMD with errno), then each change: new keys every time. */
@@ -278,6 +301,14 @@ int main(void)
 	CHECK(!ibv_resize_cq(cq, 256) && cq->cqe == 256, "resize cq up");
 	CHECK(!ibv_resize_cq(cq, 64) && cq->cqe == 64, "resize cq down");
 	CHECK(ibv_resize_cq(cq, 0) == EINVAL && cq->cqe == 64, "resize cq to 0");
+	struct ibv_modify_cq_attr mod = {.attr_mask = IBV_CQ_ATTR_MODERATE,
+					 .moderate = {.cq_count = 4, .cq_period = 100}};
+	CHECK(!ibv_modify_cq(cq, &mod), "cq moderation");
+	mod.attr_mask = IBV_CQ_ATTR_RESERVED;
+	CHECK(ibv_modify_cq(cq, &mod) == EINVAL, "cq moderation mask");
+	mod = (struct ibv_modify_cq_attr){.attr_mask = IBV_CQ_ATTR_MODERATE,
+					  .moderate = {.cq_count = 1, .cq_period = 0}};
+	CHECK(!ibv_modify_cq(cq, &mod), "cq moderation off");
 	errno = 0;
 	CHECK(!ibv_create_cq(ctx, 0, NULL, NULL, 0) && errno == EINVAL, "cqe 0");
 	errno = 0;
@@ -320,8 +351,11 @@ int main(void)
 	errno = 0;
 	CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL, "qp type 99");
 	ia.qp_type = IBV_QPT_XRC_SEND;
+	struct ibv_qp *xs = ibv_create_qp(pd, &ia);
+	CHECK(xs && xs->qp_type == IBV_QPT_XRC_SEND && !ibv_destroy_qp(xs), "XRC initiator");
+	ia.qp_type = IBV_QPT_XRC_RECV;
 	errno = 0;
-	CHECK(!ibv_create_qp(pd, &ia) && errno == EOPNOTSUPP, "XRC");
+	CHECK(!ibv_create_qp(pd, &ia) && errno == EINVAL, "XRC target needs a domain");
 	ia.qp_type = IBV_QPT_RC;
 	errno = 0;
 	CHECK(!ibv_create_qp(pd, NULL) && errno == EINVAL, "NULL attr");
