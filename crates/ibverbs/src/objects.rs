@@ -183,8 +183,9 @@ pub(crate) struct SrqBox {
 pub(crate) struct XrcdBox {
     pub(crate) xrcd: UnsafeCell<ibv_xrcd>,
     pub(crate) inner: uroce::Xrcd,
-    /// The file it was opened by (shared with other opens of it), if any.
-    pub(crate) file: Option<(u64, u64)>,
+    /// The (device, file) key it was opened by (shared with other opens
+    /// of the file), if any.
+    pub(crate) file: Option<(usize, u64, u64)>,
     /// XRC SRQs and target QPs in it.
     pub(crate) users: AtomicU32,
 }

@@ -340,6 +340,10 @@ pub(crate) unsafe extern "C" fn ibv_rereg_mr(
             None
         };
         let mut m = lock(&b.inner);
+        if flags & REREG_ACCESS != 0 && (access & ON_DEMAND != 0) != m.on_demand() {
+            // A region is pinned or on demand for its whole life.
+            return cmd(libc::EINVAL);
+        }
         let r = if flags & REREG_TRANSLATION != 0 {
             // SAFETY: the verbs contract: the application keeps the new
             // range mapped until the region is deregistered or registered

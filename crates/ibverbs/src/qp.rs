@@ -452,6 +452,11 @@ unsafe fn send_wr<'a>(
     max_sge: u32,
 ) -> Result<SendWr<'a>, c_int> {
     let opcode = u32::try_from(w.opcode).ok().and_then(WrOpcode::from_ibv).ok_or(libc::EINVAL)?;
+    if matches!(opcode, WrOpcode::AtomicWrite | WrOpcode::Flush) {
+        // `struct ibv_send_wr` has no room for their operands: the
+        // `ibv_wr_*` API posts them (as rxe's provider takes them).
+        return Err(libc::EINVAL);
+    }
     // SAFETY: per the contract.
     let sgl = unsafe { sges(w.sg_list, w.num_sge, max_sge) }?;
     let mut wr = SendWr {

@@ -64,13 +64,15 @@ pub(crate) unsafe extern "C" fn open_xrcd(
             Some((dev, ino)) => {
                 let key = (std::sync::Arc::as_ptr(&c.dev) as usize, dev, ino);
                 let mut map = by_file();
+                // The kernel's answers: EINVAL for an existing domain with
+                // O_EXCL, EAGAIN for a missing one without O_CREAT.
                 match map.get_mut(&key) {
-                    Some(_) if oflags & libc::O_EXCL != 0 => return null_errno(libc::EEXIST),
+                    Some(_) if oflags & libc::O_EXCL != 0 => return null_errno(libc::EINVAL),
                     Some((x, opens)) => {
                         *opens += 1;
                         Ok(x.clone())
                     }
-                    None if oflags & libc::O_CREAT == 0 => return null_errno(libc::EINVAL),
+                    None if oflags & libc::O_CREAT == 0 => return null_errno(libc::EAGAIN),
                     None => c.uroce().open_xrcd().inspect(|x| {
                         map.insert(key, (x.clone(), 1));
                     }),
@@ -84,7 +86,7 @@ pub(crate) unsafe extern "C" fn open_xrcd(
         let b = XrcdBox {
             xrcd: UnsafeCell::new(ibv_xrcd { context }),
             inner,
-            file,
+            file: file.map(|(d, i)| (std::sync::Arc::as_ptr(&c.dev) as usize, d, i)),
             users: AtomicU32::new(0),
         };
         into_c(b, Kind::Xrcd).cast()
@@ -97,17 +99,13 @@ pub(crate) unsafe extern "C" fn close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
         if in_use(&b.users) {
             return libc::EBUSY;
         }
-        if let Some((dev, ino)) = b.file {
-            // SAFETY: a live domain's public struct.
-            let ctx = unsafe { (*b.xrcd.get()).context };
-            if let Some(c) = live_ctx(ctx) {
-                let key = (std::sync::Arc::as_ptr(&c.dev) as usize, dev, ino);
-                let mut map = by_file();
-                if let Some((_, opens)) = map.get_mut(&key) {
-                    *opens -= 1;
-                    if *opens == 0 {
-                        map.remove(&key);
-                    }
+        // The key it was opened by (its context may be closed already).
+        if let Some(key) = b.file {
+            let mut map = by_file();
+            if let Some((_, opens)) = map.get_mut(&key) {
+                *opens -= 1;
+                if *opens == 0 {
+                    map.remove(&key);
                 }
             }
         }
@@ -155,6 +153,14 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
         else {
             return null_errno(libc::EINVAL);
         };
+        // All of this context's device.
+        // SAFETY: live objects' public structs.
+        let same =
+            unsafe { (*p.pd.get()).context == context && (*x.xrcd.get()).context == context }
+                && std::sync::Arc::ptr_eq(&q.dev, &c.dev);
+        if !same {
+            return null_errno(libc::EINVAL);
+        }
         let attr_in = uroce::SrqAttr {
             max_wr: a.attr.max_wr,
             max_sge: a.attr.max_sge,
@@ -218,6 +224,10 @@ pub(crate) fn create_target(
     qp_context: *mut c_void,
 ) -> Result<*mut QpBox, c_int> {
     let x = live_xrcd(xrcd).ok_or(libc::EINVAL)?;
+    // SAFETY: a live domain's public struct.
+    if unsafe { (*x.xrcd.get()).context } != c.ibv() {
+        return Err(libc::EINVAL);
+    }
     let inner = x.inner.create_target_qp().map_err(|e| e.errno())?;
     let qpn = inner.qpn();
     // SAFETY: ibv_qp_ex is C data; all-zero is valid (NULL fn pointers,

@@ -101,6 +101,10 @@ impl Memory for TestMemory {
         self.keys.locate(key, who, addr, len, access).map(|_| ())
     }
 
+    fn check_region(&self, rkey: u32, who: Accessor, access: Access) -> Result<(), AccessError> {
+        self.keys.check_region(rkey, who, access)
+    }
+
     fn read(&self, key: Key, who: Accessor, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
         let (r, off) = self.keys.locate(key, who, addr, out.len() as u64, key.needs(false))?;
         out.copy_from_slice(&r.backing.0.borrow()[GUARD + off..GUARD + off + out.len()]);

@@ -21,7 +21,7 @@ use crate::qp::{AsyncEvent as QpEvent, Qp, Transmit};
 use crate::srq::Srq;
 use crate::stats::Stats;
 use crate::time::Instant;
-use crate::wire::RocePacket;
+use crate::wire::{Position, RocePacket};
 use crate::wqe::{Completion, WcStatus};
 
 /// The destination QPN of multicast datagrams (IBTA §10.5.2.1).
@@ -278,6 +278,9 @@ struct Slot {
     srq: Option<u32>,
     /// An XRC target's domain: requests name SRQs of it.
     xrcd: Option<u32>,
+    /// An XRC target's SRQ for the message in progress (named by its
+    /// first packet; the rest must name the same).
+    xrc_msg_srq: Option<u32>,
     /// In the active queue.
     active: bool,
     /// The deadline this QP has in the timer heap (later entries for it are
@@ -406,7 +409,16 @@ impl Endpoint {
     /// go to `send_cq` and `recv_cq` and whose receives come from `srq`.
     pub fn add_qp(&mut self, qp: Qp, send_cq: u32, recv_cq: u32, srq: Option<u32>) {
         let qpn = qp.qpn();
-        let slot = Slot { qp, send_cq, recv_cq, srq, xrcd: None, active: false, armed: None };
+        let slot = Slot {
+            qp,
+            send_cq,
+            recv_cq,
+            srq,
+            xrcd: None,
+            xrc_msg_srq: None,
+            active: false,
+            armed: None,
+        };
         self.qps.insert(qpn, slot);
         self.touch(qpn);
     }
@@ -422,6 +434,7 @@ impl Endpoint {
             recv_cq: none,
             srq: None,
             xrcd: Some(xrcd),
+            xrc_msg_srq: None,
             active: false,
             armed: None,
         };
@@ -660,7 +673,20 @@ impl Endpoint {
         };
         if let Some(xrcd) = slot.xrcd {
             // An XRC target: the SRQ the request names, of its domain.
-            let srq = pkt.xrceth().map(|x| x.xrc_srqn()).and_then(|n| self.srqs.get_mut(&n));
+            let srqn = pkt.xrceth().map(|x| x.xrc_srqn());
+            // A message keeps the SRQ its first packet named.
+            let position = pkt.info().position;
+            let continues = matches!(position, Position::Middle | Position::Last);
+            if continues && slot.xrc_msg_srq.is_some_and(|s| Some(s) != srqn) {
+                self.stats.drop(crate::stats::DropReason::Malformed);
+                return;
+            }
+            match position {
+                Position::First => slot.xrc_msg_srq = srqn,
+                Position::Last | Position::Only => slot.xrc_msg_srq = None,
+                Position::Middle => {}
+            }
+            let srq = srqn.and_then(|n| self.srqs.get_mut(&n));
             let Some((srq, xrc)) =
                 srq.and_then(|s| s.xrc().filter(|x| x.xrcd == xrcd).map(|x| (s, x)))
             else {

@@ -214,6 +214,30 @@ impl<B> KeyTable<B> {
         Ok((r, (addr - r.addr) as usize))
     }
 
+    /// Whether region `rkey` (not a window) is alive, in `who`'s PD and
+    /// grants `access` (see `Memory::check_region`).
+    ///
+    /// # Errors
+    /// The first check that fails.
+    pub fn check_region(
+        &self,
+        rkey: u32,
+        who: Accessor,
+        access: Access,
+    ) -> Result<(), AccessError> {
+        if rkey & (MW_INDEX << 8) != 0 {
+            return Err(AccessError::InvalidKey);
+        }
+        let r = self.lookup(rkey).ok_or(AccessError::InvalidKey)?;
+        if r.pd != who.pd {
+            return Err(AccessError::WrongPd);
+        }
+        if !r.access.contains(access) {
+            return Err(AccessError::NotPermitted);
+        }
+        Ok(())
+    }
+
     /// Allocates an unbound memory window; returns its R_Key.
     pub fn alloc_mw(&mut self, pd: u32, kind: MwType) -> u32 {
         let idx = match self.free_windows.pop() {

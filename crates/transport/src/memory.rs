@@ -139,6 +139,14 @@ pub trait Memory {
         access: Access,
     ) -> Result<(), AccessError>;
 
+    /// Whether memory region `rkey` (not a window) is alive, in `who`'s
+    /// PD and grants `access`, wherever in it: a FLUSH of the whole
+    /// region names no range.
+    ///
+    /// # Errors
+    /// The reason it is not.
+    fn check_region(&self, rkey: u32, who: Accessor, access: Access) -> Result<(), AccessError>;
+
     /// Copies `out.len()` bytes from `addr` (checked as by [`Memory::check`]).
     ///
     /// # Errors

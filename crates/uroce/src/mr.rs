@@ -243,22 +243,6 @@ fn checked_copy(
     if n == len as isize { Ok(()) } else { Err(AccessError::NotMapped) }
 }
 
-/// Whether the 8 bytes at `addr` are mapped readable and writable now
-/// (`/proc/self/maps`): an atomic on an on-demand region checks this
-/// first, as no checked copy can be atomic.
-fn mapped_rw(addr: usize) -> bool {
-    let Ok(maps) = std::fs::read_to_string("/proc/self/maps") else { return false };
-    maps.lines().any(|l| {
-        let mut w = l.split_whitespace();
-        let (Some(range), Some(perms)) = (w.next(), w.next()) else { return false };
-        let Some((a, b)) = range.split_once('-') else { return false };
-        let (Ok(a), Ok(b)) = (usize::from_str_radix(a, 16), usize::from_str_radix(b, 16)) else {
-            return false;
-        };
-        a <= addr && addr.saturating_add(8) <= b && perms.starts_with("rw")
-    })
-}
-
 impl MemTable {}
 
 /// The memory an `INLINE` WR is gathered from at post time under the C
@@ -288,6 +272,10 @@ impl Memory for UncheckedInline<'_> {
         access: Access,
     ) -> Result<(), AccessError> {
         self.0.check(key, who, addr, len, access)
+    }
+
+    fn check_region(&self, rkey: u32, who: Accessor, access: Access) -> Result<(), AccessError> {
+        self.0.check_region(rkey, who, access)
     }
 
     fn read(&self, key: Key, who: Accessor, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
@@ -331,6 +319,10 @@ impl Memory for MemTable {
         self.keys.locate(key, who, addr, len, access).map(|_| ())
     }
 
+    fn check_region(&self, rkey: u32, who: Accessor, access: Access) -> Result<(), AccessError> {
+        self.keys.check_region(rkey, who, access)
+    }
+
     fn read(&self, key: Key, who: Accessor, addr: u64, out: &mut [u8]) -> Result<(), AccessError> {
         // `locate` checked bounds (invariant 3) and the region is alive
         // (invariants 1, 2).
@@ -360,10 +352,29 @@ impl Memory for MemTable {
             // registration whose IOVA differs from its address).
             return Err(AccessError::Misaligned);
         }
-        if r.backing.on_demand && !mapped_rw(p as usize) {
-            // An application that unmaps the page between this check and
-            // the atomic below races its own registration's use.
-            return Err(AccessError::NotMapped);
+        if r.backing.on_demand {
+            // Through the kernel, as every on-demand access: read, compute,
+            // write. Atomic with respect to the device's other atomics (the
+            // table is used under the context's lock, invariant 2), which is
+            // what IBV_ATOMIC_HCA promises; a page missing or read-only is
+            // an access error.
+            let mut old = [0u8; 8];
+            checked_copy(p, old.as_mut_ptr(), 8, false)?;
+            let orig = u64::from_ne_bytes(old);
+            let new = match op {
+                AtomicOp::CompareSwap { compare, swap } => {
+                    if orig == compare {
+                        swap
+                    } else {
+                        orig
+                    }
+                }
+                AtomicOp::FetchAdd { add } => orig.wrapping_add(add),
+                AtomicOp::Write { value } => value,
+            };
+            let mut bytes = new.to_ne_bytes();
+            checked_copy(p, bytes.as_mut_ptr(), 8, true)?;
+            return Ok(orig);
         }
         // SAFETY: 8 in-bounds, 8-aligned bytes of a live region (checked
         // above). Using an atomic makes the operation atomic with respect to

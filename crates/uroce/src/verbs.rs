@@ -91,6 +91,8 @@ pub struct Mr {
     _owned: Option<OwnedBuf>,
     /// The device memory a region on it keeps alive.
     _dm: Option<crate::Dm>,
+    /// Registered on demand (its memory need not be mapped).
+    on_demand: bool,
 }
 
 impl std::fmt::Debug for Mr {
@@ -206,7 +208,16 @@ impl Pd {
         let addr = iova;
         // SAFETY: forwarded from this function's contract.
         let key = unsafe { e.mem.register(nn, len, addr, self.handle, access) };
-        Ok(Mr { ctx: self.ctx.clone(), key, addr, len, access, _owned: None, _dm: None })
+        Ok(Mr {
+            ctx: self.ctx.clone(),
+            key,
+            addr,
+            len,
+            access,
+            _owned: None,
+            _dm: None,
+            on_demand: false,
+        })
     }
 
     /// Registers `len` bytes at host address `addr` on demand (`ibv_reg_mr`
@@ -281,7 +292,7 @@ impl Pd {
         }
         let key = e.mem.register_on_demand(addr, len, iova, self.handle, access);
         let ctx = self.ctx.clone();
-        Ok(Mr { ctx, key, addr: iova, len, access, _owned: None, _dm: None })
+        Ok(Mr { ctx, key, addr: iova, len, access, _owned: None, _dm: None, on_demand: true })
     }
 
     /// Registers `len` bytes of device memory `dm` from `offset`
@@ -499,6 +510,11 @@ impl Xrcd {
 }
 
 impl Mr {
+    /// Whether it was registered on demand ([`Pd::register_on_demand`]).
+    pub fn on_demand(&self) -> bool {
+        self.on_demand
+    }
+
     /// Moves the region to `pd` and/or gives it `access` (`ibv_rereg_mr`
     /// with `IBV_REREG_MR_CHANGE_PD` / `_ACCESS`): the region gets new
     /// keys, and the old ones fail from now on.
@@ -695,11 +711,10 @@ impl Cq {
     /// whichever comes first (count 1 and period 0: every completion).
     ///
     /// # Errors
-    /// [`Error::InvalidArgument`] for a count of 0 or a period above
-    /// `max_cq_period`.
+    /// [`Error::InvalidArgument`] for a period above `max_cq_period`.
     pub fn moderate(&self, count: u16, period_us: u16) -> Result<()> {
-        if count == 0 || period_us > limits::MAX_CQ_PERIOD_US {
-            return Err(Error::InvalidArgument("moderation count 0 or period too long"));
+        if period_us > limits::MAX_CQ_PERIOD_US {
+            return Err(Error::InvalidArgument("moderation period above max_cq_period"));
         }
         let period = std::time::Duration::from_micros(u64::from(period_us));
         let mut e = self.inner.ctx.lock();

@@ -133,7 +133,10 @@ impl QpInit {
             }
             // An initiator sends what RC sends, but binds no windows (they
             // need a local PD of the responder's); a target sends nothing.
-            QpType::XrcSend => !matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::Flush),
+            // (IBA 1.5's ATOMIC WRITE and FLUSH have no XRC opcodes.)
+            QpType::XrcSend => {
+                !matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::Flush | WrOpcode::AtomicWrite)
+            }
             QpType::XrcRecv => false,
         };
         if !supported {

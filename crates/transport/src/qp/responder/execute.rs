@@ -81,10 +81,15 @@ impl Qp {
         if self.rd_atomic_queued() >= MAX_QUEUED_RD_ATOMIC || feth.selectivity() > 1 {
             return Err(Reject::INVALID_REQUEST);
         }
-        // Selectivity "region" names the region by its key: its rights are
-        // checked at the RETH address, with no length.
-        let len = if feth.selectivity() == 0 { u64::from(reth.dma_len()) } else { 0 };
-        if mem.check(Key::Remote(reth.rkey()), self.me(), reth.va(), len, rights).is_err() {
+        // Selectivity "region" names the region by its key alone (rxe
+        // skips the range); "range" is checked as a WRITE's would be.
+        let ok = if feth.selectivity() == 0 {
+            let len = u64::from(reth.dma_len());
+            mem.check(Key::Remote(reth.rkey()), self.me(), reth.va(), len, rights).is_ok()
+        } else {
+            mem.check_region(reth.rkey(), self.me(), rights).is_ok()
+        };
+        if !ok {
             return Err(Reject::Fatal { code: NakCode::RemoteAccessError, recv: None });
         }
         std::sync::atomic::fence(std::sync::atomic::Ordering::SeqCst);
