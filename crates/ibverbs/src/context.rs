@@ -62,7 +62,7 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         vctx.alloc_parent_domain = Some(crate::pd::alloc_parent_domain);
         vctx.open_xrcd = Some(crate::xrc::open_xrcd);
         vctx.close_xrcd = Some(crate::xrc::close_xrcd);
-        vctx.create_srq_ex = Some(crate::xrc::create_srq_ex);
+        vctx.create_srq_ex = Some(crate::srq::create_srq_ex);
         vctx.get_srq_num = Some(crate::xrc::get_srq_num);
         vctx.modify_cq = Some(crate::cq::modify_cq);
         vctx.sz = size_of::<verbs_context>() + FUTURE_SLOTS * size_of::<*mut c_void>();

@@ -285,6 +285,14 @@ pub(crate) fn in_use(users: &AtomicU32) -> bool {
 // that kind. Every verb module finds its arguments here, so the modules
 // need not import each other.
 
+/// The box of an XRC domain pointer, if it is a live one.
+pub(crate) fn live_xrcd<'a>(xrcd: *mut ibv_xrcd) -> Option<&'a XrcdBox> {
+    // SAFETY: dereferenced only once the registry says it is live.
+    is_live(xrcd.cast::<XrcdBox>(), Kind::Xrcd)
+        .then(|| unsafe { obj::<_, XrcdBox>(xrcd) })
+        .flatten()
+}
+
 /// The box of a context pointer, if it is a live context.
 pub(crate) fn live_ctx<'a>(context: *mut ibv_context) -> Option<&'a CtxBox> {
     // SAFETY: only dereferenced after the registry confirms it is live.

@@ -2,7 +2,7 @@
 //! `post_send` / `post_recv` ops, and multicast attach.
 
 use std::cell::UnsafeCell;
-use std::ffi::c_int;
+use std::ffi::{c_int, c_void};
 use std::net::IpAddr;
 use std::sync::atomic::AtomicBool;
 use std::sync::{Arc, Mutex};
@@ -18,6 +18,7 @@ use crate::ffi::{Kind, guard, is_live, null_errno};
 use crate::objects::live_cq;
 use crate::objects::live_ctx;
 use crate::objects::live_srq;
+use crate::objects::live_xrcd;
 use crate::objects::{AhBox, CtxBox, QpBox, SrqBox, from_c, hold, into_c, obj, release};
 use crate::objects::{live_pd, live_pd_ctx};
 
@@ -178,7 +179,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
             if a.comp_mask & XRCD == 0 {
                 return null_errno(libc::EINVAL);
             }
-            return crate::xrc::create_target(c, a.xrcd.cast(), a.qp_context)
+            return create_xrc_target(c, a.xrcd.cast(), a.qp_context)
                 .map_or_else(null_errno, |b| b.cast());
         }
         if a.comp_mask & IBV_QP_INIT_ATTR_PD == 0 {
@@ -680,4 +681,52 @@ pub(crate) unsafe extern "C" fn ibv_detach_mcast(
         let (Some(b), Some(ip)) = (live_qp(qp), mcast_ip(gid)) else { return libc::EINVAL };
         b.inner.detach_mcast(ip).map_or_else(|e| e.errno(), |()| 0)
     })
+}
+
+/// An XRC target QP of domain `xrcd` (`ibv_create_qp_ex` with
+/// `IBV_QPT_XRC_RECV`): no PD, CQs or queues.
+fn create_xrc_target(
+    c: &CtxBox,
+    xrcd: *mut ibv_xrcd,
+    qp_context: *mut c_void,
+) -> Result<*mut QpBox, c_int> {
+    let x = live_xrcd(xrcd).ok_or(libc::EINVAL)?;
+    // SAFETY: a live domain's public struct.
+    if unsafe { (*x.xrcd.get()).context } != c.ibv() {
+        return Err(libc::EINVAL);
+    }
+    let inner = x.inner.create_target_qp().map_err(|e| e.errno())?;
+    let qpn = inner.qpn();
+    // SAFETY: ibv_qp_ex is C data; all-zero is valid (NULL fn pointers,
+    // static-initialiser mutex/cond).
+    let mut qpx: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let base = &mut qpx.qp_base;
+    base.context = c.ibv();
+    base.qp_context = qp_context;
+    base.handle = qpn;
+    base.qp_num = qpn;
+    base.state = uroce::QpState::Reset as c_int;
+    base.qp_type = IBV_QPT_XRC_RECV;
+    let cap = ibv_qp_cap::default();
+    let b = into_c(
+        QpBox {
+            qpx: UnsafeCell::new(qpx),
+            inner,
+            dev: c.dev.clone(),
+            pd: std::ptr::null(),
+            send_cq: std::ptr::null(),
+            recv_cq: std::ptr::null(),
+            srq: std::ptr::null(),
+            xrcd: x,
+            ex: false,
+            cap,
+            sq_sig_all: false,
+            builder: Mutex::new(crate::wr_batch::Builder::new(&cap)),
+            posting: std::sync::atomic::AtomicBool::new(false),
+        },
+        Kind::Qp,
+    );
+    hold(&x.users);
+    c.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).insert(qpn, b as usize);
+    Ok(b)
 }

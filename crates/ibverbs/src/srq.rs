@@ -7,7 +7,10 @@ use std::sync::atomic::AtomicU32;
 use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, null_errno};
-use crate::objects::{SrqBox, from_c, hold, in_use, into_c, live_srq, obj, release};
+use crate::objects::{
+    SrqBox, from_c, hold, in_use, into_c, live_cq, live_ctx, live_pd, live_srq, live_xrcd, obj,
+    release,
+};
 
 pub(crate) unsafe extern "C" fn ibv_create_srq(
     pd: *mut ibv_pd,
@@ -145,5 +148,92 @@ pub(crate) unsafe extern "C" fn post_srq_recv(
             Some(b) => b.inner.post_recv(wrs),
             None => Err(uroce::Error::InvalidArgument("NULL SRQ")),
         })
+    })
+}
+
+/// `IBV_SRQ_INIT_ATTR_*` and `IBV_SRQT_*`.
+const SRQ_TYPE: u32 = 1;
+const SRQ_PD: u32 = 2;
+const SRQ_XRCD: u32 = 4;
+const SRQ_CQ: u32 = 8;
+const SRQT_BASIC: c_int = 0;
+const SRQT_XRC: c_int = 1;
+
+/// `verbs_context.create_srq_ex`: a basic SRQ (as `ibv_create_srq`) or an
+/// XRC one (domain, CQ and PD given); tag matching is not there.
+pub(crate) unsafe extern "C" fn create_srq_ex(
+    context: *mut ibv_context,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> *mut ibv_srq {
+    guard(std::ptr::null_mut(), || {
+        let Some(c) = live_ctx(context) else { return null_errno(libc::EINVAL) };
+        // SAFETY: NULL or the caller's readable and writable attributes.
+        let Some(a) = (unsafe { attr.as_mut() }) else { return null_errno(libc::EINVAL) };
+        if a.comp_mask & !(SRQ_TYPE | SRQ_PD | SRQ_XRCD | SRQ_CQ) != 0 {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        let srq_type = if a.comp_mask & SRQ_TYPE != 0 { a.srq_type } else { SRQT_BASIC };
+        if a.comp_mask & SRQ_PD == 0 {
+            return null_errno(libc::EINVAL);
+        }
+        if srq_type == SRQT_BASIC {
+            // SAFETY: `ibv_srq_init_attr_ex` begins with `ibv_srq_init_attr`.
+            return unsafe { ibv_create_srq(a.pd, attr.cast()) };
+        }
+        if srq_type != SRQT_XRC {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        if a.comp_mask & (SRQ_XRCD | SRQ_CQ) != SRQ_XRCD | SRQ_CQ {
+            return null_errno(libc::EINVAL);
+        }
+        let (Some(p), Some(x), Some(q)) = (live_pd(a.pd), live_xrcd(a.xrcd.cast()), live_cq(a.cq))
+        else {
+            return null_errno(libc::EINVAL);
+        };
+        // All of this context's device.
+        // SAFETY: live objects' public structs.
+        let same =
+            unsafe { (*p.pd.get()).context == context && (*x.xrcd.get()).context == context }
+                && std::sync::Arc::ptr_eq(&q.dev, &c.dev);
+        if !same {
+            return null_errno(libc::EINVAL);
+        }
+        let attr_in = uroce::SrqAttr {
+            max_wr: a.attr.max_wr,
+            max_sge: a.attr.max_sge,
+            srq_limit: a.attr.srq_limit,
+        };
+        let inner = match x.inner.create_srq(&p.inner, &q.inner, &attr_in) {
+            Ok(s) => s,
+            Err(e) => return null_errno(e.errno()),
+        };
+        let got = inner.query();
+        a.attr.max_wr = got.max_wr;
+        a.attr.max_sge = got.max_sge;
+        let handle = inner.handle();
+        // SAFETY: ibv_srq is C data; all-zero is valid.
+        let mut s: ibv_srq = unsafe { std::mem::zeroed() };
+        s.context = context;
+        s.srq_context = a.srq_context;
+        s.pd = a.pd;
+        s.handle = handle;
+        let b = into_c(
+            SrqBox {
+                srq: UnsafeCell::new(s),
+                inner,
+                dev: c.dev.clone(),
+                max_sge: got.max_sge,
+                pd: p,
+                users: AtomicU32::new(0),
+                xrcd: x,
+                cq: q,
+            },
+            Kind::Srq,
+        );
+        hold(&p.users);
+        hold(&x.users);
+        hold(&q.users);
+        c.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, b as usize);
+        b.cast()
     })
 }
