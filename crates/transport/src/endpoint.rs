@@ -674,17 +674,16 @@ impl Endpoint {
         if let Some(xrcd) = slot.xrcd {
             // An XRC target: the SRQ the request names, of its domain.
             let srqn = pkt.xrceth().map(|x| x.xrc_srqn());
-            // A message keeps the SRQ its first packet named.
+            // A message keeps the SRQ its first packet named. Only packets
+            // the responder takes in sequence count: a duplicate or one
+            // that ran ahead of a loss names another message's SRQ.
             let position = pkt.info().position;
+            let psn = pkt.bth().psn();
+            let in_sequence = psn == slot.qp.expected_psn();
             let continues = matches!(position, Position::Middle | Position::Last);
-            if continues && slot.xrc_msg_srq.is_some_and(|s| Some(s) != srqn) {
+            if in_sequence && continues && slot.xrc_msg_srq.is_some_and(|s| Some(s) != srqn) {
                 self.stats.drop(crate::stats::DropReason::Malformed);
                 return;
-            }
-            match position {
-                Position::First => slot.xrc_msg_srq = srqn,
-                Position::Last | Position::Only => slot.xrc_msg_srq = None,
-                Position::Middle => {}
             }
             let srq = srqn.and_then(|n| self.srqs.get_mut(&n));
             let Some((srq, xrc)) =
@@ -698,6 +697,14 @@ impl Endpoint {
             self.srq_dirty = true;
             slot.qp.set_xrc_pd(xrc.pd);
             slot.qp.handle_datagram_srq(now, from, to, pkt, mem, srq);
+            if in_sequence && slot.qp.expected_psn() != psn {
+                // Taken: the message now in progress is this one's.
+                match position {
+                    Position::First => slot.xrc_msg_srq = srqn,
+                    Position::Last | Position::Only => slot.xrc_msg_srq = None,
+                    Position::Middle => {}
+                }
+            }
             // Its receive completions are the SRQ's, for the SRQ's CQ.
             slot.qp.publish_gauge();
             while let Some(c) = slot.qp.poll_completion() {

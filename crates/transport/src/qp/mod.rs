@@ -442,6 +442,11 @@ impl Qp {
         a
     }
 
+    /// The PSN the responder expects next.
+    pub fn expected_psn(&self) -> Psn {
+        self.resp.epsn
+    }
+
     /// Creation parameters.
     pub fn init(&self) -> &QpInit {
         &self.init
