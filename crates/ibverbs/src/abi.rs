@@ -151,7 +151,8 @@ pub struct verbs_context {
     pub ABI_placeholder2: *mut c_void,
     pub ibv_create_flow: *mut c_void,
     pub ABI_placeholder1: *mut c_void,
-    pub open_qp: *mut c_void,
+    pub open_qp:
+        Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_qp_open_attr) -> *mut ibv_qp>,
     pub create_qp_ex: Option<CreateQpExFn>,
     pub get_srq_num: Option<unsafe extern "C" fn(*mut ibv_srq, *mut u32) -> c_int>,
     pub create_srq_ex:
@@ -696,6 +697,23 @@ pub struct ibv_xrcd_init_attr {
     pub oflags: c_int,
 }
 
+/// `struct ibv_qp_open_attr` (`ibv_open_qp`).
+#[repr(C)]
+pub struct ibv_qp_open_attr {
+    pub comp_mask: u32,
+    pub qp_num: u32,
+    pub xrcd: *mut ibv_xrcd,
+    pub qp_context: *mut c_void,
+    pub qp_type: c_int,
+}
+
+/// `IBV_QP_OPEN_ATTR_NUM`, `_XRCD`, `_CONTEXT`, `_TYPE`, `_RESERVED`.
+pub const IBV_QP_OPEN_ATTR_NUM: u32 = 1;
+pub const IBV_QP_OPEN_ATTR_XRCD: u32 = 1 << 1;
+pub const IBV_QP_OPEN_ATTR_CONTEXT: u32 = 1 << 2;
+pub const IBV_QP_OPEN_ATTR_TYPE: u32 = 1 << 3;
+pub const IBV_QP_OPEN_ATTR_RESERVED: u32 = 1 << 4;
+
 /// `IBV_XRCD_INIT_ATTR_FD`, `_OFLAGS`.
 pub const IBV_XRCD_INIT_ATTR_FD: u32 = 1;
 pub const IBV_XRCD_INIT_ATTR_OFLAGS: u32 = 2;
@@ -940,7 +958,8 @@ mod tests {
         check!(m, verbs_context { "query_port" => query_port, "create_cq_ex" => create_cq_ex,
             "query_device_ex" => query_device_ex, "create_qp_ex" => create_qp_ex,
             "close_xrcd" => close_xrcd, "sz" => sz, "context" => context, "priv" => priv_,
-            "_ABI_placeholder3" => _ABI_placeholder3, "open_xrcd" => open_xrcd });
+            "_ABI_placeholder3" => _ABI_placeholder3, "open_xrcd" => open_xrcd,
+            "open_qp" => open_qp });
         check!(m, ibv_pd { "context" => context, "handle" => handle });
         check!(m, ibv_mr { "addr" => addr, "length" => length, "handle" => handle,
             "lkey" => lkey, "rkey" => rkey });
@@ -954,6 +973,8 @@ mod tests {
         check!(m, ibv_modify_cq_attr { "attr_mask" => attr_mask, "moderate" => cq_count });
         check!(m, ibv_xrcd { "context" => context });
         check!(m, ibv_xrcd_init_attr { "comp_mask" => comp_mask, "fd" => fd, "oflags" => oflags });
+        check!(m, ibv_qp_open_attr { "comp_mask" => comp_mask, "qp_num" => qp_num,
+            "xrcd" => xrcd, "qp_context" => qp_context, "qp_type" => qp_type });
         check!(m, ibv_parent_domain_init_attr { "pd" => pd, "td" => td, "comp_mask" => comp_mask,
             "alloc" => alloc, "free" => free, "pd_context" => pd_context });
         check!(m, ibv_comp_channel { "fd" => fd, "refcnt" => refcnt });

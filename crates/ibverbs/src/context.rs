@@ -63,6 +63,7 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         vctx.open_xrcd = Some(crate::xrc::open_xrcd);
         vctx.close_xrcd = Some(crate::xrc::close_xrcd);
         vctx.create_srq_ex = Some(crate::srq::create_srq_ex);
+        vctx.open_qp = Some(crate::qp::open_qp);
         vctx.get_srq_num = Some(crate::xrc::get_srq_num);
         vctx.modify_cq = Some(crate::cq::modify_cq);
         vctx.sz = size_of::<verbs_context>() + FUTURE_SLOTS * size_of::<*mut c_void>();

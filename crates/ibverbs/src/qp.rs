@@ -19,7 +19,7 @@ use crate::objects::live_cq;
 use crate::objects::live_ctx;
 use crate::objects::live_srq;
 use crate::objects::live_xrcd;
-use crate::objects::{AhBox, CtxBox, QpBox, SrqBox, from_c, hold, into_c, obj, release};
+use crate::objects::{AhBox, CtxBox, QpBox, SrqBox, XrcdBox, from_c, hold, into_c, obj, release};
 use crate::objects::{live_pd, live_pd_ctx};
 
 /// WRs converted per call into the engine.
@@ -218,7 +218,11 @@ pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: a QP holds its context's device, PD, CQs and SRQ (use
         // counts), so all are live.
         unsafe {
-            b.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.qpn());
+            let mut qps = b.dev.qps.lock().unwrap_or_else(|e| e.into_inner());
+            if qps.get(&b.inner.qpn()) == Some(&(qp as usize)) {
+                qps.remove(&b.inner.qpn());
+            }
+            drop(qps);
             // An XRC target has none of these but its domain.
             for users in [
                 b.pd.as_ref().map(|p| &p.users),
@@ -696,6 +700,50 @@ fn create_xrc_target(
         return Err(libc::EINVAL);
     }
     let inner = x.inner.create_target_qp().map_err(|e| e.errno())?;
+    Ok(target_box(c, x, inner, qp_context))
+}
+
+/// `verbs_context.open_qp` (`ibv_open_qp`): another handle to an XRC
+/// target QP of a domain, by number; the QP lives while any handle does.
+pub(crate) unsafe extern "C" fn open_qp(
+    context: *mut ibv_context,
+    attr: *mut ibv_qp_open_attr,
+) -> *mut ibv_qp {
+    guard(std::ptr::null_mut(), || {
+        let Some(c) = live_ctx(context) else { return null_errno(libc::EINVAL) };
+        if attr.is_null() {
+            return null_errno(libc::EINVAL);
+        }
+        // SAFETY: the caller passes a readable open attr.
+        let a = unsafe { &*attr };
+        // rdma-core's checks, then the kernel's (a target QP only).
+        if a.comp_mask >= IBV_QP_OPEN_ATTR_RESERVED {
+            return null_errno(libc::EOPNOTSUPP);
+        }
+        let needed = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD | IBV_QP_OPEN_ATTR_TYPE;
+        if a.comp_mask & needed != needed || a.qp_type != IBV_QPT_XRC_RECV {
+            return null_errno(libc::EINVAL);
+        }
+        let Some(x) = live_xrcd(a.xrcd) else { return null_errno(libc::EINVAL) };
+        // SAFETY: a live domain's public struct.
+        if unsafe { (*x.xrcd.get()).context } != context {
+            return null_errno(libc::EINVAL);
+        }
+        let qp_context = if a.comp_mask & IBV_QP_OPEN_ATTR_CONTEXT != 0 {
+            a.qp_context
+        } else {
+            std::ptr::null_mut()
+        };
+        match x.inner.open_target_qp(a.qp_num) {
+            Ok(inner) => target_box(c, x, inner, qp_context).cast(),
+            Err(e) => null_errno(e.errno()),
+        }
+    })
+}
+
+/// The C handle of an XRC target QP (made or opened): no PD, CQs or
+/// queues, its domain held.
+fn target_box(c: &CtxBox, x: &XrcdBox, inner: uroce::Qp, qp_context: *mut c_void) -> *mut QpBox {
     let qpn = inner.qpn();
     // SAFETY: ibv_qp_ex is C data; all-zero is valid (NULL fn pointers,
     // static-initialiser mutex/cond).
@@ -705,7 +753,7 @@ fn create_xrc_target(
     base.qp_context = qp_context;
     base.handle = qpn;
     base.qp_num = qpn;
-    base.state = uroce::QpState::Reset as c_int;
+    base.state = inner.query().state as c_int;
     base.qp_type = IBV_QPT_XRC_RECV;
     let cap = ibv_qp_cap::default();
     let b = into_c(
@@ -727,6 +775,7 @@ fn create_xrc_target(
         Kind::Qp,
     );
     hold(&x.users);
-    c.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).insert(qpn, b as usize);
-    Ok(b)
+    // Async events go to the first live handle of the QP.
+    c.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).entry(qpn).or_insert(b as usize);
+    b
 }

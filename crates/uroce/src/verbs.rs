@@ -1,7 +1,8 @@
 //! Protection domains, memory regions, completion queues and queue pairs.
 
+use std::collections::HashMap;
 use std::ptr::NonNull;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
 
 use uroce_transport::{
     Access, AttrMask, Completion, MwBind, MwType, QpAttr, QpCaps, QpInit, QpType, RecvWr,
@@ -386,6 +387,7 @@ impl Pd {
             _cqs: vec![init.send_cq.clone(), init.recv_cq.clone()],
             _srq: init.srq.cloned(),
             _xrcd: None,
+            target: None,
         })
     }
 }
@@ -405,6 +407,24 @@ pub struct Xrcd {
 struct XrcdInner {
     ctx: Arc<Inner>,
     id: u32,
+    /// Its target QPs by number, for [`Xrcd::open_target_qp`]; each lives
+    /// while any handle to it does.
+    targets: Mutex<HashMap<u32, Weak<SharedTarget>>>,
+}
+
+/// An XRC target QP's life, shared by every handle to it (the one that
+/// created it and those that opened it): the last one destroys it, as
+/// the kernel destroys a shared QP when its last handle closes.
+struct SharedTarget {
+    ctx: Arc<Inner>,
+    qpn: u32,
+    post: Arc<QpPost>,
+}
+
+impl Drop for SharedTarget {
+    fn drop(&mut self) {
+        self.ctx.lock().destroy_qp(self.qpn);
+    }
 }
 
 impl std::fmt::Debug for Xrcd {
@@ -421,7 +441,8 @@ impl Context {
     pub fn open_xrcd(&self) -> Result<Xrcd> {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
         let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Xrcd { inner: Arc::new(XrcdInner { ctx: self.inner.clone(), id }) })
+        let targets = Mutex::new(HashMap::new());
+        Ok(Xrcd { inner: Arc::new(XrcdInner { ctx: self.inner.clone(), id, targets }) })
     }
 }
 
@@ -489,10 +510,36 @@ impl Xrcd {
         let qp = uroce_transport::Qp::new(qp_init);
         let post = Arc::new(QpPost::new(qp_init, qp.gauge()));
         e.ep.add_xrc_target(qp, self.inner.id);
-        Ok(Qp {
-            ctx: ctx.clone(),
-            qpn,
-            post,
+        drop(e);
+        let life = Arc::new(SharedTarget { ctx: ctx.clone(), qpn, post });
+        let mut targets = self.inner.targets.lock().unwrap_or_else(|e| e.into_inner());
+        targets.retain(|_, t| t.strong_count() > 0);
+        targets.insert(qpn, Arc::downgrade(&life));
+        Ok(self.target_handle(life))
+    }
+
+    /// Opens another handle to this domain's target QP `qpn`
+    /// (`ibv_open_qp`): it modifies, queries and keeps the QP alive as the
+    /// creator's handle does, and the QP is destroyed with the last handle.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] when the domain has no live target QP of
+    /// that number.
+    pub fn open_target_qp(&self, qpn: u32) -> Result<Qp> {
+        let targets = self.inner.targets.lock().unwrap_or_else(|e| e.into_inner());
+        let life = targets
+            .get(&qpn)
+            .and_then(Weak::upgrade)
+            .ok_or(Error::InvalidArgument("no target QP of that number in the domain"))?;
+        drop(targets);
+        Ok(self.target_handle(life))
+    }
+
+    fn target_handle(&self, life: Arc<SharedTarget>) -> Qp {
+        Qp {
+            ctx: life.ctx.clone(),
+            qpn: life.qpn,
+            post: life.post.clone(),
             cap: QpCaps {
                 max_send_wr: 0,
                 max_recv_wr: 0,
@@ -505,7 +552,8 @@ impl Xrcd {
             _cqs: Vec::new(),
             _srq: None,
             _xrcd: Some(self.clone()),
-        })
+            target: Some(life),
+        }
     }
 }
 
@@ -860,6 +908,8 @@ pub struct Qp {
     _cqs: Vec<Cq>,
     _srq: Option<Srq>,
     _xrcd: Option<Xrcd>,
+    /// An XRC target's shared life: it destroys the QP, not this handle.
+    target: Option<Arc<SharedTarget>>,
 }
 
 impl std::fmt::Debug for Qp {
@@ -1032,7 +1082,9 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         // Device totals keep what destroyed QPs counted (as rxe's do).
-        self.ctx.lock().destroy_qp(self.qpn);
+        if self.target.is_none() {
+            self.ctx.lock().destroy_qp(self.qpn);
+        }
     }
 }
 

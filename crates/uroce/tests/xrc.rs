@@ -126,3 +126,56 @@ fn an_srq_of_another_domain_is_never_reached() {
     assert_eq!(uroce::testing::wait_completion(&a.cq).status, WcStatus::RetryExcErr);
     assert_eq!(b.cq.pending(), 0, "nothing reached the foreign SRQ");
 }
+
+/// `ibv_open_qp`: a second handle to a target QP keeps it alive after the
+/// creator's handle is gone; it is connected and carries traffic; the QP
+/// is destroyed with its last handle. Another domain cannot open it.
+#[test]
+fn an_opened_target_outlives_its_creator() {
+    let (port, a, b) = uroce::testing::two_sides();
+    let cap = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 0,
+        max_send_sge: 1,
+        max_recv_sge: 0,
+        max_inline_data: 0,
+    };
+    let ini =
+        a.pd.create_qp(&QpInitAttr {
+            send_cq: &a.cq,
+            recv_cq: &a.cq,
+            cap,
+            qp_type: QpType::XrcSend,
+            sq_sig_all: true,
+            srq: None,
+        })
+        .unwrap();
+    let (xrcd, other) = (b.ctx.open_xrcd().unwrap(), b.ctx.open_xrcd().unwrap());
+    let srq =
+        xrcd.create_srq(&b.pd, &b.cq, &SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
+    let created = xrcd.create_target_qp().unwrap();
+    let qpn = created.qpn();
+    assert!(other.open_target_qp(qpn).is_err(), "another domain's QP");
+    let opened = xrcd.open_target_qp(qpn).unwrap();
+    assert_eq!((opened.qpn(), opened.qp_type()), (qpn, QpType::XrcRecv));
+    drop(created);
+    let (ia, ib) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    uroce::connect(&ini, ib, port, qpn, 1, 2, ALL).unwrap();
+    uroce::connect(&opened, ia, port, ini.qpn(), 2, 1, ALL).unwrap();
+    assert_eq!(opened.query().state, QpState::ReadyToSend);
+    let m = b.pd.alloc_mr(64, ALL).unwrap();
+    srq.post_recv(&[RecvWr { wr_id: 5, sgl: &[m.sge(0, 64).unwrap()] }]).unwrap();
+    let src = a.pd.alloc_mr(64, ALL).unwrap();
+    src.write(0, b"via an opened QP").unwrap();
+    let s = [src.sge(0, 16).unwrap()];
+    ini.post_send(&[SendWr { wr_id: 1, sgl: &s, xrc_srqn: srq.handle(), ..SendWr::default() }])
+        .unwrap();
+    assert_eq!(uroce::testing::wait_completion(&a.cq).status, WcStatus::Success);
+    let c = uroce::testing::wait_completion(&b.cq);
+    assert_eq!((c.wr_id, c.byte_len, c.qp_num), (5, 16, qpn));
+    let again = xrcd.open_target_qp(qpn).unwrap();
+    drop(opened);
+    assert_eq!(again.query().state, QpState::ReadyToSend, "still alive through a third handle");
+    drop(again);
+    assert!(xrcd.open_target_qp(qpn).is_err(), "destroyed with its last handle");
+}

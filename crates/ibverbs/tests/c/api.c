@@ -183,7 +183,57 @@ int main(void)
 	struct ibv_xrcd_init_attr xa = {.comp_mask = IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
 					.fd = -1, .oflags = O_CREAT};
 	struct ibv_xrcd *xd = ibv_open_xrcd(ctx, &xa);
-	CHECK(xd && xd->context == ctx && !ibv_close_xrcd(xd), "private xrcd");
+	CHECK(xd && xd->context == ctx, "private xrcd");
+	/* ibv_open_qp: another handle to a domain's target QP; the QP lives
+	 * while any handle does, and holds the domain. */
+	struct ibv_qp_init_attr_ex ta = {.qp_type = IBV_QPT_XRC_RECV, .comp_mask = IBV_QP_INIT_ATTR_XRCD,
+					 .xrcd = xd};
+	struct ibv_qp *tgt = ibv_create_qp_ex(ctx, &ta);
+	CHECK(tgt, "XRC target");
+	struct ibv_qp_open_attr oa = {.comp_mask = IBV_QP_OPEN_ATTR_NUM | IBV_QP_OPEN_ATTR_XRCD |
+						   IBV_QP_OPEN_ATTR_TYPE | IBV_QP_OPEN_ATTR_CONTEXT,
+				      .qp_num = tgt ? tgt->qp_num : 0, .xrcd = xd,
+				      .qp_context = &oa, .qp_type = IBV_QPT_XRC_RECV};
+	errno = 0;
+	oa.comp_mask |= IBV_QP_OPEN_ATTR_RESERVED;
+	CHECK(!ibv_open_qp(ctx, &oa) && errno == EOPNOTSUPP, "open_qp reserved mask");
+	oa.comp_mask &= ~(IBV_QP_OPEN_ATTR_RESERVED | IBV_QP_OPEN_ATTR_TYPE);
+	errno = 0;
+	CHECK(!ibv_open_qp(ctx, &oa) && errno == EINVAL, "open_qp without a type");
+	oa.comp_mask |= IBV_QP_OPEN_ATTR_TYPE;
+	oa.qp_type = IBV_QPT_RC;
+	errno = 0;
+	CHECK(!ibv_open_qp(ctx, &oa) && errno == EINVAL, "open_qp of an RC type");
+	oa.qp_type = IBV_QPT_XRC_RECV;
+	oa.qp_num ^= 0x5a5a;
+	errno = 0;
+	CHECK(!ibv_open_qp(ctx, &oa) && errno == EINVAL, "open_qp of a number the domain lacks");
+	oa.qp_num ^= 0x5a5a;
+	struct ibv_qp *opened = ibv_open_qp(ctx, &oa);
+	CHECK(opened && opened->qp_num == oa.qp_num && opened->qp_type == IBV_QPT_XRC_RECV &&
+		      opened->qp_context == &oa && opened->context == ctx,
+	      "open_qp");
+	errno = 0;
+	CHECK(ibv_close_xrcd(xd) == EBUSY, "xrcd busy while a target QP is open");
+	if (tgt && opened) {
+		CHECK(!ibv_destroy_qp(tgt), "destroy the creator's handle");
+		struct ibv_qp_attr qa = {.qp_state = IBV_QPS_INIT, .pkey_index = 0, .port_num = 1,
+					 .qp_access_flags = IBV_ACCESS_REMOTE_WRITE};
+		CHECK(!ibv_modify_qp(opened, &qa,
+				     IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT |
+					     IBV_QP_ACCESS_FLAGS),
+		      "the opened handle modifies the QP");
+		struct ibv_qp_init_attr qi;
+		CHECK(!ibv_query_qp(opened, &qa, IBV_QP_STATE, &qi) && qa.qp_state == IBV_QPS_INIT,
+		      "and queries it");
+		struct ibv_qp *again = ibv_open_qp(ctx, &oa);
+		CHECK(again && again->state == IBV_QPS_INIT && !ibv_destroy_qp(again),
+		      "open a live QP again");
+		CHECK(!ibv_destroy_qp(opened), "destroy the last handle");
+		errno = 0;
+		CHECK(!ibv_open_qp(ctx, &oa) && errno == EINVAL, "a QP whose handles are gone");
+	}
+	CHECK(!ibv_close_xrcd(xd), "close the private xrcd");
 	char xpath[] = "/tmp/uroce-api-xrcd-XXXXXX";
 	int xfd = mkstemp(xpath);
 	xa.fd = xfd;
