@@ -423,6 +423,14 @@ fn perftest_options() {
     perftest("ib_read_bw", &["-t", "16", "-n", "500"], 1);
     perftest("ib_write_bw", &["--report_gbits", "-n", "500"], 1);
     perftest("ib_write_lat", &["-x", "0", "-n", "500"], 1);
+    // --use_hugepages: buffers from SysV shared memory on huge pages,
+    // which the test reserves (and gives back) as root.
+    {
+        let _pages = HugePages::reserve(64);
+        perftest("ib_write_bw", &["--use_hugepages", "-n", "200"], 1);
+        perftest("ib_read_lat", &["--use_hugepages", "-n", "200"], 1);
+        perftest("ib_send_bw", &["--use_hugepages", "-n", "200"], 1);
+    }
     // --run_infinitely -D 1: a report a second until killed.
     let udp = uroce::testing::free_port();
     let tcp = tcp_port().to_string();
@@ -442,6 +450,34 @@ fn perftest_options() {
         text(&co),
         text(&so)
     );
+}
+
+/// A reservation of huge pages (`vm.nr_hugepages`), given back on drop.
+struct HugePages {
+    before: String,
+}
+
+impl HugePages {
+    const KNOB: &str = "/proc/sys/vm/nr_hugepages";
+
+    fn reserve(n: u64) -> Self {
+        let before = std::fs::read_to_string(Self::KNOB).unwrap().trim().to_string();
+        if before.parse::<u64>().unwrap_or(0) < n {
+            let set = std::fs::write(Self::KNOB, n.to_string());
+            let now: u64 = std::fs::read_to_string(Self::KNOB).unwrap().trim().parse().unwrap();
+            assert!(
+                set.is_ok() && now >= n,
+                "reserving {n} huge pages (needs root): {set:?}, {now}"
+            );
+        }
+        Self { before }
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::KNOB, &self.before);
+    }
 }
 
 #[test]

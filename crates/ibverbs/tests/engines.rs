@@ -623,3 +623,52 @@ fn the_port_rate_follows_the_interface_speed() {
         assert_eq!(t.matches(line).count(), 2, "{line:?} from both devinfos:\n{t}");
     }
 }
+
+/// perftest with each GID index of the device (`-x`): 0 is the veth's IPv4
+/// address, 1 its IPv6 link-local one (between two hosts: on loopback both
+/// "hosts" would have ::1). WRITE bandwidth, READ latency and SEND
+/// bandwidth on each, and perftest shows the GID it used.
+#[test]
+fn perftest_runs_on_each_gid_index() {
+    if !can_run() || !have("ib_write_bw") {
+        assert!(std::env::var_os("CI").is_none(), "perftest is installed in CI");
+        return;
+    }
+    let hosts = Hosts::new();
+    // The link-local address is usable once duplicate address detection
+    // ends (about a second): until then the device's table lacks it.
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let gids = hosts.output_on_a(&["ibv_devinfo", "-v"]);
+        if gids.contains("GID[  1]:\t\tfe80::") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no link-local GID:\n{gids}");
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    for (tool, gid) in
+        [("ib_write_bw", "1"), ("ib_read_lat", "1"), ("ib_send_bw", "1"), ("ib_write_bw", "0")]
+    {
+        let port = uroce::testing::free_tcp_port().to_string();
+        let args = [tool, "-x", gid, "-n", "200", "-p", &port];
+        let server = hosts.cmd(true, &args).spawn().unwrap();
+        let deadline = Instant::now() + Duration::from_secs(60);
+        hosts.wait_listening(port.parse().unwrap(), deadline);
+        let cargs = [&args[..], &[ADDR_A]].concat();
+        let (co, ct) = finish(hosts.cmd(false, &cargs).spawn().unwrap(), deadline);
+        let (so, st) = finish(server, deadline + Duration::from_secs(5));
+        let (c, s) = (text(&co), text(&so));
+        let all = format!("{tool} -x {gid}\n--- server ---\n{s}\n--- client ---\n{c}");
+        assert!(!ct && !st && co.status.success() && so.status.success(), "failed: {all}");
+        // perftest prints an IPv6 GID as decimal bytes, IPv4-mapped ones
+        // as dotted hex: link-local starts 254:128.
+        let want = if gid == "1" {
+            "GID: 254:128:"
+        } else {
+            "GID: 00:00:00:00:00:00:00:00:00:00:255:255:10:232"
+        };
+        assert_eq!(c.matches(want).count(), 2, "local and remote GID: {all}");
+        let row = c.lines().filter(|l| l.trim_start().starts_with(char::is_numeric)).count();
+        assert!(row >= 1, "no result row: {all}");
+    }
+}
