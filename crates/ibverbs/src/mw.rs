@@ -6,7 +6,7 @@ use std::cell::UnsafeCell;
 use std::ffi::c_int;
 use std::sync::atomic::Ordering;
 
-use uroce::{Access, MwBind, MwType};
+use uroce::{Access, MwBind, MwType, SendFlags, SendWr, WrOpcode};
 
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, null_errno};
@@ -85,21 +85,45 @@ pub(crate) unsafe extern "C" fn bind_mw(
         };
         // SAFETY: the caller passes a readable bind description.
         let b = unsafe { &*bind };
-        if b.bind_info.mr.is_null() {
-            // Unbinding without a region: not offered.
+        if !is_live(mw.cast::<MwBox>(), Kind::Mw) {
             return libc::EINVAL;
         }
-        let (w, r, offset) = match bind_parts(mw, &b.bind_info) {
-            Ok(p) => p,
-            Err(e) => return e,
+        // SAFETY: a live window of ours (checked just above).
+        let w = unsafe { &*mw.cast::<MwBox>() };
+        if w.inner.kind() != MwType::Type1 {
+            return libc::EINVAL;
+        }
+        let bind = if b.bind_info.mr.is_null() {
+            // No region: an unbind (the header has checked that address
+            // and length are 0).
+            if b.bind_info.addr != 0 || b.bind_info.length != 0 {
+                return libc::EINVAL;
+            }
+            w.inner.unbind_info()
+        } else {
+            let (w, r, offset) = match bind_parts(mw, &b.bind_info) {
+                Ok(p) => p,
+                Err(e) => return e,
+            };
+            let access = Access(b.bind_info.mw_access_flags);
+            let len = b.bind_info.length as usize;
+            match w.inner.bind_info(&lock(&r.inner), offset, len, access) {
+                Ok(bind) => bind,
+                Err(e) => return e.errno(),
+            }
         };
-        let access = Access(b.bind_info.mw_access_flags);
-        let len = b.bind_info.length as usize;
-        let mr = lock(&r.inner);
-        match q.inner.bind_mw(&w.inner, &mr, offset, len, access, b.wr_id) {
-            Ok(rkey) => {
+        // Posted as the application asked: signaled (or fenced) or not.
+        let wr = SendWr {
+            wr_id: b.wr_id,
+            opcode: WrOpcode::BindMw,
+            flags: SendFlags(b.send_flags & 0xf),
+            bind: Some(bind),
+            ..SendWr::default()
+        };
+        match q.inner.post_send(&[wr]) {
+            Ok(()) => {
                 // SAFETY: a live window; rkey is ours to update.
-                unsafe { (*w.mw.get()).rkey = rkey };
+                unsafe { (*w.mw.get()).rkey = bind.new_rkey };
                 0
             }
             Err(e) => e.errno(),

@@ -1319,6 +1319,22 @@ impl Mw {
     }
 }
 
+impl Mw {
+    /// The description of an unbind (a zero-length bind, no region): the
+    /// window gets its next R_Key and covers nothing.
+    pub fn unbind_info(&self) -> MwBind {
+        let cur = self.rkey();
+        MwBind {
+            mw_rkey: cur,
+            new_rkey: inc_rkey(cur),
+            mr_lkey: 0,
+            addr: 0,
+            length: 0,
+            access: Access(0),
+        }
+    }
+}
+
 impl Drop for Mw {
     fn drop(&mut self) {
         self.ctx.lock().mem.dealloc_mw(self.key);
@@ -1349,6 +1365,23 @@ impl Qp {
             ));
         }
         let bind = mw.bind_info(mr, offset, len, access)?;
+        self.post_type1_bind(bind, wr_id)
+    }
+
+    /// Unbinds a type 1 window (`ibv_bind_mw` with no region and length
+    /// 0): posted like a bind; its old R_Key fails from then on. Returns
+    /// the window's new R_Key.
+    ///
+    /// # Errors
+    /// As [`Qp::bind_mw`].
+    pub fn unbind_mw(&self, mw: &Mw, wr_id: u64) -> Result<u32> {
+        if mw.kind != MwType::Type1 {
+            return Err(Error::InvalidArgument("only type 1 windows unbind this way"));
+        }
+        self.post_type1_bind(mw.unbind_info(), wr_id)
+    }
+
+    fn post_type1_bind(&self, bind: MwBind, wr_id: u64) -> Result<u32> {
         let wr = SendWr {
             wr_id,
             opcode: WrOpcode::BindMw,

@@ -85,6 +85,33 @@ fn type1_window_limits_access_and_rebinds_change_the_key() {
     assert_eq!(write(&a, base + 4096, rkey), WcStatus::RemAccessErr, "stale key after rebind");
 }
 
+/// `ibv_bind_mw` with no region and length 0: the window is unbound, its
+/// key stale; a bind after that works again.
+#[test]
+fn type1_window_unbinds_without_a_region() {
+    let (a, b) = pair(3);
+    let mw = b.pd.alloc_mw(MwType::Type1).unwrap();
+    let rkey = b.qp.bind_mw(&mw, &b.mr, 0, 4096, RW, 1).unwrap();
+    wait(&b.cq);
+    let unbound = b.qp.unbind_mw(&mw, 2).unwrap();
+    let c = wait(&b.cq);
+    assert_eq!((c.wr_id, c.opcode, c.status), (2, WcOpcode::BindMw, WcStatus::Success));
+    assert!(unbound != rkey && mw.rkey() == unbound);
+    assert_eq!(write(&a, b.mr.addr(), unbound), WcStatus::RemAccessErr, "covers nothing");
+    let (a, b2) = pair(4);
+    let mw2 = b2.pd.alloc_mw(MwType::Type1).unwrap();
+    let first = b2.qp.bind_mw(&mw2, &b2.mr, 0, 4096, RW, 1).unwrap();
+    wait(&b2.cq);
+    b2.qp.unbind_mw(&mw2, 2).unwrap();
+    wait(&b2.cq);
+    let again = b2.qp.bind_mw(&mw2, &b2.mr, 0, 4096, RW, 3).unwrap();
+    assert_eq!(wait(&b2.cq).status, WcStatus::Success);
+    assert_eq!(write(&a, b2.mr.addr(), again), WcStatus::Success, "bound again");
+    let t2 = b2.pd.alloc_mw(MwType::Type2).unwrap();
+    assert!(b2.qp.unbind_mw(&t2, 4).is_err(), "type 2 windows are invalidated instead");
+    assert_eq!(write(&a, b2.mr.addr(), first), WcStatus::RemAccessErr, "stale after unbind");
+}
+
 #[test]
 fn type1_window_bounds() {
     let (a, b) = pair(1);

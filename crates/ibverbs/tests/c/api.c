@@ -642,6 +642,24 @@ int main(void)
 	st = poll_one(cqx, &id, &op, &blen, &flags, &imm);
 	CHECK(st == IBV_WC_SUCCESS && id == 13, "WRITE via mw2 %d", st);
 	CHECK(!strcmp(buf + 45056, "written through window 2"), "WRITE via mw2 data");
+	/* Unbinding window 1: no region, length 0. It gets a new R_Key and
+	 * its old one is refused from then on. */
+	uint32_t bound_rkey = mw1->rkey;
+	struct ibv_mw_bind ub = {.wr_id = 14, .send_flags = IBV_SEND_SIGNALED};
+	REQUIRE(!ibv_bind_mw(a, mw1, &ub), "unbind mw1");
+	CHECK(mw1->rkey != bound_rkey, "unbind gives a new rkey");
+	st = poll_one(cqx, &id, &op, &blen, &flags, &imm);
+	CHECK(st == IBV_WC_SUCCESS && id == 14 && op == IBV_WC_BIND_MW, "unbind completion %d", st);
+	ub.bind_info.length = 8;
+	CHECK(ibv_bind_mw(a, mw1, &ub) == EINVAL, "a length without a region");
+	ibv_wr_start(bx);
+	bx->wr_id = 15;
+	bx->wr_flags = IBV_SEND_SIGNALED;
+	ibv_wr_rdma_read(bx, bound_rkey, (uintptr_t)(buf + 40960));
+	ibv_wr_set_sge(bx, mr->lkey, (uintptr_t)(buf + 28200), 22);
+	REQUIRE(!ibv_wr_complete(bx), "READ through the unbound window");
+	st = poll_one(cqx, &id, &op, &blen, &flags, &imm);
+	CHECK(st == IBV_WC_REM_ACCESS_ERR && id == 15, "READ via an unbound window: %d", st);
 	CHECK(!ibv_dealloc_mw(mw1) && !ibv_dealloc_mw(mw2), "dealloc_mw");
 	CHECK(!ibv_dereg_mr(wmr), "dereg window MR");
 
