@@ -75,7 +75,7 @@ pub struct ConnectArgs {
     pub service_id: u64,
     /// The local QP.
     pub qp: QpOffer,
-    /// 0 RC, 1 UC.
+    /// 0 RC, 1 UC, [`XRC_TRANSPORT`] (an XRC initiator's request).
     pub transport_service_type: u8,
     /// Transport retries (3 bits).
     pub retry_count: u8,
@@ -255,6 +255,9 @@ struct Conn {
     service_id: u64,
     /// The peer's CA GUID (with `remote_qpn`, what a stale REQ repeats).
     remote_guid: u64,
+    /// An XRC connection (transport service type 3, extended type 1): an
+    /// initiator QP here and a target QP there, or the reverse.
+    xrc: bool,
 }
 
 impl Conn {
@@ -273,6 +276,7 @@ impl Conn {
             last_sent: None,
             service_id: 0,
             remote_guid: 0,
+            xrc: false,
         }
     }
 }
@@ -282,6 +286,10 @@ impl Conn {
 const TIME_WAIT: Duration = Duration::from_secs(1);
 /// MAD retransmissions of a DREQ or REP.
 const DEFAULT_RETRIES: u8 = 15;
+
+/// The REQ's transport service type of XRC (with extended transport
+/// type 1), as Linux's CM sends it for an XRC initiator.
+pub const XRC_TRANSPORT: u8 = 3;
 /// Response timeout (IBTA encoding) the agent asks peers for, and waits
 /// for replies to its REP and DREQ: 2^20 × 4.096 µs ≈ 4.3 s, as Linux's
 /// RDMA CM asks (`CMA_CM_RESPONSE_TIMEOUT`).
@@ -509,6 +517,15 @@ impl CmAgent {
         let id = self.new_id();
         let tid = self.next_tid;
         self.next_tid = self.next_tid.wrapping_add(1);
+        // An XRC initiator's REQ, as Linux formats it: extended transport
+        // type 1, and no responder resources, retry counts or SRQ (the
+        // target's QP has no send queue to retry from).
+        let xrc = a.transport_service_type == XRC_TRANSPORT;
+        let (resp, retry, rnr) = if xrc {
+            (0, 0, 0)
+        } else {
+            (a.qp.responder_resources, a.retry_count, a.qp.rnr_retry_count)
+        };
         let req = Req {
             local_comm_id: id,
             vendor_id: a.qp.ece.vendor_id,
@@ -516,7 +533,7 @@ impl CmAgent {
             local_ca_guid: self.ca_guid,
             local_qkey: 0,
             local_qpn: a.qp.qpn,
-            responder_resources: a.qp.responder_resources,
+            responder_resources: resp,
             local_eecn: 0,
             initiator_depth: a.qp.initiator_depth,
             remote_eecn: 0,
@@ -525,14 +542,14 @@ impl CmAgent {
             end_to_end_flow_control: false,
             starting_psn: a.qp.starting_psn,
             local_cm_response_timeout: RESPONSE_TIMEOUT,
-            retry_count: a.retry_count,
+            retry_count: retry,
             pkey: 0xffff,
             path_mtu: a.path_mtu,
             rdc_exists: false,
-            rnr_retry_count: a.qp.rnr_retry_count,
+            rnr_retry_count: rnr,
             max_cm_retries: a.max_cm_retries,
-            srq: a.qp.srq,
-            extended_transport_type: 0,
+            srq: a.qp.srq && !xrc,
+            extended_transport_type: u8::from(xrc),
             primary: a.path,
             alternate: CmPath::default(),
             sap_supported: false,
@@ -555,6 +572,7 @@ impl CmAgent {
                 last_sent: None,
                 service_id: 0,
                 remote_guid: 0,
+                xrc,
             },
         );
         let header = MadHeader { attr_mod: a.qp.ece.options, ..MadHeader::cm(attr::REQ, tid) };
@@ -586,21 +604,25 @@ impl CmAgent {
         let mut pd = [0u8; 196];
         let n = private_data.len().min(pd.len());
         pd[..n].copy_from_slice(&private_data[..n]);
+        // An XRC target answers as Linux does: its QPN in the EECN field,
+        // SRQ set, no initiator depth (it sends no requests).
+        let (qpn, eecn, init_depth, srq) =
+            if c.xrc { (0, qp.qpn, 0, true) } else { (qp.qpn, 0, qp.initiator_depth, qp.srq) };
         let rep = Rep {
             local_comm_id: id,
             remote_comm_id: c.remote_id,
             local_qkey: 0,
-            local_qpn: qp.qpn,
+            local_qpn: qpn,
             vendor_id: qp.ece.vendor_id,
-            local_eecn: 0,
+            local_eecn: eecn,
             starting_psn: qp.starting_psn,
             responder_resources: qp.responder_resources,
-            initiator_depth: qp.initiator_depth,
+            initiator_depth: init_depth,
             target_ack_delay: self.target_ack_delay,
             failover_accepted: 0,
             end_to_end_flow_control: false,
             rnr_retry_count: qp.rnr_retry_count,
-            srq: qp.srq,
+            srq,
             local_ca_guid: self.ca_guid,
             private_data: pd,
         };
@@ -1073,7 +1095,8 @@ impl CmAgent {
             }
             return;
         }
-        if req.transport_service_type > 1 {
+        let xrc = (req.transport_service_type, req.extended_transport_type) == (XRC_TRANSPORT, 1);
+        if req.transport_service_type > 1 && !xrc {
             self.send(
                 from,
                 rej_mad(
@@ -1103,6 +1126,7 @@ impl CmAgent {
                 last_sent: None,
                 service_id: 0,
                 remote_guid: req.local_ca_guid,
+                xrc,
             },
         );
         let ece = Ece { vendor_id: req.vendor_id, options: ece_options };
@@ -1126,13 +1150,19 @@ impl CmAgent {
         let c = self.conns.get_mut(&id).expect("looked up");
         match c.state {
             State::ReqSent => {
+                // An XRC target's QPN comes in the EECN field; the event
+                // gives it as `local_qpn`, where every other reply has it.
+                let mut rep = *rep;
+                if c.xrc {
+                    rep.local_qpn = rep.local_eecn;
+                }
                 c.state = State::RepRcvd;
                 c.retry = None;
                 c.deadline = None;
                 c.remote_id = rep.local_comm_id;
                 c.remote_qpn = rep.local_qpn;
                 c.remote_guid = rep.local_ca_guid;
-                self.events.push_back(CmEvent::ConnectReply { id, rep: Box::new(*rep), ece });
+                self.events.push_back(CmEvent::ConnectReply { id, rep: Box::new(rep), ece });
             }
             // Our RTU was lost: send it again.
             State::Established => {

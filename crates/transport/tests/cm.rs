@@ -569,3 +569,59 @@ fn a_gone_peer_ends_what_waits_on_it() {
     p.a.peer_gone(p.now, b);
     assert_eq!(events(&mut p.a), [CmEvent::Disconnected { id: ida }]);
 }
+
+/// XRC as Linux's CM carries it: the initiator's REQ has transport
+/// service type 3 with extended type 1 and no responder resources, retry
+/// counts or SRQ; the target's REP puts its QPN in the EECN field with SRQ
+/// set; the initiator's event gives that QPN as `local_qpn`. A transport
+/// type 3 with another extended type is refused (REJ 23, invalid transport).
+#[test]
+fn xrc_connections_carry_the_target_qpn_in_the_eecn() {
+    let mut p = Pair::new(|_, _| false);
+    p.b.listen(SVC).unwrap();
+    let args = ConnectArgs {
+        transport_service_type: uroce_transport::cm::XRC_TRANSPORT,
+        ..connect_args(SVC)
+    };
+    let ida = p.a.connect(p.now, &args);
+    let (_, mad) = p.a.poll_transmit().unwrap();
+    let CmMessage::Req(req) = mad.message else { panic!() };
+    assert_eq!(
+        (req.transport_service_type, req.extended_transport_type, req.local_qpn),
+        (3, 1, 0x11)
+    );
+    assert_eq!(
+        (req.responder_resources, req.retry_count, req.rnr_retry_count, req.srq),
+        (0, 0, 0, false)
+    );
+    p.b.handle(p.now, A.parse().unwrap(), &mad);
+    let ev = events(&mut p.b);
+    let [CmEvent::ConnectRequest { id: idb, .. }] = ev[..] else { panic!("{ev:?}") };
+    p.b.accept(p.now, idb, &offer(0x22), b"srqn").unwrap();
+    let (_, mad) = p.b.poll_transmit().unwrap();
+    let CmMessage::Rep(rep) = mad.message else { panic!() };
+    assert_eq!((rep.local_qpn, rep.local_eecn, rep.srq, rep.initiator_depth), (0, 0x22, true, 0));
+    p.a.handle(p.now, B.parse().unwrap(), &mad);
+    let ev = events(&mut p.a);
+    let [CmEvent::ConnectReply { id, ref rep, .. }] = ev[..] else { panic!("{ev:?}") };
+    assert_eq!((id, rep.local_qpn), (ida, 0x22));
+    p.a.establish(ida).unwrap();
+    p.flush();
+    assert_eq!(events(&mut p.b), [CmEvent::Established { id: idb }]);
+
+    // Type 3 with extended type 2: not a transport Linux knows.
+    let mut odd = req;
+    odd.extended_transport_type = 2;
+    odd.local_comm_id ^= 0x55;
+    odd.local_qpn = 0x99;
+    let mad = CmMad { header: mad.header, message: CmMessage::Req(odd) };
+    p.b.handle(
+        p.now,
+        A.parse().unwrap(),
+        &CmMad { header: uroce_wire::cm::MadHeader::cm(attr::REQ, 77), ..mad },
+    );
+    assert!(events(&mut p.b).is_empty());
+    let (_, rej) = p.b.poll_transmit().unwrap();
+    let CmMessage::Rej(rej) = rej.message else { panic!() };
+    assert_eq!(rej.reason, rej_reason::INVALID_TRANSPORT_TYPE);
+}
