@@ -656,13 +656,23 @@ fn rdmacm_utils_connect_through_the_cm() {
         End::Both,
     );
     assert!(p.client_has("rdma_client: end 0") && p.server.contains("rdma_server: end 0"), "{p}");
-    // rdma_xserver / rdma_xclient over RC (their default; `-c x` needs
-    // XRC, issue 16): synchronous endpoints, the client's inline SEND
+    // rdma_xserver / rdma_xclient over RC (their default): synchronous
+    // endpoints, the client's inline SEND
     // received by the server, each side's rdma_disconnect waiting for
     // DISCONNECTED.
     let p = cm_pair(
         ("rdma_xserver", &["-p", "{port}"]),
         ("rdma_xclient", &["-s", "127.0.0.1", "-p", "{port}"]),
+        limit,
+        End::Both,
+    );
+    assert!(p.client_has("rdma_xclient: end 0") && p.server.contains("rdma_xserver: end 0"), "{p}");
+    // And over XRC (`-c x`, RDMA_PS_IB): the server's target QP in the
+    // device's XRC domain, an XRC SRQ whose number goes to the client in
+    // the REP's private data, the client's XRC SEND naming it.
+    let p = cm_pair(
+        ("rdma_xserver", &["-c", "x", "-p", "{port}"]),
+        ("rdma_xclient", &["-c", "x", "-s", "127.0.0.1", "-p", "{port}"]),
         limit,
         End::Both,
     );

@@ -81,6 +81,18 @@ const QPS_ERR: c_int = 6;
 const QP_QKEY: c_int = 1 << 6;
 const QPT_RC: c_int = 2;
 const QPT_UD: c_int = 4;
+const QPT_XRC_SEND: c_int = 9;
+const QPT_XRC_RECV: c_int = 10;
+/// `IBV_QP_INIT_ATTR_XRCD`.
+const QP_INIT_ATTR_XRCD: u32 = 1 << 1;
+/// `IBV_SRQ_INIT_ATTR_TYPE`, `_PD`, `_XRCD`, `_CQ`; `IBV_SRQT_BASIC`,
+/// `_XRC`.
+const SRQ_ATTR_TYPE: u32 = 1;
+const SRQ_ATTR_PD: u32 = 1 << 1;
+const SRQ_ATTR_XRCD: u32 = 1 << 2;
+const SRQ_ATTR_CQ: u32 = 1 << 3;
+const SRQT_BASIC: c_int = 0;
+const SRQT_XRC: c_int = 1;
 /// The Q_Key of the RDMA CM's UD ids (`RDMA_UDP_QKEY`).
 const UDP_QKEY: u32 = uroce::cm::UDP_QKEY;
 /// Remote rights of a connected QP (the kernel CM's for RC).
@@ -206,6 +218,9 @@ struct EventBox {
 struct Registry {
     conns: HashMap<(u64, u32), usize>,
     listens: HashMap<(u64, u64), usize>,
+    /// Each device context's XRC domain, opened for the first XRC id
+    /// that needs one and kept (librdmacm keeps one per device).
+    xrcds: HashMap<usize, usize>,
 }
 
 static REGISTRY: Mutex<Option<Registry>> = Mutex::new(None);
@@ -377,6 +392,27 @@ fn default_pd(verbs: *mut ibv_context) -> *mut ibv_pd {
         map.insert(verbs as usize, pd as usize);
     }
     pd
+}
+
+/// The device's XRC domain for ids that bring none (librdmacm's
+/// `ucma_get_xrcd`: a private domain, no file).
+fn device_xrcd(verbs: *mut ibv_context) -> *mut ibv_xrcd {
+    with_registry(|r| {
+        if let Some(&x) = r.xrcds.get(&(verbs as usize)) {
+            return x as *mut ibv_xrcd;
+        }
+        let mut attr = ibv_xrcd_init_attr {
+            comp_mask: IBV_XRCD_INIT_ATTR_FD | IBV_XRCD_INIT_ATTR_OFLAGS,
+            fd: -1,
+            oflags: libc::O_CREAT,
+        };
+        // SAFETY: a live context of ours and a live attribute struct.
+        let x = unsafe { crate::xrc::open_xrcd(verbs, &raw mut attr) };
+        if !x.is_null() {
+            r.xrcds.insert(verbs as usize, x as usize);
+        }
+        x
+    })
 }
 
 fn uroce_of(verbs: usize) -> Option<uroce::Context> {
@@ -784,8 +820,16 @@ fn complete_qp_attr(b: &IdBox, pd: *mut ibv_pd, attr: &mut ibv_qp_init_attr) -> 
     let mut st = lock(&b.st);
     let mut made = [std::ptr::null_mut::<ibv_comp_channel>(); 2];
     let wants = [attr.cap.max_send_wr, attr.cap.max_recv_wr];
+    // An XRC initiator has no receive queue, a target no queues at all:
+    // a CQ only where it asks for work requests (the target's receive CQ
+    // is for the XRC SRQ `rdma_create_srq` makes next), as librdmacm.
+    let needed = match attr.qp_type {
+        QPT_XRC_SEND => [true, wants[1] > 0],
+        QPT_XRC_RECV => [false, wants[1] > 0],
+        _ => [true, true],
+    };
     for (i, cq) in [&mut attr.send_cq, &mut attr.recv_cq].into_iter().enumerate() {
-        if cq.is_null() {
+        if cq.is_null() && needed[i] {
             let n = c_int::try_from(wants[i].max(1)).unwrap_or(c_int::MAX);
             // SAFETY: a live context of ours.
             let ch = unsafe { crate::cq::ibv_create_comp_channel(c.verbs) };
@@ -851,16 +895,20 @@ pub(crate) unsafe extern "C" fn rdma_create_qp(
         if attr.is_null() || b.c().verbs.is_null() {
             return minus_one(libc::EINVAL);
         }
-        // SAFETY: the caller passes a writable init attribute struct.
-        let a = unsafe { &mut *attr };
-        // No type given: the id's (rdma_create_ep's callers leave it 0).
-        if a.qp_type == 0 {
-            a.qp_type = b.c().qp_type;
-        }
-        let pd = complete_qp_attr(b, pd, a);
-        // SAFETY: our own ibv_create_qp on a live PD and attributes.
-        let qp = unsafe { crate::qp::ibv_create_qp(pd, attr) };
-        finish_create_qp(b, qp, pd, a.srq, a.qp_type)
+        // As librdmacm: the extended call with the PD, its attributes
+        // written back.
+        // SAFETY: ibv_qp_init_attr_ex is C data; all-zero is valid.
+        let mut ex: ibv_qp_init_attr_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: the extended attributes begin with the basic ones (same
+        // fields, same offsets); the caller's struct is readable.
+        unsafe { std::ptr::copy_nonoverlapping(attr, (&raw mut ex).cast(), 1) };
+        ex.comp_mask = crate::abi::consts::IBV_QP_INIT_ATTR_PD;
+        ex.pd = if pd.is_null() { b.c().pd } else { pd };
+        // SAFETY: our own call on a live id and a live struct.
+        let r = unsafe { rdma_create_qp_ex(id, &raw mut ex) };
+        // SAFETY: as above, back into the caller's writable struct.
+        unsafe { std::ptr::copy_nonoverlapping((&raw const ex).cast(), attr, 1) };
+        r
     })
 }
 
@@ -872,14 +920,34 @@ pub(crate) unsafe extern "C" fn rdma_create_qp_ex(
         if attr.is_null() || b.c().verbs.is_null() {
             return minus_one(libc::EINVAL);
         }
+        if !b.c().qp.is_null() {
+            return minus_one(libc::EINVAL);
+        }
         // SAFETY: the caller passes a writable extended attribute struct.
         let a = unsafe { &mut *attr };
+        // No type given: the id's (rdma_create_ep's callers leave it 0).
         if a.qp_type == 0 {
             a.qp_type = b.c().qp_type;
         }
-        if a.comp_mask & crate::abi::consts::IBV_QP_INIT_ATTR_PD == 0 || a.pd.is_null() {
-            a.pd = if b.c().pd.is_null() { default_pd(b.c().verbs) } else { b.c().pd };
-            a.comp_mask |= crate::abi::consts::IBV_QP_INIT_ATTR_PD;
+        let given = if a.comp_mask & crate::abi::consts::IBV_QP_INIT_ATTR_PD != 0 {
+            a.pd
+        } else {
+            std::ptr::null_mut()
+        };
+        // SAFETY: the extended attributes begin with the basic ones (same
+        // fields, same offsets).
+        let common = unsafe { &mut *attr.cast::<ibv_qp_init_attr>() };
+        a.pd = complete_qp_attr(b, given, common);
+        a.comp_mask |= crate::abi::consts::IBV_QP_INIT_ATTR_PD;
+        if a.qp_type == QPT_XRC_RECV && (a.comp_mask & QP_INIT_ATTR_XRCD == 0 || a.xrcd.is_null()) {
+            a.xrcd = device_xrcd(b.c().verbs).cast();
+            if a.xrcd.is_null() {
+                return -1; // errno set by ibv_open_xrcd
+            }
+            a.comp_mask |= QP_INIT_ATTR_XRCD;
+        }
+        if a.srq.is_null() && a.qp_type != QPT_XRC_RECV {
+            a.srq = b.c().srq;
         }
         // SAFETY: the id's context and the caller's attributes.
         let qp = unsafe { crate::qp::create_qp_ex(b.c().verbs, attr) };
@@ -923,23 +991,29 @@ pub(crate) unsafe extern "C" fn rdma_destroy_qp(id: *mut rdma_cm_id) {
             // SAFETY: the QP rdma_create_qp made.
             unsafe { crate::qp::ibv_destroy_qp(qp) };
         }
-        // The CQs and channels the library made for it go with it.
-        let own = {
-            let mut st = lock(&b.st);
-            mcast::qp_gone(&mut st);
-            std::mem::take(&mut st.own_cqs)
-        };
-        for (cq, ch) in own {
-            // SAFETY: objects rdma_create_qp made, used by the QP alone.
-            unsafe {
-                crate::cq::ibv_destroy_cq(cq as *mut ibv_cq);
-                crate::cq::ibv_destroy_comp_channel(ch as *mut ibv_comp_channel);
-            }
-        }
+        mcast::qp_gone(&mut lock(&b.st));
+        // The CQs and channels the library made for it go with it, but an
+        // XRC target's while its SRQ uses them (rdma_destroy_srq's then).
         let c = b.c();
-        (c.send_cq, c.recv_cq) = (std::ptr::null_mut(), std::ptr::null_mut());
-        (c.send_cq_channel, c.recv_cq_channel) = (std::ptr::null_mut(), std::ptr::null_mut());
+        if c.qp_type != QPT_XRC_RECV || c.srq.is_null() {
+            destroy_own_cqs(b);
+        }
     });
+}
+
+/// Destroys the CQs and channels the library made for the id.
+fn destroy_own_cqs(b: &IdBox) {
+    let own = std::mem::take(&mut lock(&b.st).own_cqs);
+    for (cq, ch) in own {
+        // SAFETY: objects the library made, used by the id alone.
+        unsafe {
+            crate::cq::ibv_destroy_cq(cq as *mut ibv_cq);
+            crate::cq::ibv_destroy_comp_channel(ch as *mut ibv_comp_channel);
+        }
+    }
+    let c = b.c();
+    (c.send_cq, c.recv_cq) = (std::ptr::null_mut(), std::ptr::null_mut());
+    (c.send_cq_channel, c.recv_cq_channel) = (std::ptr::null_mut(), std::ptr::null_mut());
 }
 
 /// The attributes of the next transition (RTR or RTS) of `b`'s QP for the
@@ -961,14 +1035,12 @@ fn transition_attr(b: &IdBox, st: &IdState, to: c_int) -> Option<(ibv_qp_attr, c
         a.ah_attr.grh.hop_limit = 64;
         a.ah_attr.grh.traffic_class = st.opts.tos.unwrap_or(0);
         a.ah_attr.grh.sgid_index = ctx.gid_index_of(local.ip()).map_or(0, |i| i as u8);
-        let mask = QP_STATE
-            | QP_AV
-            | QP_PATH_MTU
-            | QP_DEST_QPN
-            | QP_RQ_PSN
-            | QP_MAX_DEST_RD_ATOMIC
-            | QP_MIN_RNR_TIMER;
-        let _ = b;
+        // The kernel CM's masks per type: an XRC initiator takes no
+        // requests, so no responder resources or RNR timer.
+        let mut mask = QP_STATE | QP_AV | QP_PATH_MTU | QP_DEST_QPN | QP_RQ_PSN;
+        if b.c().qp_type != QPT_XRC_SEND {
+            mask |= QP_MAX_DEST_RD_ATOMIC | QP_MIN_RNR_TIMER;
+        }
         Some((a, mask))
     } else {
         a.sq_psn = st.my_psn;
@@ -976,8 +1048,12 @@ fn transition_attr(b: &IdBox, st: &IdState, to: c_int) -> Option<(ibv_qp_attr, c
         a.retry_cnt = st.param.retry_count.min(7);
         a.rnr_retry = peer_rnr.min(7);
         a.max_rd_atomic = st.param.initiator_depth.min(peer_resp).max(1);
-        let mask =
-            QP_STATE | QP_SQ_PSN | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY | QP_MAX_QP_RD_ATOMIC;
+        // An XRC target sends no requests: only its ACK timeout.
+        let mask = if b.c().qp_type == QPT_XRC_RECV {
+            QP_STATE | QP_SQ_PSN | QP_TIMEOUT
+        } else {
+            QP_STATE | QP_SQ_PSN | QP_TIMEOUT | QP_RETRY_CNT | QP_RNR_RETRY | QP_MAX_QP_RD_ATOMIC
+        };
         Some((a, mask))
     }
 }
@@ -1096,7 +1172,10 @@ unsafe extern "C" fn rdma_connect_start(id: *mut rdma_cm_id, param: *mut rdma_co
             max_cm_retries: CM_MAX_RETRIES,
         };
         let sid = rdma_cm_service_id(space_of(b), remote.port());
-        let args = uroce::cm::request_args(local.ip(), remote.ip(), sid, offer, path, pd);
+        let mut args = uroce::cm::request_args(local.ip(), remote.ip(), sid, offer, path, pd);
+        if c.qp_type == QPT_XRC_SEND {
+            args.transport_service_type = uroce::cm::XRC_TRANSPORT;
+        }
         // Registered before the request leaves: another thread may be
         // waiting on the channel for the reply.
         let key = ctx.key();
@@ -1553,9 +1632,19 @@ fn connect_request(
         };
         return None;
     };
+    // As the kernel's RDMA CM: an XRC request reaches only an XRC target
+    // listener and the others only the others (else REJ, consumer-defined).
     let lc = lb.c();
+    if let Request::Rc(req, _) = &req {
+        let xrc = req.transport_service_type == uroce::cm::XRC_TRANSPORT;
+        if xrc != (lc.qp_type == QPT_XRC_RECV) {
+            let _ = ctx.cm_reject(cm, &[]);
+            return None;
+        }
+    }
     let id = new_id(channel, lc.context, lc.ps);
     let b = live_id(id)?;
+    b.c().qp_type = lc.qp_type;
     let mut st = lock(&b.st);
     let verbs = (0..crate::device::devices().map_or(0, <[_]>::len))
         .filter_map(device_context)
@@ -1898,70 +1987,98 @@ pub(crate) unsafe extern "C" fn rdma_free_devices(list: *mut *mut ibv_context) {
     unsafe { libc::free(list.cast()) };
 }
 
-/// `rdma_create_srq`: an SRQ on the id's PD (the device's default one if
-/// the id has none and `pd` is NULL), recorded in `id->srq` for
-/// `rdma_create_qp`.
+/// `rdma_create_srq`: as librdmacm, the extended call with the PD: an XRC
+/// SRQ for an XRC target id, a basic one otherwise.
 pub(crate) unsafe extern "C" fn rdma_create_srq(
     id: *mut rdma_cm_id,
     pd: *mut ibv_pd,
     attr: *mut ibv_srq_init_attr,
 ) -> c_int {
     on_id(id, |b| {
-        let c = b.c();
-        if attr.is_null() || c.verbs.is_null() {
+        if attr.is_null() {
             return minus_one(libc::EINVAL);
         }
-        let pd = if !pd.is_null() {
-            pd
-        } else if !c.pd.is_null() {
-            c.pd
-        } else {
-            default_pd(c.verbs)
-        };
-        // SAFETY: our own call on a live PD and the caller's attributes.
-        let srq = unsafe { crate::srq::ibv_create_srq(pd, attr) };
-        if srq.is_null() {
-            return -1;
-        }
-        c.srq = srq;
-        c.pd = pd;
-        0
-    })
-}
-
-/// `rdma_create_srq_ex`: as `rdma_create_srq`, from extended attributes
-/// (a type is required, as librdmacm requires it). Basic SRQs only: XRC
-/// and tag-matching SRQs, and the fields only they use, are EOPNOTSUPP,
-/// as `ibv_create_srq_ex` answers on a device without them.
-pub(crate) unsafe extern "C" fn rdma_create_srq_ex(
-    id: *mut rdma_cm_id,
-    attr: *mut ibv_srq_init_attr_ex,
-) -> c_int {
-    const TYPE: u32 = 1 << 0;
-    const PD: u32 = 1 << 1;
-    const SRQT_BASIC: c_int = 0;
-    on_id(id, |b| {
-        // SAFETY: the caller's writable attributes, if not null.
-        let Some(a) = (unsafe { attr.as_mut() }) else { return minus_one(libc::EINVAL) };
-        if a.comp_mask & TYPE == 0 || b.c().verbs.is_null() {
-            return minus_one(libc::EINVAL);
-        }
-        if a.comp_mask & !(TYPE | PD) != 0 || a.srq_type != SRQT_BASIC {
-            return minus_one(libc::EOPNOTSUPP);
-        }
-        let pd = if a.comp_mask & PD != 0 && !a.pd.is_null() { a.pd } else { std::ptr::null_mut() };
-        // SAFETY: the extended attributes begin with `ibv_srq_init_attr`;
-        // our own call (the PD chosen as rdma_create_srq chooses it).
-        let r = unsafe { rdma_create_srq(id, pd, attr.cast()) };
-        if r == 0 {
-            a.pd = b.c().pd;
-            a.comp_mask |= PD;
-        }
+        // SAFETY: ibv_srq_init_attr_ex is C data; all-zero is valid.
+        let mut ex: ibv_srq_init_attr_ex = unsafe { std::mem::zeroed() };
+        // SAFETY: the extended attributes begin with the basic ones; the
+        // caller's struct is readable.
+        unsafe { std::ptr::copy_nonoverlapping(attr, (&raw mut ex).cast(), 1) };
+        ex.comp_mask = SRQ_ATTR_TYPE | SRQ_ATTR_PD;
+        ex.srq_type = if b.c().qp_type == QPT_XRC_RECV { SRQT_XRC } else { SRQT_BASIC };
+        ex.pd = pd;
+        // SAFETY: our own call on a live id and a live struct.
+        let r = unsafe { rdma_create_srq_ex(id, &raw mut ex) };
+        // SAFETY: back into the caller's writable struct.
+        unsafe { std::ptr::copy_nonoverlapping((&raw const ex).cast(), attr, 1) };
         r
     })
 }
 
-/// `rdma_destroy_srq`: the SRQ `rdma_create_srq` made.
+/// `rdma_create_srq_ex`: an SRQ recorded in `id->srq` for the id's QP (a
+/// type is required, as librdmacm requires it). The PD defaults to the
+/// id's (the device's default one if it has none); an XRC SRQ's domain to
+/// the device's and its CQ to the id's receive CQ, made if need be.
+pub(crate) unsafe extern "C" fn rdma_create_srq_ex(
+    id: *mut rdma_cm_id,
+    attr: *mut ibv_srq_init_attr_ex,
+) -> c_int {
+    on_id(id, |b| {
+        // SAFETY: the caller's writable attributes, if not null.
+        let Some(a) = (unsafe { attr.as_mut() }) else { return minus_one(libc::EINVAL) };
+        let c = b.c();
+        if a.comp_mask & SRQ_ATTR_TYPE == 0 || c.verbs.is_null() {
+            return minus_one(libc::EINVAL);
+        }
+        if a.comp_mask & SRQ_ATTR_PD == 0 || a.pd.is_null() {
+            if c.pd.is_null() {
+                c.pd = default_pd(c.verbs);
+            }
+            a.pd = c.pd;
+            a.comp_mask |= SRQ_ATTR_PD;
+        }
+        if a.srq_type == SRQT_XRC {
+            if a.comp_mask & SRQ_ATTR_XRCD == 0 || a.xrcd.is_null() {
+                a.xrcd = device_xrcd(c.verbs).cast();
+                if a.xrcd.is_null() {
+                    return -1; // errno set by ibv_open_xrcd
+                }
+            }
+            if a.comp_mask & SRQ_ATTR_CQ == 0 || a.cq.is_null() {
+                if c.recv_cq.is_null() {
+                    own_recv_cq(b, a.attr.max_wr);
+                }
+                a.cq = c.recv_cq;
+            }
+            a.comp_mask |= SRQ_ATTR_XRCD | SRQ_ATTR_CQ;
+        }
+        // SAFETY: our own call on the id's context and the attributes.
+        let srq = unsafe { crate::srq::create_srq_ex(c.verbs, attr) };
+        if srq.is_null() {
+            if c.qp.is_null() {
+                destroy_own_cqs(b);
+            }
+            return -1; // errno set by ibv_create_srq_ex
+        }
+        c.srq = srq;
+        0
+    })
+}
+
+/// Makes the id a receive CQ of `n` entries with a channel of its own.
+fn own_recv_cq(b: &IdBox, n: u32) {
+    let c = b.c();
+    // SAFETY: a live context of ours.
+    let ch = unsafe { crate::cq::ibv_create_comp_channel(c.verbs) };
+    let n = c_int::try_from(n.max(1)).unwrap_or(c_int::MAX);
+    // SAFETY: a live context of ours and its new channel.
+    let cq = unsafe { crate::cq::ibv_create_cq(c.verbs, n, std::ptr::null_mut(), ch, 0) };
+    lock(&b.st).own_cqs.push((cq as usize, ch as usize));
+    c.recv_cq = cq;
+    c.recv_cq_channel = ch;
+}
+
+/// `rdma_destroy_srq`: the SRQ `rdma_create_srq` made, and the CQs the
+/// library made if no QP is left to use them (as librdmacm).
 pub(crate) unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
     guard((), || {
         let Some(b) = live_id(id) else { return };
@@ -1969,6 +2086,9 @@ pub(crate) unsafe extern "C" fn rdma_destroy_srq(id: *mut rdma_cm_id) {
         if !srq.is_null() {
             // SAFETY: the SRQ rdma_create_srq made.
             unsafe { crate::srq::ibv_destroy_srq(srq) };
+        }
+        if b.c().qp.is_null() {
+            destroy_own_cqs(b);
         }
     });
 }

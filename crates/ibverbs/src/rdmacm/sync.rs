@@ -119,6 +119,13 @@ pub(crate) unsafe extern "C" fn rdma_create_ep(
         {
             return -1;
         }
+        // The id's QP type is the address information's (XRC ids too).
+        if res.ai_qp_type != 0 {
+            on_id(new, |b| {
+                b.c().qp_type = res.ai_qp_type;
+                0
+            });
+        }
         let (src, dst) = addr_of(res);
         let r = if res.ai_flags & RAI_PASSIVE != 0 {
             // SAFETY: our own call on the id just made.
@@ -167,6 +174,7 @@ pub(crate) unsafe extern "C" fn rdma_destroy_ep(id: *mut rdma_cm_id) {
         // SAFETY: a live id of ours.
         unsafe {
             super::rdma_destroy_qp(id);
+            super::rdma_destroy_srq(id);
             super::rdma_destroy_id(id);
         }
     });

@@ -440,8 +440,9 @@ static void ece(struct rdma_event_channel *ch)
 }
 
 /* rdma_create_srq_ex: a basic SRQ on the id's device (PD chosen as
- * rdma_create_srq chooses it, written back); no type is EINVAL, XRC (no
- * XRC domains on uroce yet) EOPNOTSUPP. */
+ * rdma_create_srq chooses it, written back); no type is EINVAL; an XRC
+ * SRQ gets the device's XRC domain and a receive CQ the library makes,
+ * which go with it. */
 static void srq_ex(struct rdma_event_channel *ch)
 {
 	struct sockaddr_in srv = addr4("127.0.0.1", 7474);
@@ -451,7 +452,14 @@ static void srq_ex(struct rdma_event_channel *ch)
 	CHECK(fails_with(rdma_create_srq_ex(c, &a), EINVAL), "no type");
 	a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE;
 	a.srq_type = IBV_SRQT_XRC;
-	CHECK(fails_with(rdma_create_srq_ex(c, &a), EOPNOTSUPP), "XRC");
+	REQUIRE(rdma_create_srq_ex(c, &a) == 0, "an XRC SRQ");
+	uint32_t srqn = 0;
+	CHECK(c->srq && a.xrcd && a.cq == c->recv_cq &&
+		      c->recv_cq && ibv_get_srq_num(c->srq, &srqn) == 0 && srqn != 0,
+	      "the XRC SRQ, its domain, its CQ and number");
+	rdma_destroy_srq(c);
+	CHECK(c->srq == NULL && c->recv_cq == NULL, "the XRC SRQ and its CQ destroyed");
+	a.comp_mask = IBV_SRQ_INIT_ATTR_TYPE;
 	a.srq_type = IBV_SRQT_BASIC;
 	REQUIRE(rdma_create_srq_ex(c, &a) == 0, "a basic SRQ");
 	CHECK(c->srq != NULL && a.pd != NULL && c->srq->pd == a.pd, "the id's SRQ and PD");

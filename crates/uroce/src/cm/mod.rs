@@ -446,7 +446,7 @@ pub use async_cm::{AsyncCmChannel, AsyncEventChannel};
 
 pub use crate::driver::CmChannelEvent;
 pub use uroce_transport::cm::{
-    CmEvent as AgentEvent, ConnectArgs as RequestArgs, Ece, QpOffer as Offer,
+    CmEvent as AgentEvent, ConnectArgs as RequestArgs, Ece, QpOffer as Offer, XRC_TRANSPORT,
 };
 
 /// A CM event channel (`rdma_event_channel`): the events of the
