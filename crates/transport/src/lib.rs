@@ -14,6 +14,7 @@
 //! the receive buffer). SRQs and memory windows come later.
 
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 pub mod cm;
 pub mod endpoint;

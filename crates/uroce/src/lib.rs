@@ -79,6 +79,7 @@
 //! backends come later (see the README).
 
 #![deny(unsafe_code)]
+#![deny(missing_docs)]
 
 mod ah;
 #[cfg(feature = "tokio")]

@@ -54,6 +54,7 @@
 
 #![no_std]
 #![forbid(unsafe_code)]
+#![deny(missing_docs)]
 
 mod aeth;
 mod atomic;
