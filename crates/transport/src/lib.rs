@@ -34,8 +34,8 @@ pub use qp::attr::{Access, AttrMask, ModifyError, Path, QpAttr, QpState, QpType}
 pub use qp::{
     AWAITED_RUN, AsyncEvent, PostError, Qp, QpCaps, QpInit, QueueGauge, SendShape, Transmit,
 };
-pub use srq::Srq;
 pub use srq::XrcSrq;
+pub use srq::{Srq, SrqGauge};
 pub use stats::{DropReason, Stats};
 pub use time::Instant;
 pub use uroce_wire as wire;

@@ -2,9 +2,33 @@
 //! several QPs of a PD consume from, with a low-water mark (`srq_limit`)
 //! that raises an event once when the pool runs low.
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+
 use crate::queue::{RecvCur, RecvQueue};
 use crate::wqe::PostError;
 use crate::wqe::RecvWr;
+
+/// An SRQ's fill, readable without the SRQ (by posters that find the
+/// endpoint busy and stage their WRs): WQEs posted and not yet taken, and
+/// the queue's capacity, as of the SRQ's last change.
+#[derive(Debug, Default)]
+pub struct SrqGauge {
+    posted: AtomicU32,
+    capacity: AtomicU32,
+}
+
+impl SrqGauge {
+    /// WQEs posted and not yet taken by a message.
+    pub fn posted(&self) -> u32 {
+        self.posted.load(Ordering::Acquire)
+    }
+
+    /// The queue's capacity (`max_wr`).
+    pub fn capacity(&self) -> u32 {
+        self.capacity.load(Ordering::Acquire)
+    }
+}
 
 /// A shared receive queue.
 #[derive(Debug)]
@@ -15,6 +39,7 @@ pub struct Srq {
     limit_reached: bool,
     /// An XRC SRQ's domain, PD and CQ.
     xrc: Option<XrcSrq>,
+    gauge: Arc<SrqGauge>,
 }
 
 /// What makes an SRQ an XRC one: requests to XRC target QPs of its domain
@@ -38,7 +63,25 @@ impl Srq {
             limit: 0,
             limit_reached: false,
             xrc: None,
+            gauge: Arc::new(SrqGauge::default()),
         }
+        .published()
+    }
+
+    /// Brings the gauge up to date (after every change of the queue).
+    fn published(self) -> Self {
+        self.publish();
+        self
+    }
+
+    fn publish(&self) {
+        self.gauge.posted.store(self.rq.len() as u32, Ordering::Release);
+        self.gauge.capacity.store(self.rq.capacity() as u32, Ordering::Release);
+    }
+
+    /// The SRQ's gauge, shared with whoever stages posts for it.
+    pub fn gauge(&self) -> Arc<SrqGauge> {
+        self.gauge.clone()
     }
 
     /// An XRC SRQ of domain `xrc.xrcd` (`ibv_create_srq_ex` with
@@ -101,6 +144,7 @@ impl Srq {
             return Err(PostError::InvalidLength);
         }
         self.rq = self.rq.resized(max_wr as usize);
+        self.publish();
         Ok(())
     }
 
@@ -117,6 +161,7 @@ impl Srq {
                 return Err((i, PostError::TooManySge));
             }
             self.rq.push(wr.wr_id, wr.sgl);
+            self.publish();
         }
         Ok(())
     }
@@ -125,6 +170,7 @@ impl Srq {
     /// disarms) when fewer than `limit` WQEs remain (IBTA C10-…).
     pub(crate) fn pop_into(&mut self, cur: &mut RecvCur) -> bool {
         let ok = self.rq.pop_into(cur);
+        self.publish();
         if self.limit > 0 && (self.rq.len() as u32) < self.limit {
             self.limit = 0;
             self.limit_reached = true;

@@ -8,7 +8,7 @@ use crate::device::Device;
 use crate::driver::Driver;
 use crate::error::{Error, Result};
 use crate::progress::{Activity, Driven, Post, progress_thread};
-use crate::staging::{QpPost, StagedList};
+use crate::staging::{Staged, StagedList};
 use uroce_transport::Instant;
 
 /// Who drives the protocol (retransmissions, serving a peer's READ, WRITE
@@ -174,11 +174,11 @@ impl Inner {
         Some(d)
     }
 
-    /// Puts `q` on the list of QPs with staged WRs (once: see
+    /// Puts `q` on the list of queues with staged WRs (once: see
     /// `QpPost::stage`) and wakes a sleeping progress thread to take them
     /// in; a thread stepping aside, or the application's next poll, does
     /// it otherwise.
-    pub(crate) fn list_staged(&self, q: &Arc<QpPost>) {
+    pub(crate) fn list_staged(&self, q: Staged) {
         self.staged.push(q);
         if self.activity.wake_sleeping() {
             self.bell.push(());

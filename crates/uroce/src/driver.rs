@@ -66,7 +66,7 @@ pub(crate) struct Driver {
     /// The context's QPs with staged posts (see `staging`), and an empty
     /// list to swap with it.
     pub(crate) staged: Arc<crate::staging::StagedList>,
-    staged_spare: Vec<Arc<crate::staging::QpPost>>,
+    staged_spare: Vec<crate::staging::Staged>,
     /// Destinations the backend reported unreachable (reused buffer).
     gone: Vec<SocketAddr>,
     /// The connection manager on QP1, once the application uses it.

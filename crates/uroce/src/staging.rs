@@ -23,7 +23,7 @@ use std::sync::{Arc, Mutex, MutexGuard};
 
 use uroce_transport::{
     Endpoint, Instant, MwBind, PostError, QpInit, QueueGauge, RecvWr, SendFlags, SendWr, Sge,
-    UdDest, WrOpcode,
+    SrqGauge, UdDest, WrOpcode,
 };
 
 /// Reads an inline WR's gather entry into the buffer (the poster's own,
@@ -313,39 +313,140 @@ impl QpPost {
     }
 }
 
-/// The QPs of one context with staged WRs, shared by the posters (who
-/// add a QP when they stage its first WR) and the driver (who takes the
-/// staged WRs in).
+/// A staging's outcome: the index of the first WR not staged and why (on
+/// error), and whether the queue must go on the context's list.
+pub(crate) type Staging = (Result<(), (usize, PostError)>, bool);
+
+/// An SRQ's posting state shared by its posters and the driver: receive
+/// WRs posted while the driver was held elsewhere wait here, checked and
+/// copied, as a QP's do in [`QpPost`].
+pub(crate) struct SrqPost {
+    id: u32,
+    max_sge: usize,
+    gauge: Arc<SrqGauge>,
+    ring: Mutex<Ring<RecvSlot>>,
+    listed: AtomicBool,
+}
+
+impl SrqPost {
+    pub(crate) fn new(id: u32, max_wr: u32, max_sge: u32, gauge: Arc<SrqGauge>) -> Self {
+        let sge = max_sge.max(1) as usize;
+        let slots = (0..max_wr.max(1))
+            .map(|_| RecvSlot { wr_id: 0, sgl: Vec::with_capacity(sge) })
+            .collect();
+        Self {
+            id,
+            max_sge: sge,
+            gauge,
+            ring: Mutex::new(Ring::new(slots)),
+            listed: AtomicBool::new(false),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Ring<RecvSlot>> {
+        self.ring.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Checks and copies `wrs` as `ibv_post_srq_recv` would post them
+    /// (their SGE counts, room in the SRQ as of its gauge with those
+    /// staged). `None` when the staging ring cannot hold what the SRQ
+    /// could (it grew since): the caller posts directly, waiting for the
+    /// driver. Else the outcome, as [`QpPost::stage`]'s, and whether the
+    /// SRQ must go on the context's list.
+    pub(crate) fn stage(&self, wrs: &[RecvWr<'_>]) -> Option<Staging> {
+        let mut ring = self.lock();
+        if (ring.slots.len() as u32) < self.gauge.capacity() {
+            return None;
+        }
+        let r = wrs.iter().enumerate().try_for_each(|(i, wr)| {
+            if self.gauge.posted() as usize + ring.len >= self.gauge.capacity() as usize {
+                return Err((i, PostError::QueueFull));
+            }
+            if wr.sgl.len() > self.max_sge {
+                return Err((i, PostError::TooManySge));
+            }
+            let s = ring.next();
+            s.wr_id = wr.wr_id;
+            s.sgl.clear();
+            s.sgl.extend_from_slice(wr.sgl);
+            ring.len += 1;
+            Ok(())
+        });
+        let list = ring.len > 0 && !self.listed.swap(true, Ordering::AcqRel);
+        Some((r, list))
+    }
+
+    /// Takes the staged WRs into the SRQ in `ep`, in post order (dropped
+    /// if it is gone). Call with the driver held.
+    pub(crate) fn drain(&self, ep: &mut Endpoint) {
+        let mut ring = self.lock();
+        self.listed.store(false, Ordering::Release);
+        Self::take_into(self.id, &mut ring, ep);
+    }
+
+    /// Runs `post` (a direct post, the driver held) after the staged WRs,
+    /// with the staging locked so that no stager reads the gauge while it
+    /// changes.
+    pub(crate) fn post_after_staged<R>(
+        &self,
+        ep: &mut Endpoint,
+        post: impl FnOnce(&mut Endpoint) -> R,
+    ) -> R {
+        let mut ring = self.lock();
+        Self::take_into(self.id, &mut ring, ep);
+        post(ep)
+    }
+
+    fn take_into(id: u32, ring: &mut Ring<RecvSlot>, ep: &mut Endpoint) {
+        if ring.len == 0 {
+            return;
+        }
+        match ep.srq_mut(id) {
+            Some(srq) => {
+                for s in ring.take() {
+                    let _ = srq.post_recv(&[RecvWr { wr_id: s.wr_id, sgl: &s.sgl }]);
+                }
+            }
+            None => ring.take().for_each(drop),
+        }
+    }
+}
+
+/// A queue with staged WRs.
+#[derive(Clone)]
+pub(crate) enum Staged {
+    Qp(Arc<QpPost>),
+    Srq(Arc<SrqPost>),
+}
+
+/// The QPs and SRQs of one context with staged WRs, shared by the posters
+/// (who add a queue when they stage its first WR) and the driver (who
+/// takes the staged WRs in).
 #[derive(Default)]
 pub(crate) struct StagedList {
-    list: Mutex<Vec<Arc<QpPost>>>,
+    list: Mutex<Vec<Staged>>,
     /// `list` is not empty (read without its lock, on every driver lock
     /// and after every receive system call).
     any: AtomicBool,
 }
 
 impl StagedList {
-    /// Whether some QP has staged WRs.
+    /// Whether some queue has staged WRs.
     pub(crate) fn any(&self) -> bool {
         self.any.load(Ordering::Acquire)
     }
 
     /// Adds `q` (see [`QpPost::stage`] for when).
-    pub(crate) fn push(&self, q: &Arc<QpPost>) {
+    pub(crate) fn push(&self, q: Staged) {
         let mut l = self.list.lock().unwrap_or_else(|e| e.into_inner());
-        l.push(q.clone());
+        l.push(q);
         self.any.store(true, Ordering::Release);
     }
 
-    /// Moves every staged WR into its QP; returns how many sends (they
+    /// Moves every staged WR into its queue; returns how many sends (they
     /// wait for a transmit). `spare`: the driver's empty list, swapped in
     /// (so that neither list allocates once it has grown).
-    pub(crate) fn take(
-        &self,
-        spare: &mut Vec<Arc<QpPost>>,
-        ep: &mut Endpoint,
-        now: Instant,
-    ) -> u32 {
+    pub(crate) fn take(&self, spare: &mut Vec<Staged>, ep: &mut Endpoint, now: Instant) -> u32 {
         if !self.any() {
             return 0;
         }
@@ -354,6 +455,15 @@ impl StagedList {
             std::mem::swap(&mut *l, spare);
             self.any.store(false, Ordering::Release);
         }
-        spare.drain(..).map(|q| q.drain(ep, now)).sum()
+        spare
+            .drain(..)
+            .map(|q| match q {
+                Staged::Qp(q) => q.drain(ep, now),
+                Staged::Srq(s) => {
+                    s.drain(ep);
+                    0
+                }
+            })
+            .sum()
     }
 }

@@ -473,9 +473,12 @@ impl Xrcd {
         if e.ep.srq_count() as u32 >= limits::MAX_SRQ {
             return Err(Error::Limit("max_srq"));
         }
+        let gauge = srq.gauge();
         let id = e.ep.add_srq(srq);
+        let post = Arc::new(crate::staging::SrqPost::new(id, attr.max_wr, attr.max_sge, gauge));
         let keep = (cq.clone(), self.clone());
-        Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.ctx.clone(), id, _xrc: Some(keep) }) })
+        let ctx = self.inner.ctx.clone();
+        Ok(Srq { inner: Arc::new(SrqInner { ctx, id, post, _xrc: Some(keep) }) })
     }
 
     /// Creates an XRC target QP of this domain (`ibv_create_qp_ex` with
@@ -1006,7 +1009,7 @@ impl Qp {
             // Without a gather function, no WR here reads its gather list.
             let (r, list) = self.post.stage(wrs, gather.unwrap_or(&|_, _| {}));
             if list {
-                self.ctx.list_staged(&self.post);
+                self.ctx.list_staged(crate::staging::Staged::Qp(self.post.clone()));
             }
             return r.map_err(|(index, error)| Error::Post { index, error });
         };
@@ -1058,7 +1061,7 @@ impl Qp {
         let Some(mut e) = self.ctx.try_lock() else {
             let (r, list) = self.post.stage_recv(wrs);
             if list {
-                self.ctx.list_staged(&self.post);
+                self.ctx.list_staged(crate::staging::Staged::Qp(self.post.clone()));
             }
             return r.map_err(|(index, error)| Error::Post { index, error });
         };
@@ -1129,6 +1132,8 @@ impl Qp {
 struct SrqInner {
     ctx: Arc<Inner>,
     id: u32,
+    /// Its posting state: where receive WRs wait while the driver is busy.
+    post: Arc<crate::staging::SrqPost>,
     /// An XRC SRQ's CQ and domain, kept alive with it.
     _xrc: Option<(Cq, Xrcd)>,
 }
@@ -1183,8 +1188,10 @@ impl Context {
         if e.ep.srq_count() as u32 >= limits::MAX_SRQ {
             return Err(Error::Limit("max_srq"));
         }
+        let gauge = srq.gauge();
         let id = e.ep.add_srq(srq);
-        Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.clone(), id, _xrc: None }) })
+        let post = Arc::new(crate::staging::SrqPost::new(id, attr.max_wr, attr.max_sge, gauge));
+        Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.clone(), id, post, _xrc: None }) })
     }
 }
 
@@ -1199,9 +1206,27 @@ impl Srq {
     /// # Errors
     /// [`Error::Post`] naming the first WR that was not posted.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
-        let mut e = self.inner.ctx.lock();
-        let srq = e.ep.srq_mut(self.inner.id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
-        srq.post_recv(wrs).map_err(|(index, error)| Error::Post { index, error })
+        // As a QP's posts: at once if the driver is free (after the WRs
+        // staged before), else staged for whoever holds it (`staging`).
+        let ctx = &self.inner.ctx;
+        let mut e = match ctx.try_lock() {
+            Some(e) => e,
+            None => match self.inner.post.stage(wrs) {
+                Some((r, list)) => {
+                    if list {
+                        ctx.list_staged(crate::staging::Staged::Srq(self.inner.post.clone()));
+                    }
+                    return r.map_err(|(index, error)| Error::Post { index, error });
+                }
+                // The SRQ outgrew its staging ring: wait for the driver.
+                None => ctx.lock(),
+            },
+        };
+        let id = self.inner.id;
+        self.inner.post.post_after_staged(&mut e.ep, |ep| {
+            let srq = ep.srq_mut(id).ok_or(Error::InvalidArgument("SRQ destroyed"))?;
+            srq.post_recv(wrs).map_err(|(index, error)| Error::Post { index, error })
+        })
     }
 
     /// Resizes the SRQ to `max_wr` WQEs (`ibv_modify_srq` with
@@ -1474,6 +1499,70 @@ mod staging_tests {
         let mut bytes = [0u8; 2];
         mr.read(100, &mut bytes).unwrap();
         assert_eq!(&bytes, b"hi");
+    }
+
+    /// An SRQ post while another thread holds the context is staged too
+    /// (checked against the SRQ's room as its gauge shows it, staged WRs
+    /// included) and takes the next SEND of a QP on the SRQ, in post order.
+    #[test]
+    fn an_srq_post_does_not_wait_for_the_context() {
+        let port = crate::testing::free_port();
+        let ctx = crate::testing::open("127.0.0.1", port);
+        let pd = ctx.alloc_pd().unwrap();
+        let cq = ctx.create_cq(64).unwrap();
+        let srq = ctx.create_srq(&SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
+        let cap = QpCaps {
+            max_send_wr: 4,
+            max_recv_wr: 0,
+            max_send_sge: 1,
+            max_recv_sge: 0,
+            max_inline_data: 16,
+        };
+        let attr = QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap,
+            qp_type: QpType::Rc,
+            sq_sig_all: true,
+            srq: Some(&srq),
+        };
+        let qp = pd.create_qp(&attr).unwrap();
+        let all = Access::LOCAL_WRITE | Access::REMOTE_WRITE;
+        let mr = pd.alloc_mr(4096, all).unwrap();
+        crate::connect(&qp, "127.0.0.1".parse().unwrap(), port, qp.qpn(), 1, 1, all).unwrap();
+        // One WQE posted directly first: the staged ones come after it.
+        srq.post_recv(&[RecvWr { wr_id: 1, sgl: &[mr.sge(0, 64).unwrap()] }]).unwrap();
+        let (poster, sge) = (srq.clone(), mr.sge(100, 64).unwrap());
+        let (staged, full) = while_held(&ctx, move || {
+            let r = |i| RecvWr { wr_id: i, sgl: std::slice::from_ref(&sge) };
+            let staged = poster.post_recv(&[r(2)]);
+            let many: Vec<RecvWr<'_>> = (10..20).map(r).collect();
+            (staged, poster.post_recv(&many))
+        });
+        staged.unwrap();
+        // 8 WQEs: 1 posted + 1 staged + 6 fit.
+        queue_full_at(&full, 6);
+        for (i, text) in [b"one", b"two"].into_iter().enumerate() {
+            let send = SendWr {
+                wr_id: 50 + i as u64,
+                flags: SendFlags::INLINE,
+                inline_data: Some(text),
+                ..SendWr::default()
+            };
+            qp.post_send(&[send]).unwrap();
+        }
+        let mut recvs = Vec::new();
+        while recvs.len() < 2 {
+            let c = crate::testing::wait_completion(&cq);
+            assert_eq!(c.status, uroce_transport::WcStatus::Success, "{c:?}");
+            if c.is_recv {
+                recvs.push(c.wr_id);
+            }
+        }
+        assert_eq!(recvs, [1, 2], "the direct post, then the staged one");
+        let mut bytes = [0u8; 3];
+        mr.read(100, &mut bytes).unwrap();
+        assert_eq!(&bytes, b"two");
     }
 
     /// Runs `f` on another thread while this one holds `ctx`'s driver;
