@@ -66,6 +66,10 @@ pub enum Error {
     /// port is bound to the wildcard.
     #[error("address not available: {0}")]
     AddrNotAvailable(&'static str),
+    /// A work request completed with an error status (the operations of
+    /// [`crate::session`], which wait for their completion, return it).
+    #[error("work request failed: {0:?}")]
+    Completion(crate::WcStatus),
 }
 
 impl Error {
@@ -84,6 +88,7 @@ impl Error {
             Self::Rejected { .. } => libc::ECONNREFUSED,
             Self::InUse(_) => libc::EADDRINUSE,
             Self::AddrNotAvailable(_) => libc::EADDRNOTAVAIL,
+            Self::Completion(_) => libc::EIO,
         }
     }
 }

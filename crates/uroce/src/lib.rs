@@ -110,6 +110,7 @@ mod ofd_lock;
 mod progress;
 #[allow(unsafe_code)]
 mod sched;
+pub mod session;
 mod staging;
 mod verbs;
 
