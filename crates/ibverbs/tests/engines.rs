@@ -642,19 +642,27 @@ fn perftest_runs_on_each_gid_index() {
     }
     let hosts = Hosts::new();
     // A link-local address is usable once duplicate address detection
-    // ends (about a second): until then the device's table lacks it, on
-    // either host (the first CI run found the client's still missing).
+    // ends (about a second). Until then the device's table already lists
+    // it (as the kernel's GID table does) but no socket can bind it, so
+    // a QP naming it fails to reach RTR: wait on both hosts (CI runs of
+    // this test failed so before the wait).
     let deadline = Instant::now() + Duration::from_secs(20);
-    for on_a in [true, false] {
+    for ns in [&hosts.a, &hosts.b] {
         loop {
-            let gids = hosts.output_on(on_a, &["ibv_devinfo", "-v"]);
-            if gids.contains("GID[  1]:\t\tfe80::") {
+            let out = Command::new("ip")
+                .args(["-n", ns, "-6", "addr", "show", "scope", "link"])
+                .output()
+                .unwrap();
+            let t = text(&out);
+            if t.contains("fe80::") && !t.contains("tentative") {
                 break;
             }
-            assert!(Instant::now() < deadline, "no link-local GID:\n{gids}");
-            std::thread::sleep(Duration::from_millis(200));
+            assert!(Instant::now() < deadline, "no usable link-local address in {ns}:\n{t}");
+            std::thread::sleep(Duration::from_millis(100));
         }
     }
+    let gids = hosts.output_on(true, &["ibv_devinfo", "-v"]);
+    assert!(gids.contains("GID[  1]:\t\tfe80::"), "GID 1 is the link-local address:\n{gids}");
     for (tool, gid) in
         [("ib_write_bw", "1"), ("ib_read_lat", "1"), ("ib_send_bw", "1"), ("ib_write_bw", "0")]
     {
