@@ -45,11 +45,47 @@
 //! # Ok(()) }
 //! ```
 //!
-//! # Memory
+//! # The model
 //!
-//! Registered memory is shared with the network. See [`Mr`] for the rules:
-//! owned regions are accessed by copying; raw registrations are `unsafe`
-//! with a written contract.
+//! A [`Device`] (an address and UDP port) is opened into a [`Context`]:
+//! the device's state in this process, shared by every opener. From the
+//! context come protection domains ([`Pd`]), completion queues ([`Cq`])
+//! with their [`CompChannel`]s, [`Srq`]s and [`Xrcd`]s; from a PD,
+//! registered memory ([`Mr`]), queue pairs ([`Qp`]: RC, UC, UD, XRC),
+//! address handles and memory windows. Each object holds what it depends
+//! on (a QP its PD and CQs), so no drop order can leave a handle dangling.
+//!
+//! A QP moves RESET → INIT → RTR → RTS by [`Qp::modify`] (the attributes
+//! each step needs are those of `man ibv_modify_qp`), or in one call:
+//! [`connect`] with the peer's QPN and PSN, [`activate_ud`] for UD, or the
+//! connection manager ([`cm`]). Work is posted to a QP ([`Qp::post_send`],
+//! [`Qp::post_recv`]) or an SRQ and reported on a CQ ([`Cq::poll`]); an
+//! error completion moves the QP to ERR, as on a NIC.
+//!
+//! # Memory, and work in flight
+//!
+//! Registered memory is shared with the network: the device reads it for
+//! the application's SENDs and WRITEs and peers write it when its rights
+//! allow, at any time. So uroce hands out no Rust references to it:
+//!
+//! - owned regions ([`Pd::alloc_mr`], the library's memory) are reached
+//!   by copying ([`Mr::write`], [`Mr::read`]); posting is safe, since a
+//!   work request names memory by key and address, checked when the
+//!   device uses it;
+//! - dropping a region revokes its keys before its memory is freed: work
+//!   still naming it ends with an error completion (`LocProtErr`, or
+//!   `RemAccessErr` at the peer), never a touch of freed memory;
+//! - memory the application owns is registered `unsafe`ly
+//!   ([`Pd::register_raw`]), with the contract written there.
+//!
+//! `docs/rust-api.md` in the repository says more, and compares this with
+//! the `ibverbs`, `sideway` and `async-rdma` crates.
+//!
+//! # The common case
+//!
+//! [`session`]: connect through the CM, hand the peer a region as a
+//! [`session::RemoteRegion`], then WRITE, READ, SEND and atomics that
+//! return (or, under `tokio`, resolve) with their own completion.
 //!
 //! # Progress
 //!
