@@ -9,6 +9,37 @@
 //! [`Cq`], [`crate::cm`]); its code shows what a program using the verbs
 //! directly does. Operations on one session run one at a time (`&mut
 //! self`); open more sessions for more at once.
+//!
+//! ```
+//! use uroce::session::{RemoteRegion, Session, SessionListener};
+//! use uroce::{Device, DeviceConfig};
+//! # fn main() -> uroce::Result<()> {
+//! # let port = 20000 + (std::process::id() % 20000) as u16 + 1;
+//! let open = |addr: &str| {
+//!     let cfg = DeviceConfig { name: "uroce0".into(), addr: addr.parse().unwrap(), port };
+//!     Device::from_config(cfg).open()
+//! };
+//! let (server_ctx, client_ctx) = (open("127.0.0.2")?, open("127.0.0.1")?);
+//! let listener = SessionListener::bind(&server_ctx, 7500)?;
+//! let server = std::thread::spawn(move || -> uroce::Result<Vec<u8>> {
+//!     let mut s = listener.accept()?;
+//!     let region = s.alloc(64)?;
+//!     // Hand the region over; the client says when it has written.
+//!     s.send(&RemoteRegion::of(&region).to_bytes())?;
+//!     s.recv(&mut [0u8; 8])?;
+//!     Ok(region.to_vec())
+//! });
+//! let mut c = Session::connect(&client_ctx, "127.0.0.2".parse().unwrap(), 7500)?;
+//! let mut buf = [0u8; RemoteRegion::ENCODED_LEN];
+//! c.recv(&mut buf)?;
+//! let remote = RemoteRegion::from_bytes(&buf)?;
+//! let local = c.alloc(64)?;
+//! local.write(0, b"written remotely")?;
+//! c.write(&local, 0, 16, &remote, 0)?;
+//! c.send(b"done")?;
+//! assert_eq!(&server.join().unwrap()?[..16], b"written remotely");
+//! # Ok(()) }
+//! ```
 
 use std::collections::VecDeque;
 use std::net::IpAddr;
