@@ -128,6 +128,11 @@ impl RemoteRegion {
     }
 }
 
+/// The SGE for `len` bytes of `local` at `offset`.
+fn local_sge(local: &Mr, offset: usize, len: usize) -> Result<Sge> {
+    local.sge(offset, u32::try_from(len).map_err(|_| Error::OutOfBounds)?)
+}
+
 /// Listens for sessions on a port ([`SessionListener::bind`]).
 #[derive(Debug)]
 pub struct SessionListener {
@@ -355,6 +360,22 @@ impl Session {
         }
     }
 
+    /// A WRITE or READ between `local` and `remote`, waited for.
+    fn one_sided(
+        &mut self,
+        opcode: WrOpcode,
+        local: &Mr,
+        offset: usize,
+        len: usize,
+        remote: &RemoteRegion,
+        remote_offset: u64,
+    ) -> Result<()> {
+        let sge = [local_sge(local, offset, len)?];
+        let id = self.next_wr_id();
+        let wr = Self::rdma_wr(opcode, id, &sge, remote, remote_offset)?;
+        Self::outcome(&self.run(&wr)?)
+    }
+
     /// WRITEs `len` bytes of `local` from `offset` to `remote` at
     /// `remote_offset`; returns once the peer has them.
     ///
@@ -369,10 +390,7 @@ impl Session {
         remote: &RemoteRegion,
         remote_offset: u64,
     ) -> Result<()> {
-        let sge = [local.sge(offset, u32::try_from(len).map_err(|_| Error::OutOfBounds)?)?];
-        let id = self.next_wr_id();
-        let wr = Self::rdma_wr(WrOpcode::RdmaWrite, id, &sge, remote, remote_offset)?;
-        Self::outcome(&self.run(&wr)?)
+        self.one_sided(WrOpcode::RdmaWrite, local, offset, len, remote, remote_offset)
     }
 
     /// READs `len` bytes of `remote` at `remote_offset` into `local` at
@@ -388,10 +406,7 @@ impl Session {
         remote: &RemoteRegion,
         remote_offset: u64,
     ) -> Result<()> {
-        let sge = [local.sge(offset, u32::try_from(len).map_err(|_| Error::OutOfBounds)?)?];
-        let id = self.next_wr_id();
-        let wr = Self::rdma_wr(WrOpcode::RdmaRead, id, &sge, remote, remote_offset)?;
-        Self::outcome(&self.run(&wr)?)
+        self.one_sided(WrOpcode::RdmaRead, local, offset, len, remote, remote_offset)
     }
 
     /// Atomically adds `add` to the 8 bytes of `remote` at `remote_offset`
@@ -510,6 +525,21 @@ impl Session {
         }
     }
 
+    async fn one_sided_async(
+        &mut self,
+        opcode: WrOpcode,
+        local: &Mr,
+        offset: usize,
+        len: usize,
+        remote: &RemoteRegion,
+        remote_offset: u64,
+    ) -> Result<()> {
+        let sge = [local_sge(local, offset, len)?];
+        let id = self.next_wr_id();
+        let wr = Self::rdma_wr(opcode, id, &sge, remote, remote_offset)?;
+        Self::outcome(&self.run_async(&wr).await?)
+    }
+
     /// [`Session::write`], awaited.
     ///
     /// # Errors
@@ -522,10 +552,7 @@ impl Session {
         remote: &RemoteRegion,
         remote_offset: u64,
     ) -> Result<()> {
-        let sge = [local.sge(offset, u32::try_from(len).map_err(|_| Error::OutOfBounds)?)?];
-        let id = self.next_wr_id();
-        let wr = Self::rdma_wr(WrOpcode::RdmaWrite, id, &sge, remote, remote_offset)?;
-        Self::outcome(&self.run_async(&wr).await?)
+        self.one_sided_async(WrOpcode::RdmaWrite, local, offset, len, remote, remote_offset).await
     }
 
     /// [`Session::read`], awaited.
@@ -540,10 +567,7 @@ impl Session {
         remote: &RemoteRegion,
         remote_offset: u64,
     ) -> Result<()> {
-        let sge = [local.sge(offset, u32::try_from(len).map_err(|_| Error::OutOfBounds)?)?];
-        let id = self.next_wr_id();
-        let wr = Self::rdma_wr(WrOpcode::RdmaRead, id, &sge, remote, remote_offset)?;
-        Self::outcome(&self.run_async(&wr).await?)
+        self.one_sided_async(WrOpcode::RdmaRead, local, offset, len, remote, remote_offset).await
     }
 
     /// [`Session::fetch_add`], awaited.
