@@ -8,8 +8,8 @@ use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, null_errno};
 use crate::objects::{
-    SrqBox, from_c, hold, in_use, into_c, live_cq, live_ctx, live_pd, live_srq, live_xrcd, obj,
-    release,
+    CqBox, CtxBox, PdBox, SrqBox, XrcdBox, from_c, hold, in_use, into_c, live_cq, live_ctx,
+    live_pd, live_srq, live_xrcd, obj, release,
 };
 
 pub(crate) unsafe extern "C" fn ibv_create_srq(
@@ -20,7 +20,6 @@ pub(crate) unsafe extern "C" fn ibv_create_srq(
         let (Some((p, c)), false) = (crate::objects::live_pd_ctx(pd), init.is_null()) else {
             return null_errno(libc::EINVAL);
         };
-        let context = c.ibv();
         // SAFETY: the caller passes a readable and writable init attr.
         let a = unsafe { &mut *init };
         let attr = uroce::SrqAttr {
@@ -28,37 +27,53 @@ pub(crate) unsafe extern "C" fn ibv_create_srq(
             max_sge: a.attr.max_sge,
             srq_limit: a.attr.srq_limit,
         };
-        let inner = match c.uroce().create_srq(&attr) {
-            Ok(s) => s,
-            Err(e) => return null_errno(e.errno()),
-        };
-        let got = inner.query();
-        a.attr.max_wr = got.max_wr;
-        a.attr.max_sge = got.max_sge;
-        let handle = inner.handle();
-        // SAFETY: ibv_srq is C data; all-zero is valid.
-        let mut s: ibv_srq = unsafe { std::mem::zeroed() };
-        s.context = context;
-        s.srq_context = a.srq_context;
-        s.pd = pd;
-        s.handle = handle;
-        let b = into_c(
-            SrqBox {
-                srq: UnsafeCell::new(s),
-                inner,
-                dev: c.dev.clone(),
-                max_sge: got.max_sge,
-                pd: p,
-                users: AtomicU32::new(0),
-                xrcd: std::ptr::null(),
-                cq: std::ptr::null(),
-            },
-            Kind::Srq,
-        );
-        hold(&p.users);
-        c.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, b as usize);
-        b.cast()
+        match c.uroce().create_srq(&attr) {
+            Ok(inner) => srq_box(c, a, pd, inner, p, None).cast(),
+            Err(e) => null_errno(e.errno()),
+        }
     })
+}
+
+/// The C handle of a new SRQ (basic, or XRC with its domain and CQ):
+/// the granted sizes written back to `a`, what it uses held.
+fn srq_box(
+    c: &CtxBox,
+    a: &mut ibv_srq_init_attr,
+    pd: *mut ibv_pd,
+    inner: uroce::Srq,
+    p: &PdBox,
+    xrc: Option<(&XrcdBox, &CqBox)>,
+) -> *mut SrqBox {
+    let got = inner.query();
+    a.attr.max_wr = got.max_wr;
+    a.attr.max_sge = got.max_sge;
+    let handle = inner.handle();
+    // SAFETY: ibv_srq is C data; all-zero is valid.
+    let mut s: ibv_srq = unsafe { std::mem::zeroed() };
+    s.context = c.ibv();
+    s.srq_context = a.srq_context;
+    s.pd = pd;
+    s.handle = handle;
+    let b = into_c(
+        SrqBox {
+            srq: UnsafeCell::new(s),
+            inner,
+            dev: c.dev.clone(),
+            max_sge: got.max_sge,
+            pd: p,
+            users: AtomicU32::new(0),
+            xrcd: xrc.map_or(std::ptr::null(), |(x, _)| std::ptr::from_ref(x)),
+            cq: xrc.map_or(std::ptr::null(), |(_, q)| std::ptr::from_ref(q)),
+        },
+        Kind::Srq,
+    );
+    hold(&p.users);
+    if let Some((x, q)) = xrc {
+        hold(&x.users);
+        hold(&q.users);
+    }
+    c.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, b as usize);
+    b
 }
 
 pub(crate) unsafe extern "C" fn ibv_modify_srq(
@@ -207,33 +222,10 @@ pub(crate) unsafe extern "C" fn create_srq_ex(
             Ok(s) => s,
             Err(e) => return null_errno(e.errno()),
         };
-        let got = inner.query();
-        a.attr.max_wr = got.max_wr;
-        a.attr.max_sge = got.max_sge;
-        let handle = inner.handle();
-        // SAFETY: ibv_srq is C data; all-zero is valid.
-        let mut s: ibv_srq = unsafe { std::mem::zeroed() };
-        s.context = context;
-        s.srq_context = a.srq_context;
-        s.pd = a.pd;
-        s.handle = handle;
-        let b = into_c(
-            SrqBox {
-                srq: UnsafeCell::new(s),
-                inner,
-                dev: c.dev.clone(),
-                max_sge: got.max_sge,
-                pd: p,
-                users: AtomicU32::new(0),
-                xrcd: x,
-                cq: q,
-            },
-            Kind::Srq,
-        );
-        hold(&p.users);
-        hold(&x.users);
-        hold(&q.users);
-        c.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, b as usize);
-        b.cast()
+        let pd = a.pd;
+        // SAFETY: `ibv_srq_init_attr_ex` begins with `ibv_srq_init_attr`;
+        // `a` is not used past this point.
+        let basic = unsafe { &mut *attr.cast::<ibv_srq_init_attr>() };
+        srq_box(c, basic, pd, inner, p, Some((x, q))).cast()
     })
 }
