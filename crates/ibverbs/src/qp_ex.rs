@@ -124,6 +124,11 @@ fn complete(b: &QpBox, bl: &Builder) -> c_int {
     if bl.err != 0 {
         return bl.err;
     }
+    // All or nothing, as a NIC's provider does it: a batch the send
+    // queue cannot take whole is refused (ENOMEM) and nothing is posted.
+    if bl.wrs.len() > b.inner.send_queue_room() as usize {
+        return libc::ENOMEM;
+    }
     const BATCH: usize = 16;
     let mut batch = [SendWr::default(); BATCH];
     for chunk in bl.wrs.chunks(BATCH) {

@@ -168,6 +168,14 @@ impl QpPost {
         self.rings.lock().unwrap_or_else(|e| e.into_inner())
     }
 
+    /// Send WRs the queue takes now: its depth less the WQEs it holds (as
+    /// of its last completions) and those staged.
+    pub(crate) fn send_room(&self) -> u32 {
+        let rings = self.lock();
+        let used = self.gauge.send_used() as usize + rings.send.len;
+        rings.send.slots.len().saturating_sub(used) as u32
+    }
+
     /// Whether the QP must go on the context's list: it has staged WRs and
     /// was not on it.
     fn to_list(&self, rings: &Rings) -> bool {

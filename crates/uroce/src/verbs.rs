@@ -980,6 +980,14 @@ impl Qp {
         self.ctx.lock().ep.qp(self.qpn).map(|q| q.attr()).unwrap_or_default()
     }
 
+    /// Send WRs the send queue takes now: its depth less the WQEs it holds
+    /// (as of the completions that reached the CQ) and those posted while
+    /// the context was busy. A batch that must go whole (`ibv_wr_complete`)
+    /// checks it first.
+    pub fn send_queue_room(&self) -> u32 {
+        self.post.send_room()
+    }
+
     /// Posts send WRs and starts sending at once (`ibv_post_send`).
     ///
     /// # Errors

@@ -587,6 +587,22 @@ int main(void)
 	ibv_wr_start(ax);
 	ibv_wr_set_sge(ax, mr->lkey, (uintptr_t)buf, 8);
 	CHECK(ibv_wr_complete(ax) == EINVAL, "set_sge without a WR");
+	/* A batch larger than the send queue (16) is refused whole, ENOMEM
+	 * as mlx5's provider answers, and nothing of it is posted. */
+	ibv_wr_start(ax);
+	for (int i = 0; i < 17; i++) {
+		ax->wr_id = 100 + i;
+		ax->wr_flags = IBV_SEND_SIGNALED;
+		ibv_wr_rdma_write(ax, mr->rkey, (uintptr_t)(buf + 30000));
+		ibv_wr_set_sge(ax, mr->lkey, (uintptr_t)buf, 8);
+	}
+	CHECK(ibv_wr_complete(ax) == ENOMEM, "a batch above the queue's depth");
+	usleep(20000);
+	struct ibv_poll_cq_attr none_attr = {};
+	int none = ibv_start_poll(cqx, &none_attr);
+	if (none == 0)
+		ibv_end_poll(cqx);
+	CHECK(none == ENOENT, "nothing of the refused batch was posted (%d)", none);
 
 	/* Memory windows: type 1 bound with ibv_bind_mw, type 2 with
 	 * ibv_wr_bind_mw; peers reach the region only through them. */
