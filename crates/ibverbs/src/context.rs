@@ -149,22 +149,36 @@ pub(crate) unsafe extern "C" fn ibv_get_async_event(
                 Ok(ev) => ev,
                 Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
             };
-            let lookup = |m: &Mutex<HashMap<u32, usize>>, k: u32| {
-                m.lock().unwrap_or_else(|e| e.into_inner()).get(&k).copied()
-            };
+            // The element, counted as handed out under its map's lock: a
+            // destroy takes it out of the map first, then waits for the
+            // events handed out to be acknowledged.
+            fn hand_out<B>(
+                m: &Mutex<HashMap<u32, usize>>,
+                k: u32,
+                ledger: impl Fn(&B) -> &crate::objects::EventLedger,
+            ) -> Option<usize> {
+                let map = m.lock().unwrap_or_else(|e| e.into_inner());
+                let p = map.get(&k).copied()?;
+                // SAFETY: in the map ⇒ a live box of this kind (its destroy
+                // removes it under this lock before freeing it).
+                ledger(unsafe { &*(p as *const B) }).handed_out();
+                Some(p)
+            }
+            let qp = |qpn| hand_out::<QpBox>(&b.dev.qps, qpn, |q| &q.async_events);
             use uroce::AsyncEvent as E;
             let (element, ty) = match ev {
-                E::QpFatal { qpn } => (lookup(&b.dev.qps, qpn), IBV_EVENT_QP_FATAL),
-                E::QpRequestError { qpn } => (lookup(&b.dev.qps, qpn), IBV_EVENT_QP_REQ_ERR),
-                E::QpAccessError { qpn } => (lookup(&b.dev.qps, qpn), IBV_EVENT_QP_ACCESS_ERR),
-                E::SqDrained { qpn } => (lookup(&b.dev.qps, qpn), IBV_EVENT_SQ_DRAINED),
-                E::QpLastWqeReached { qpn } => {
-                    (lookup(&b.dev.qps, qpn), IBV_EVENT_QP_LAST_WQE_REACHED)
+                E::QpFatal { qpn } => (qp(qpn), IBV_EVENT_QP_FATAL),
+                E::QpRequestError { qpn } => (qp(qpn), IBV_EVENT_QP_REQ_ERR),
+                E::QpAccessError { qpn } => (qp(qpn), IBV_EVENT_QP_ACCESS_ERR),
+                E::SqDrained { qpn } => (qp(qpn), IBV_EVENT_SQ_DRAINED),
+                E::QpLastWqeReached { qpn } => (qp(qpn), IBV_EVENT_QP_LAST_WQE_REACHED),
+                E::CqError { cq } => {
+                    (hand_out::<CqBox>(&b.dev.cqs, cq, |c| &c.async_events), IBV_EVENT_CQ_ERR)
                 }
-                E::CqError { cq } => (lookup(&b.dev.cqs, cq), IBV_EVENT_CQ_ERR),
-                E::SrqLimitReached { srq } => {
-                    (lookup(&b.dev.srqs, srq), IBV_EVENT_SRQ_LIMIT_REACHED)
-                }
+                E::SrqLimitReached { srq } => (
+                    hand_out::<SrqBox>(&b.dev.srqs, srq, |s| &s.async_events),
+                    IBV_EVENT_SRQ_LIMIT_REACHED,
+                ),
                 E::PortActive => (Some(1), IBV_EVENT_PORT_ACTIVE),
                 E::PortError => (Some(1), IBV_EVENT_PORT_ERR),
             };
@@ -190,17 +204,20 @@ pub(crate) unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event)
         match ev.event_type {
             IBV_EVENT_CQ_ERR if is_live(p.cast::<CqBox>(), Kind::Cq) => {
                 // SAFETY: a live CQ of ours.
+                let b = unsafe { &*p.cast::<CqBox>() };
+                // SAFETY: its public struct; the counter is informational.
                 crate::cq::atomic_add(
-                    unsafe { &raw mut (*(*p.cast::<CqBox>()).cq.get()).cq.async_events_completed },
+                    unsafe { &raw mut (*b.cq.get()).cq.async_events_completed },
                     1,
                 );
+                b.async_events.acknowledged(1);
             }
             IBV_EVENT_SRQ_LIMIT_REACHED if is_live(p.cast::<SrqBox>(), Kind::Srq) => {
                 // SAFETY: a live SRQ of ours.
-                crate::cq::atomic_add(
-                    unsafe { &raw mut (*(*p.cast::<SrqBox>()).srq.get()).events_completed },
-                    1,
-                );
+                let b = unsafe { &*p.cast::<SrqBox>() };
+                // SAFETY: its public struct; the counter is informational.
+                crate::cq::atomic_add(unsafe { &raw mut (*b.srq.get()).events_completed }, 1);
+                b.async_events.acknowledged(1);
             }
             IBV_EVENT_QP_FATAL
             | IBV_EVENT_QP_REQ_ERR
@@ -210,10 +227,13 @@ pub(crate) unsafe extern "C" fn ibv_ack_async_event(event: *mut ibv_async_event)
                 if is_live(p.cast::<QpBox>(), Kind::Qp) =>
             {
                 // SAFETY: a live QP of ours.
+                let b = unsafe { &*p.cast::<QpBox>() };
+                // SAFETY: its public struct; the counter is informational.
                 crate::cq::atomic_add(
-                    unsafe { &raw mut (*(*p.cast::<QpBox>()).qpx.get()).qp_base.events_completed },
+                    unsafe { &raw mut (*b.qpx.get()).qp_base.events_completed },
                     1,
                 );
+                b.async_events.acknowledged(1);
             }
             _ => {}
         }

@@ -13,7 +13,7 @@ use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, minus_one, null_errno};
 use crate::objects::{
-    ChannelBox, CqBox, CqEvents, enter, from_c, hold, in_use, into_c, leave, obj, release,
+    ChannelBox, CqBox, EventLedger, enter, from_c, hold, in_use, into_c, leave, obj, release,
 };
 use crate::objects::{live_cq, live_ctx};
 use uroce::{Completion, WcOpcode, WcStatus};
@@ -121,7 +121,8 @@ fn create(
             dev: c.dev.clone(),
             channel: chan.map_or(std::ptr::null(), |c| c as *const ChannelBox),
             users: AtomicU32::new(0),
-            events: CqEvents::default(),
+            events: EventLedger::default(),
+            async_events: EventLedger::default(),
             cursor: Mutex::new(EMPTY),
             polling: AtomicBool::new(false),
         },
@@ -229,14 +230,11 @@ pub(crate) unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             // SAFETY: live channel, as above.
             atomic_add(unsafe { &raw mut (*ch.ch.get()).refcnt }, -1);
         }
-        // As rdma-core: wait until every event handed out was acknowledged.
-        {
-            let mut counts = lock(&b.events.counts);
-            while counts.1 < counts.0 {
-                counts = b.events.acked.wait(counts).unwrap_or_else(|e| e.into_inner());
-            }
-        }
+        // No async event can be handed out for it from now on.
         lock(&b.dev.cqs).remove(&handle);
+        // As rdma-core: wait until every event handed out was acknowledged.
+        b.events.wait_all_acknowledged();
+        b.async_events.wait_all_acknowledged();
         // SAFETY: registered as a CQ ⇒ made by into_c::<CqBox>.
         drop(unsafe { from_c(cq.cast::<CqBox>(), Kind::Cq) });
         0
@@ -355,7 +353,7 @@ pub(crate) unsafe extern "C" fn ibv_get_cq_event(
             // SAFETY: in the channel's map ⇒ a live CQ (destroy removes it
             // under this lock before freeing).
             let b = unsafe { &*(p as *const CqBox) };
-            lock(&b.events.counts).0 += 1;
+            b.events.handed_out();
             // SAFETY: still live (in the map, under its lock).
             let context = unsafe { (*b.cq.get()).cq.cq_context };
             drop(cqs);
@@ -374,11 +372,9 @@ pub(crate) unsafe extern "C" fn ibv_ack_cq_events(cq: *mut ibv_cq, nevents: c_ui
     guard((), || {
         let Some(b) = live_cq(cq) else { return };
         b.inner.ack_events(nevents);
-        let mut counts = lock(&b.events.counts);
-        counts.1 += u64::from(nevents);
         // SAFETY: a live CQ; the field is informational for C readers.
         atomic_add(unsafe { &raw mut (*b.cq.get()).cq.comp_events_completed }, nevents as i32);
-        b.events.acked.notify_all();
+        b.events.acknowledged(u64::from(nevents));
     });
 }
 

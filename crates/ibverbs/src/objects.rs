@@ -138,12 +138,34 @@ pub(crate) struct ChannelBox {
     pub(crate) users: AtomicU32,
 }
 
-/// Completion-event bookkeeping of a CQ: `ibv_destroy_cq` waits until every
-/// event handed out by `ibv_get_cq_event` has been acknowledged.
+/// Events handed out for an object and acknowledged: its destroy call
+/// waits until every event handed out was acknowledged, as rdma-core's do
+/// (completion events of a CQ; async events of a QP, CQ or SRQ).
 #[derive(Default)]
-pub(crate) struct CqEvents {
+pub(crate) struct EventLedger {
     pub(crate) counts: Mutex<(u64, u64)>,
     pub(crate) acked: Condvar,
+}
+
+impl EventLedger {
+    /// One more event handed out.
+    pub(crate) fn handed_out(&self) {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner()).0 += 1;
+    }
+
+    /// `n` more acknowledged.
+    pub(crate) fn acknowledged(&self, n: u64) {
+        self.counts.lock().unwrap_or_else(|e| e.into_inner()).1 += n;
+        self.acked.notify_all();
+    }
+
+    /// Waits until every event handed out was acknowledged.
+    pub(crate) fn wait_all_acknowledged(&self) {
+        let mut counts = self.counts.lock().unwrap_or_else(|e| e.into_inner());
+        while counts.1 < counts.0 {
+            counts = self.acked.wait(counts).unwrap_or_else(|e| e.into_inner());
+        }
+    }
 }
 
 /// An `ibv_cq` (always an `ibv_cq_ex`, so `ibv_cq_ex_to_cq` casts work).
@@ -156,7 +178,9 @@ pub(crate) struct CqBox {
     pub(crate) dev: Arc<DevShared>,
     pub(crate) channel: *const ChannelBox,
     pub(crate) users: AtomicU32,
-    pub(crate) events: CqEvents,
+    pub(crate) events: EventLedger,
+    /// Its async events (`IBV_EVENT_CQ_ERR`).
+    pub(crate) async_events: EventLedger,
     /// The completion an extended CQ's `start_poll`/`next_poll` stopped at.
     pub(crate) cursor: Mutex<uroce::Completion>,
     /// Held from a successful `start_poll` to `end_poll`.
@@ -176,6 +200,8 @@ pub(crate) struct SrqBox {
     /// An XRC SRQ's domain and CQ (held while it lives), else null.
     pub(crate) xrcd: *const XrcdBox,
     pub(crate) cq: *const CqBox,
+    /// Its async events (`IBV_EVENT_SRQ_LIMIT_REACHED`).
+    pub(crate) async_events: EventLedger,
 }
 
 /// An `ibv_xrcd`.
@@ -218,6 +244,8 @@ pub(crate) struct QpBox {
     pub(crate) builder: Mutex<crate::wr_batch::Builder>,
     /// Held from `ibv_wr_start` to `ibv_wr_complete` / `ibv_wr_abort`.
     pub(crate) posting: AtomicBool,
+    /// Its async events.
+    pub(crate) async_events: EventLedger,
 }
 
 /// Turns a C object pointer back into its box (the public struct is the

@@ -15,6 +15,7 @@ use uroce::{
 use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, null_errno};
+use crate::objects::EventLedger;
 use crate::objects::live_cq;
 use crate::objects::live_ctx;
 use crate::objects::live_srq;
@@ -130,6 +131,7 @@ fn create(
             sq_sig_all: a.sq_sig_all != 0,
             builder: Mutex::new(crate::wr_batch::Builder::new(&cap)),
             posting: AtomicBool::new(false),
+            async_events: EventLedger::default(),
         },
         Kind::Qp,
     );
@@ -223,6 +225,9 @@ pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                 qps.remove(&b.inner.qpn());
             }
             drop(qps);
+            // As rdma-core: every async event handed out for it must have
+            // been acknowledged first.
+            b.async_events.wait_all_acknowledged();
             // An XRC target has none of these but its domain.
             for users in [
                 b.pd.as_ref().map(|p| &p.users),
@@ -771,6 +776,7 @@ fn target_box(c: &CtxBox, x: &XrcdBox, inner: uroce::Qp, qp_context: *mut c_void
             sq_sig_all: false,
             builder: Mutex::new(crate::wr_batch::Builder::new(&cap)),
             posting: std::sync::atomic::AtomicBool::new(false),
+            async_events: EventLedger::default(),
         },
         Kind::Qp,
     );

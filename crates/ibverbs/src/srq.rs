@@ -8,8 +8,8 @@ use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, null_errno};
 use crate::objects::{
-    CqBox, CtxBox, PdBox, SrqBox, XrcdBox, from_c, hold, in_use, into_c, live_cq, live_ctx,
-    live_pd, live_srq, live_xrcd, obj, release,
+    CqBox, CtxBox, EventLedger, PdBox, SrqBox, XrcdBox, from_c, hold, in_use, into_c, live_cq,
+    live_ctx, live_pd, live_srq, live_xrcd, obj, release,
 };
 
 pub(crate) unsafe extern "C" fn ibv_create_srq(
@@ -64,6 +64,7 @@ fn srq_box(
             users: AtomicU32::new(0),
             xrcd: xrc.map_or(std::ptr::null(), |(x, _)| std::ptr::from_ref(x)),
             cq: xrc.map_or(std::ptr::null(), |(_, q)| std::ptr::from_ref(q)),
+            async_events: EventLedger::default(),
         },
         Kind::Srq,
     );
@@ -143,6 +144,8 @@ pub(crate) unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
             }
         }
         b.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.handle());
+        // As rdma-core: every async event handed out for it acknowledged.
+        b.async_events.wait_all_acknowledged();
         // SAFETY: registered as an SRQ ⇒ made by into_c::<SrqBox>.
         drop(unsafe { from_c(srq.cast::<SrqBox>(), Kind::Srq) });
         0

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -92,6 +93,14 @@ static void connect_pair(struct ibv_qp *a, struct ibv_qp *b, union ibv_gid *gid)
 			"RTS");
 		REQUIRE(qps[i]->state == IBV_QPS_RTS, "qp->state kept current");
 	}
+}
+
+/* ibv_destroy_srq on another thread: it must wait for the async event. */
+static volatile int srq_destroyed = -1;
+static void *destroy_srq_thread(void *srq)
+{
+	srq_destroyed = ibv_destroy_srq(srq);
+	return NULL;
 }
 
 int main(void)
@@ -704,6 +713,52 @@ int main(void)
 	}
 	CHECK(got == 3, "send and recv completions");
 	ibv_ack_cq_events(cq, 1);
+
+	/* Async events: an SRQ armed with a limit of 2 raises
+	 * IBV_EVENT_SRQ_LIMIT_REACHED when SENDs leave it 1 WQE; the event
+	 * names it, and ibv_destroy_srq waits until the event is acknowledged
+	 * (as rdma-core's does: the element stays valid until then). */
+	struct ibv_srq_init_attr sia = {.attr = {.max_wr = 8, .max_sge = 1}};
+	struct ibv_srq *asrq = ibv_create_srq(pd, &sia);
+	REQUIRE(asrq, "srq for async events");
+	struct ibv_qp_init_attr sqa = ia;
+	sqa.srq = asrq;
+	struct ibv_qp *s1 = ibv_create_qp(pd, &ia), *s2 = ibv_create_qp(pd, &sqa);
+	REQUIRE(s1 && s2, "qps for async events");
+	connect_pair(s1, s2, &self);
+	struct ibv_recv_wr srwr = rwr, *bad_srwr;
+	for (int i = 0; i < 3; i++) {
+		srwr.wr_id = 300 + i;
+		REQUIRE(!ibv_post_srq_recv(asrq, &srwr, &bad_srwr), "post_srq_recv");
+	}
+	struct ibv_srq_attr lim = {.srq_limit = 2};
+	REQUIRE(!ibv_modify_srq(asrq, &lim, IBV_SRQ_LIMIT), "arm the limit");
+	for (int i = 0; i < 2; i++) {
+		swr.wr_id = 310 + i;
+		REQUIRE(!ibv_post_send(s1, &swr, &bad_wr), "send to the srq");
+	}
+	for (int i = 0; i < 4; i++)
+		REQUIRE(poll_basic(cq, &wc) == 1 && wc.status == IBV_WC_SUCCESS, "srq traffic");
+	/* Earlier events first (of the QPs the unbound window's access
+	 * error above ended). */
+	struct ibv_async_event aev;
+	for (;;) {
+		REQUIRE(!ibv_get_async_event(ctx, &aev), "get_async_event");
+		if (aev.event_type == IBV_EVENT_SRQ_LIMIT_REACHED)
+			break;
+		CHECK(aev.element.qp == a || aev.element.qp == b, "an earlier event (%d)",
+		      aev.event_type);
+		ibv_ack_async_event(&aev);
+	}
+	CHECK(aev.element.srq == asrq, "the limit event names the SRQ");
+	CHECK(!ibv_destroy_qp(s1) && !ibv_destroy_qp(s2), "destroy the srq's qps");
+	pthread_t destroyer;
+	REQUIRE(!pthread_create(&destroyer, NULL, destroy_srq_thread, asrq), "thread");
+	usleep(100000);
+	CHECK(srq_destroyed == -1, "ibv_destroy_srq waits for the unacknowledged event");
+	ibv_ack_async_event(&aev);
+	pthread_join(destroyer, NULL);
+	CHECK(srq_destroyed == 0, "and returns once it is acknowledged (%d)", srq_destroyed);
 
 	/* Teardown in the right order succeeds. */
 	CHECK(!ibv_destroy_qp(c1) && !ibv_destroy_qp(c2), "destroy c");
