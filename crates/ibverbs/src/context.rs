@@ -11,7 +11,7 @@ use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, minus_one, null_errno};
 use crate::objects::{
-    CqBox, CtxBox, DevShared, FUTURE_SLOTS, QpBox, SrqBox, from_c, into_c, live_ctx,
+    CqBox, CtxBox, DevShared, FUTURE_SLOTS, Objects, QpBox, SrqBox, from_c, into_c, live_ctx,
 };
 
 pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
@@ -28,12 +28,9 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
                 }
                 None => match entry.cfg.open_shared() {
                     Ok(c) => {
-                        let shared = Arc::new(DevShared {
-                            ctx: c,
-                            qps: Mutex::new(HashMap::new()),
-                            cqs: Mutex::new(HashMap::new()),
-                            srqs: Mutex::new(HashMap::new()),
-                        });
+                        let objects = Arc::new(Objects::default());
+                        c.set_async_event_router(Some(objects.clone()));
+                        let shared = Arc::new(DevShared { ctx: c, objects });
                         *open = Some((shared.clone(), 1));
                         shared
                     }
@@ -44,7 +41,17 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
                 },
             }
         };
-        let async_fd = shared.ctx.as_fd().as_raw_fd();
+        let async_queue = match uroce::AsyncEventQueue::new() {
+            Ok(q) => Arc::new(q),
+            Err(e) => return null_errno(e.raw_os_error().unwrap_or(libc::EMFILE)),
+        };
+        shared
+            .objects
+            .contexts
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .push(Arc::downgrade(&async_queue));
+        let async_fd = async_queue.as_fd().as_raw_fd();
         // SAFETY: verbs_context is C data (pointers, options of fn
         // pointers, integers); all-zero is valid (NULL everywhere).
         let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
@@ -89,6 +96,7 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
                 dev: shared,
                 dev_index: index,
                 cmd_fd,
+                async_queue,
             },
             Kind::Context,
         );
@@ -145,7 +153,7 @@ pub(crate) unsafe extern "C" fn ibv_get_async_event(
             return minus_one(libc::EINVAL);
         }
         loop {
-            let ev = match b.uroce().get_async_event() {
+            let ev = match b.async_queue.pop() {
                 Ok(ev) => ev,
                 Err(e) => return minus_one(e.raw_os_error().unwrap_or(libc::EIO)),
             };
@@ -164,7 +172,7 @@ pub(crate) unsafe extern "C" fn ibv_get_async_event(
                 ledger(unsafe { &*(p as *const B) }).handed_out();
                 Some(p)
             }
-            let qp = |qpn| hand_out::<QpBox>(&b.dev.qps, qpn, |q| &q.async_events);
+            let qp = |qpn| hand_out::<QpBox>(&b.dev.objects.qps, qpn, |q| &q.async_events);
             use uroce::AsyncEvent as E;
             let (element, ty) = match ev {
                 E::QpFatal { qpn } => (qp(qpn), IBV_EVENT_QP_FATAL),
@@ -172,11 +180,12 @@ pub(crate) unsafe extern "C" fn ibv_get_async_event(
                 E::QpAccessError { qpn } => (qp(qpn), IBV_EVENT_QP_ACCESS_ERR),
                 E::SqDrained { qpn } => (qp(qpn), IBV_EVENT_SQ_DRAINED),
                 E::QpLastWqeReached { qpn } => (qp(qpn), IBV_EVENT_QP_LAST_WQE_REACHED),
-                E::CqError { cq } => {
-                    (hand_out::<CqBox>(&b.dev.cqs, cq, |c| &c.async_events), IBV_EVENT_CQ_ERR)
-                }
+                E::CqError { cq } => (
+                    hand_out::<CqBox>(&b.dev.objects.cqs, cq, |c| &c.async_events),
+                    IBV_EVENT_CQ_ERR,
+                ),
                 E::SrqLimitReached { srq } => (
-                    hand_out::<SrqBox>(&b.dev.srqs, srq, |s| &s.async_events),
+                    hand_out::<SrqBox>(&b.dev.objects.srqs, srq, |s| &s.async_events),
                     IBV_EVENT_SRQ_LIMIT_REACHED,
                 ),
                 E::PortActive => (Some(1), IBV_EVENT_PORT_ACTIVE),

@@ -123,6 +123,7 @@ fn create(
             users: AtomicU32::new(0),
             events: EventLedger::default(),
             async_events: EventLedger::default(),
+            async_queue: c.async_queue.clone(),
             cursor: Mutex::new(EMPTY),
             polling: AtomicBool::new(false),
         },
@@ -134,7 +135,7 @@ fn create(
         atomic_add(unsafe { &raw mut (*ch.ch.get()).refcnt }, 1);
         lock(&ch.cqs).insert(handle, b as usize);
     }
-    lock(&c.dev.cqs).insert(handle, b as usize);
+    lock(&c.dev.objects.cqs).insert(handle, b as usize);
     b
 }
 
@@ -231,7 +232,7 @@ pub(crate) unsafe extern "C" fn ibv_destroy_cq(cq: *mut ibv_cq) -> c_int {
             atomic_add(unsafe { &raw mut (*ch.ch.get()).refcnt }, -1);
         }
         // No async event can be handed out for it from now on.
-        lock(&b.dev.cqs).remove(&handle);
+        lock(&b.dev.objects.cqs).remove(&handle);
         // As rdma-core: wait until every event handed out was acknowledged.
         b.events.wait_all_acknowledged();
         b.async_events.wait_all_acknowledged();

@@ -15,7 +15,7 @@ use std::cell::UnsafeCell;
 use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Condvar, Mutex, Weak};
 
 use crate::abi::*;
 use crate::ffi::{Kind, is_live};
@@ -29,10 +29,65 @@ pub(crate) const FUTURE_SLOTS: usize = 32;
 /// one engine, one UDP socket, one QPN space (as a real device).
 pub(crate) struct DevShared {
     pub(crate) ctx: uroce::Context,
-    /// QPN → QP, CQ handle → CQ, SRQ handle → SRQ: for async events.
+    /// Its objects that async events name, and where those events go.
+    pub(crate) objects: Arc<Objects>,
+}
+
+/// A device's C objects that async events name (QPN → QP, CQ handle → CQ,
+/// SRQ handle → SRQ) and its contexts' event queues. It routes the
+/// engine's events as the kernel does: an object's to the queue of the
+/// `ibv_context` that created it, a port's to every context. The engine
+/// routes with its driver held, so no code holds these locks while it
+/// calls into the uroce context.
+#[derive(Debug, Default)]
+pub(crate) struct Objects {
     pub(crate) qps: Mutex<HashMap<u32, usize>>,
     pub(crate) cqs: Mutex<HashMap<u32, usize>>,
     pub(crate) srqs: Mutex<HashMap<u32, usize>>,
+    /// Each open context's queue.
+    pub(crate) contexts: Mutex<Vec<Weak<uroce::AsyncEventQueue>>>,
+}
+
+impl Objects {
+    /// The queue of the context that created the object `key` of `map`.
+    fn queue_of<B>(
+        map: &Mutex<HashMap<u32, usize>>,
+        key: u32,
+        queue: impl Fn(&B) -> &Arc<uroce::AsyncEventQueue>,
+    ) -> Option<Arc<uroce::AsyncEventQueue>> {
+        let map = lock(map);
+        let p = *map.get(&key)?;
+        // SAFETY: in the map ⇒ a live box of this kind (its destroy
+        // removes it under this lock before freeing it).
+        Some(queue(unsafe { &*(p as *const B) }).clone())
+    }
+}
+
+impl uroce::AsyncEventRouter for Objects {
+    fn route(&self, event: &uroce::AsyncEvent) -> bool {
+        use uroce::AsyncEvent as E;
+        let qp = |qpn| Self::queue_of::<QpBox>(&self.qps, qpn, |b| &b.async_queue);
+        let queue = match *event {
+            E::QpFatal { qpn }
+            | E::QpRequestError { qpn }
+            | E::QpAccessError { qpn }
+            | E::SqDrained { qpn }
+            | E::QpLastWqeReached { qpn } => qp(qpn),
+            E::CqError { cq } => Self::queue_of::<CqBox>(&self.cqs, cq, |b| &b.async_queue),
+            E::SrqLimitReached { srq } => {
+                Self::queue_of::<SrqBox>(&self.srqs, srq, |b| &b.async_queue)
+            }
+            E::PortActive | E::PortError => {
+                let mut contexts = lock(&self.contexts);
+                contexts.retain(|q| q.strong_count() > 0);
+                contexts.iter().filter_map(Weak::upgrade).for_each(|q| q.push(*event));
+                return !contexts.is_empty();
+            }
+        };
+        // Not a C object's (the Rust API's, on the same engine): the
+        // engine keeps it.
+        queue.map(|q| q.push(*event)).is_some()
+    }
 }
 
 /// An `ibv_context`.
@@ -44,6 +99,9 @@ pub(crate) struct CtxBox {
     pub(crate) dev_index: usize,
     /// `ibv_context.cmd_fd`, closed with the context.
     pub(crate) cmd_fd: Option<std::os::fd::OwnedFd>,
+    /// Its async events (`ibv_context.async_fd`), as the kernel keeps them
+    /// per context: its objects' and the port's.
+    pub(crate) async_queue: Arc<uroce::AsyncEventQueue>,
 }
 
 impl CtxBox {
@@ -181,6 +239,8 @@ pub(crate) struct CqBox {
     pub(crate) events: EventLedger,
     /// Its async events (`IBV_EVENT_CQ_ERR`).
     pub(crate) async_events: EventLedger,
+    /// Where they go: the creating context's queue.
+    pub(crate) async_queue: Arc<uroce::AsyncEventQueue>,
     /// The completion an extended CQ's `start_poll`/`next_poll` stopped at.
     pub(crate) cursor: Mutex<uroce::Completion>,
     /// Held from a successful `start_poll` to `end_poll`.
@@ -202,6 +262,8 @@ pub(crate) struct SrqBox {
     pub(crate) cq: *const CqBox,
     /// Its async events (`IBV_EVENT_SRQ_LIMIT_REACHED`).
     pub(crate) async_events: EventLedger,
+    /// Where they go: the creating context's queue.
+    pub(crate) async_queue: Arc<uroce::AsyncEventQueue>,
 }
 
 /// An `ibv_xrcd`.
@@ -246,6 +308,8 @@ pub(crate) struct QpBox {
     pub(crate) posting: AtomicBool,
     /// Its async events.
     pub(crate) async_events: EventLedger,
+    /// Where they go: the creating context's queue.
+    pub(crate) async_queue: Arc<uroce::AsyncEventQueue>,
 }
 
 /// Turns a C object pointer back into its box (the public struct is the
@@ -350,4 +414,34 @@ pub(crate) fn live_pd_ctx<'a>(pd: *mut ibv_pd) -> Option<(&'a PdBox, &'a CtxBox)
 pub(crate) fn live_srq<'a>(srq: *mut ibv_srq) -> Option<&'a SrqBox> {
     // SAFETY: dereferenced only once the registry says it is a live SRQ.
     is_live(srq.cast::<SrqBox>(), Kind::Srq).then(|| unsafe { obj::<_, SrqBox>(srq) }).flatten()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use uroce::{AsyncEvent, AsyncEventRouter};
+
+    #[test]
+    fn port_events_reach_every_open_context_and_unknown_objects_stay() {
+        let objects = Objects::default();
+        assert!(!objects.route(&AsyncEvent::PortError), "no context: the engine keeps it");
+        let (a, b) = (
+            Arc::new(uroce::AsyncEventQueue::new().unwrap()),
+            Arc::new(uroce::AsyncEventQueue::new().unwrap()),
+        );
+        objects.contexts.lock().unwrap().extend([Arc::downgrade(&a), Arc::downgrade(&b)]);
+        assert!(objects.route(&AsyncEvent::PortActive));
+        assert_eq!(
+            (a.pop().unwrap(), b.pop().unwrap()),
+            (AsyncEvent::PortActive, AsyncEvent::PortActive)
+        );
+        drop(b);
+        assert!(objects.route(&AsyncEvent::PortError));
+        assert_eq!(a.pop().unwrap(), AsyncEvent::PortError);
+        assert_eq!(objects.contexts.lock().unwrap().len(), 1, "a closed context is forgotten");
+        // An object no C handle names (the Rust API's, on the same engine).
+        assert!(!objects.route(&AsyncEvent::QpFatal { qpn: 7 }));
+        assert!(!objects.route(&AsyncEvent::CqError { cq: 7 }));
+        assert!(a.is_empty());
+    }
 }

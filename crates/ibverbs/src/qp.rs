@@ -132,6 +132,7 @@ fn create(
             builder: Mutex::new(crate::wr_batch::Builder::new(&cap)),
             posting: AtomicBool::new(false),
             async_events: EventLedger::default(),
+            async_queue: c.async_queue.clone(),
         },
         Kind::Qp,
     );
@@ -143,7 +144,7 @@ fn create(
     if let Some(s) = srq {
         hold(&s.users);
     }
-    c.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).insert(qpn, b as usize);
+    c.dev.objects.qps.lock().unwrap_or_else(|e| e.into_inner()).insert(qpn, b as usize);
     a.cap = cap;
     Ok(b)
 }
@@ -220,7 +221,7 @@ pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
         // SAFETY: a QP holds its context's device, PD, CQs and SRQ (use
         // counts), so all are live.
         unsafe {
-            let mut qps = b.dev.qps.lock().unwrap_or_else(|e| e.into_inner());
+            let mut qps = b.dev.objects.qps.lock().unwrap_or_else(|e| e.into_inner());
             if qps.get(&b.inner.qpn()) == Some(&(qp as usize)) {
                 qps.remove(&b.inner.qpn());
             }
@@ -777,11 +778,12 @@ fn target_box(c: &CtxBox, x: &XrcdBox, inner: uroce::Qp, qp_context: *mut c_void
             builder: Mutex::new(crate::wr_batch::Builder::new(&cap)),
             posting: std::sync::atomic::AtomicBool::new(false),
             async_events: EventLedger::default(),
+            async_queue: c.async_queue.clone(),
         },
         Kind::Qp,
     );
     hold(&x.users);
     // Async events go to the first live handle of the QP.
-    c.dev.qps.lock().unwrap_or_else(|e| e.into_inner()).entry(qpn).or_insert(b as usize);
+    c.dev.objects.qps.lock().unwrap_or_else(|e| e.into_inner()).entry(qpn).or_insert(b as usize);
     b
 }

@@ -65,6 +65,7 @@ fn srq_box(
             xrcd: xrc.map_or(std::ptr::null(), |(x, _)| std::ptr::from_ref(x)),
             cq: xrc.map_or(std::ptr::null(), |(_, q)| std::ptr::from_ref(q)),
             async_events: EventLedger::default(),
+            async_queue: c.async_queue.clone(),
         },
         Kind::Srq,
     );
@@ -73,7 +74,7 @@ fn srq_box(
         hold(&x.users);
         hold(&q.users);
     }
-    c.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, b as usize);
+    c.dev.objects.srqs.lock().unwrap_or_else(|e| e.into_inner()).insert(handle, b as usize);
     b
 }
 
@@ -143,7 +144,7 @@ pub(crate) unsafe extern "C" fn ibv_destroy_srq(srq: *mut ibv_srq) -> c_int {
                 release(&(*b.cq).users);
             }
         }
-        b.dev.srqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.handle());
+        b.dev.objects.srqs.lock().unwrap_or_else(|e| e.into_inner()).remove(&b.inner.handle());
         // As rdma-core: every async event handed out for it acknowledged.
         b.async_events.wait_all_acknowledged();
         // SAFETY: registered as an SRQ ⇒ made by into_c::<SrqBox>.

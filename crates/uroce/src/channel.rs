@@ -288,6 +288,66 @@ impl AsRawFd for CompChannel {
     }
 }
 
+/// A queue of asynchronous events with its own descriptor, readable while
+/// events wait: what a C library that opens several `ibv_context`s on one
+/// [`crate::Context`] gives each of them as its `async_fd`, filled by an
+/// [`AsyncEventRouter`].
+#[derive(Debug)]
+pub struct AsyncEventQueue(EventQueue<crate::AsyncEvent>);
+
+impl AsyncEventQueue {
+    /// A new, empty, blocking queue.
+    ///
+    /// # Errors
+    /// From `eventfd`.
+    pub fn new() -> io::Result<Self> {
+        EventQueue::new().map(Self)
+    }
+
+    /// Queues an event and makes the descriptor readable.
+    pub fn push(&self, event: crate::AsyncEvent) {
+        self.0.push(event);
+    }
+
+    /// Takes one event: blocks while none waits, unless the descriptor was
+    /// made non-blocking (here or with `fcntl`), then `WouldBlock`.
+    ///
+    /// # Errors
+    /// `WouldBlock`, or from the descriptor read.
+    pub fn pop(&self) -> io::Result<crate::AsyncEvent> {
+        self.0.pop()
+    }
+
+    /// Events waiting.
+    pub fn len(&self) -> usize {
+        self.0.len()
+    }
+
+    /// Whether no event waits.
+    pub fn is_empty(&self) -> bool {
+        self.0.len() == 0
+    }
+}
+
+impl AsFd for AsyncEventQueue {
+    fn as_fd(&self) -> BorrowedFd<'_> {
+        self.0.as_fd()
+    }
+}
+
+/// Decides where a context's asynchronous events go
+/// ([`crate::Context::set_async_event_router`]): the kernel gives every
+/// `ibv_context` its own event queue, with the events of the objects it
+/// created and every port event, while uroce runs one engine per device
+/// in a process, whatever number of contexts a C program opens on it.
+pub trait AsyncEventRouter: Send + Sync + std::fmt::Debug {
+    /// Delivers `event` (called by the progress engine, with the context's
+    /// driver held: take no lock that is held while calling into the
+    /// context). `false`: not routed, it goes to the context's own queue
+    /// ([`crate::Context::get_async_event`]).
+    fn route(&self, event: &crate::AsyncEvent) -> bool;
+}
+
 #[cfg(test)]
 mod level_tests {
     use super::LevelQueue;

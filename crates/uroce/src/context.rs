@@ -370,6 +370,17 @@ impl Context {
         self.inner.async_events.pop()
     }
 
+    /// Hands this context's asynchronous events to `router` first (`None`:
+    /// back to the context's own queue alone). The drop-in libibverbs
+    /// routes each event to the `ibv_context` that created its object, as
+    /// the kernel does; events it does not route stay here.
+    pub fn set_async_event_router(
+        &self,
+        router: Option<Arc<dyn crate::channel::AsyncEventRouter>>,
+    ) {
+        self.inner.lock().router = router;
+    }
+
     /// Makes [`Context::get_async_event`] non-blocking (as setting
     /// `O_NONBLOCK` on `context->async_fd` does in C).
     ///

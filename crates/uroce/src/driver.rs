@@ -57,6 +57,8 @@ pub(crate) struct Driver {
     solvers: FastMap<usize, IdSolver>,
     /// Asynchronous events not yet read.
     pub(crate) events: Arc<EventQueue<AsyncEvent>>,
+    /// Where async events go before `events` (a C library's contexts).
+    pub(crate) router: Option<Arc<dyn crate::channel::AsyncEventRouter>>,
     peers: FastMap<IpAddr, PeerIds>,
     /// Port 1's GID table (the local addresses QPs may send from).
     gids: GidTable,
@@ -138,6 +140,7 @@ impl Driver {
             txbuf: vec![0; 65536 + 8192],
             solvers: FastMap::default(),
             events,
+            router: None,
             peers: FastMap::default(),
             gids,
             deferred_posts: 0,
@@ -395,7 +398,9 @@ impl Driver {
     /// the context's queue, CQ notifications to the CQs' channels.
     fn forward_events(&mut self) -> bool {
         while let Some(e) = self.ep.poll_event() {
-            self.events.push(e);
+            if !self.router.as_ref().is_some_and(|r| r.route(&e)) {
+                self.events.push(e);
+            }
         }
         while let Some(cq) = self.ep.poll_cq_notify() {
             if let Some(ch) = self.channels.get(&cq) {

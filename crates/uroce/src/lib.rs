@@ -155,7 +155,7 @@ pub use ah::{Ah, AhAttr};
 pub use async_cq::AsyncCq;
 #[cfg(feature = "sim")]
 pub use backend::sim::SimNetwork;
-pub use channel::CompChannel;
+pub use channel::{AsyncEventQueue, AsyncEventRouter, CompChannel};
 #[cfg(feature = "tokio")]
 pub use cm::AsyncCmChannel;
 pub use config::DeviceConfig;

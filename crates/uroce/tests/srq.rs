@@ -3,6 +3,7 @@
 //! the last-WQE event.
 
 use std::net::IpAddr;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use uroce::{
@@ -49,6 +50,22 @@ fn poll_n(cq: &Cq, n: usize) -> Vec<Completion> {
         assert!(t.elapsed() < Duration::from_secs(10), "got {} of {n} completions", out.len());
     }
     out
+}
+
+/// Routes SRQ limit events to a queue of its own.
+#[derive(Debug)]
+struct SrqEvents {
+    queue: uroce::AsyncEventQueue,
+}
+
+impl uroce::AsyncEventRouter for SrqEvents {
+    fn route(&self, event: &AsyncEvent) -> bool {
+        let ours = matches!(event, AsyncEvent::SrqLimitReached { .. });
+        if ours {
+            self.queue.push(*event);
+        }
+        ours
+    }
 }
 
 fn event(ctx: &Context) -> AsyncEvent {
@@ -139,10 +156,21 @@ fn srq_limit_rnr_and_last_wqe() {
     poll_n(&cqa, 5);
     poll_n(&cqb, 5);
     assert!(cb.poll_async_event().is_none(), "5 left: not below the limit yet");
+    // A router (what the drop-in libibverbs installs, one queue per
+    // ibv_context) takes the SRQ's events; the others stay with the context.
+    let routed = Arc::new(SrqEvents { queue: uroce::AsyncEventQueue::new().unwrap() });
+    cb.set_async_event_router(Some(routed.clone()));
     a.post_send(&[w]).unwrap();
     poll_n(&cqa, 1);
     poll_n(&cqb, 1);
-    assert_eq!(event(&cb), AsyncEvent::SrqLimitReached { srq: srq.handle() });
+    let t = Instant::now();
+    while routed.queue.is_empty() {
+        assert!(cb.poll_async_event().is_none(), "routed events skip the context's queue");
+        assert!(t.elapsed() < Duration::from_secs(5), "no routed event");
+    }
+    assert_eq!(routed.queue.pop().unwrap(), AsyncEvent::SrqLimitReached { srq: srq.handle() });
+    assert!(routed.queue.is_empty());
+    cb.set_async_event_router(None);
     assert_eq!(srq.query().srq_limit, 0, "the event disarms the limit");
     // Empty the SRQ, then one more SEND waits on RNR until a WQE arrives.
     a.post_send(&[w, w, w, w, w]).unwrap();

@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <infiniband/verbs.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -718,6 +719,11 @@ int main(void)
 	 * IBV_EVENT_SRQ_LIMIT_REACHED when SENDs leave it 1 WQE; the event
 	 * names it, and ibv_destroy_srq waits until the event is acknowledged
 	 * (as rdma-core's does: the element stays valid until then). */
+	struct ibv_device **olist = ibv_get_device_list(NULL);
+	struct ibv_context *other = olist ? ibv_open_device(olist[0]) : NULL;
+	ibv_free_device_list(olist);
+	REQUIRE(other, "a second context on the device");
+	CHECK(other->async_fd != ctx->async_fd, "each context has its own async_fd");
 	struct ibv_srq_init_attr sia = {.attr = {.max_wr = 8, .max_sge = 1}};
 	struct ibv_srq *asrq = ibv_create_srq(pd, &sia);
 	REQUIRE(asrq, "srq for async events");
@@ -751,6 +757,16 @@ int main(void)
 		ibv_ack_async_event(&aev);
 	}
 	CHECK(aev.element.srq == asrq, "the limit event names the SRQ");
+	/* As the kernel's: an object's events go to the context that created
+	 * it, not to another context of the device. */
+	struct pollfd opfd = {.fd = other->async_fd, .events = POLLIN};
+	CHECK(poll(&opfd, 1, 50) == 0, "the other context has no event");
+	REQUIRE(fcntl(other->async_fd, F_SETFL,
+		      fcntl(other->async_fd, F_GETFL) | O_NONBLOCK) == 0, "nonblocking");
+	struct ibv_async_event oev;
+	CHECK(ibv_get_async_event(other, &oev) == -1 && errno == EAGAIN,
+	      "nothing to read on the other context");
+	CHECK(!ibv_close_device(other), "close the other context");
 	CHECK(!ibv_destroy_qp(s1) && !ibv_destroy_qp(s2), "destroy the srq's qps");
 	pthread_t destroyer;
 	REQUIRE(!pthread_create(&destroyer, NULL, destroy_srq_thread, asrq), "thread");
