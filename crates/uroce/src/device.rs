@@ -90,6 +90,9 @@ impl Device {
     pub(crate) fn backend(&self) -> std::io::Result<Box<dyn crate::backend::Backend>> {
         match &self.net {
             Some(net) => Ok(net.attach(self.socket_addr())),
+            None if std::env::var("UROCE_BACKEND").as_deref() == Ok("xdp") => {
+                Ok(Box::new(crate::backend::xdp::XdpBackend::open(self.socket_addr())?))
+            }
             None => Ok(Box::new(crate::backend::udp::UdpBackend::bind(self.socket_addr())?)),
         }
     }

@@ -32,6 +32,16 @@ enum PeerIds {
     Counter(u16),
 }
 
+/// What the driver knows of a received packet's IPv4 identification.
+#[derive(Debug, Clone, Copy)]
+enum IpId {
+    /// The backend saw it in the header.
+    Seen(u16),
+    /// Unknown (a UDP socket's datagram); the packet's index in its GRO
+    /// run, which is the ID a uroce sender's GSO gave it.
+    Index(u16),
+}
+
 /// How far ahead of the newest seen ID a counting peer's next ID may be.
 const ID_AHEAD: i16 = 4096;
 /// How far behind it (reordering).
@@ -555,20 +565,21 @@ impl Driver {
         let mut n = 0;
         let mut buf = std::mem::take(&mut self.buf);
         while n < budget {
-            if let Ok(Some((len, seg, from, to))) = self.backend.recv(&mut buf) {
+            if let Ok(Some(r)) = self.backend.recv(&mut buf) {
                 // A receive posted before the peer sent this is there for
                 // it (see `staging`).
                 self.take_staged(now);
                 // With GRO, one read holds a run of packets of `seg` bytes
                 // (the last possibly shorter), the i-th sent with IP ID i.
-                for (i, pkt) in buf[..len].chunks(seg.max(1)).enumerate() {
+                for (i, pkt) in buf[..r.len].chunks(r.seg.max(1)).enumerate() {
                     n += 1;
-                    self.deliver(now, from, to, pkt, i as u16);
+                    let id = r.ip_id.map_or(IpId::Index(i as u16), IpId::Seen);
+                    self.deliver(now, r.from, r.to, pkt, id);
                 }
             } else if let Some((len, from, group)) = self.backend.recv_group(&mut buf) {
                 self.take_staged(now);
                 n += 1;
-                self.deliver(now, from, group, &buf[..len], 0);
+                self.deliver(now, from, group, &buf[..len], IpId::Index(0));
             } else {
                 break;
             }
@@ -591,7 +602,7 @@ impl Driver {
         n
     }
 
-    fn deliver(&mut self, now: Instant, from: SocketAddr, to: IpAddr, bytes: &[u8], index: u16) {
+    fn deliver(&mut self, now: Instant, from: SocketAddr, to: IpAddr, bytes: &[u8], id: IpId) {
         let pkt = match RocePacket::new_checked(bytes) {
             Ok(p) => p,
             Err(_) => {
@@ -599,7 +610,7 @@ impl Driver {
                 return;
             }
         };
-        if self.icrc_ok(from, to, &pkt, index).is_err() {
+        if self.icrc_ok(from, to, &pkt, id).is_err() {
             self.ep.stats.icrc_errors += 1;
             return;
         }
@@ -689,9 +700,18 @@ impl Driver {
         from: SocketAddr,
         to: IpAddr,
         pkt: &RocePacket<&[u8]>,
-        index: u16,
+        id: IpId,
     ) -> Result<(), WireError> {
         let len = pkt.as_bytes().len();
+        let index = match id {
+            IpId::Seen(ident) => {
+                // The backend saw the header: one CRC, nothing to recover.
+                let (ip, udp) = self.rx_headers(from, to, len, ident);
+                let ok = icrc::compute(ip.icrc(), &udp, pkt.covered()) == pkt.icrc();
+                return if ok { Ok(()) } else { Err(WireError::IcrcMismatch) };
+            }
+            IpId::Index(i) => i,
+        };
         let (ip, udp) = self.rx_headers(from, to, len, 0);
         let computed = icrc::compute(ip.icrc(), &udp, pkt.covered());
         let peer = self.peers.get(&from.ip()).copied();
@@ -808,6 +828,9 @@ impl Driver {
         }
         if run.count > 0 {
             run.flush(self.backend.as_mut(), &batch, &mut self.ep.stats);
+        }
+        if sent > 0 {
+            self.backend.flush();
         }
         self.txbuf = batch;
         sent

@@ -276,6 +276,7 @@ fn client(addr: IpAddr, peer: IpAddr) {
 struct Net {
     a: String,
     b: String,
+    tag: char,
 }
 
 fn sh(args: &[&str]) -> bool {
@@ -283,11 +284,13 @@ fn sh(args: &[&str]) -> bool {
 }
 
 impl Net {
-    fn new() -> Option<Self> {
+    /// `tag`: one letter, so that the tests of one process make distinct
+    /// namespaces and interfaces.
+    fn new(tag: char) -> Option<Self> {
         let id = std::process::id() % 100_000;
-        let (a, b) = (format!("uroce-la{id}"), format!("uroce-lb{id}"));
-        let net = Self { a, b };
-        let (va, vb) = (format!("ula{id}"), format!("ulb{id}"));
+        let (a, b) = (format!("uroce-{tag}a{id}"), format!("uroce-{tag}b{id}"));
+        let net = Self { a, b, tag };
+        let (va, vb) = net.ifaces();
         let ok = sh(&["ip", "netns", "add", &net.a])
             && sh(&["ip", "netns", "add", &net.b])
             && sh(&["ip", "link", "add", &va, "type", "veth", "peer", "name", &vb])
@@ -302,11 +305,17 @@ impl Net {
         ok.then_some(net)
     }
 
+    /// The veth ends in `a` and `b`.
+    fn ifaces(&self) -> (String, String) {
+        let id = std::process::id() % 100_000;
+        (format!("u{}a{id}", self.tag), format!("u{}b{id}", self.tag))
+    }
+
     /// Drops `permille` of the RoCE datagrams each namespace receives and
     /// duplicates `dup_permille` of those it sends.
     fn faults(&self, permille: u32, dup_permille: u32) {
-        for (ns, dev) in [(&self.a, "ula"), (&self.b, "ulb")] {
-            let id = std::process::id() % 100_000;
+        let (va, vb) = self.ifaces();
+        for (ns, dev) in [(&self.a, va), (&self.b, vb)] {
             let rules = format!(
                 "flush ruleset\n\
                  table inet uroce_loss {{\n\
@@ -317,8 +326,8 @@ impl Net {
                  }}\n\
                  table netdev uroce_dup {{\n\
                  chain egress {{\n\
-                 type filter hook egress device {dev}{id} priority 0;\n\
-                 udp dport 4791 numgen random mod 1000 < {dup_permille} counter dup to {dev}{id}\n\
+                 type filter hook egress device {dev} priority 0;\n\
+                 udp dport 4791 numgen random mod 1000 < {dup_permille} counter dup to {dev}\n\
                  }}\n\
                  }}\n"
             );
@@ -366,9 +375,16 @@ impl Drop for Net {
     }
 }
 
-fn spawn(ns: &str, role: &str) -> Child {
-    Command::new("ip")
-        .args(["netns", "exec", ns])
+/// Runs this binary's role `role` in namespace `ns`, on `backend`
+/// (`UROCE_BACKEND`; the default when `None`).
+fn spawn(ns: &str, role: &str, backend: Option<&str>) -> Child {
+    let mut c = Command::new("ip");
+    if let Some(b) = backend {
+        c.env("UROCE_BACKEND", b);
+    } else {
+        c.env_remove("UROCE_BACKEND");
+    }
+    c.args(["netns", "exec", ns])
         .arg(std::env::current_exe().unwrap())
         .args(["loss_suite_over_veth", "--exact", "--nocapture", "--test-threads", "1"])
         .env(ROLE, role)
@@ -385,8 +401,13 @@ type Tput = (String, usize, f64);
 /// Runs one client/server pair at the current faults; returns the
 /// client's throughput lines.
 fn run_pair(net: &Net) -> Vec<Tput> {
-    let mut srv = spawn(&net.b, "server");
-    let mut cli = spawn(&net.a, "client");
+    run_pair_on(net, None, None)
+}
+
+/// [`run_pair`] with the server's and the client's backends.
+fn run_pair_on(net: &Net, server: Option<&str>, client: Option<&str>) -> Vec<Tput> {
+    let mut srv = spawn(&net.b, "server", server);
+    let mut cli = spawn(&net.a, "client", client);
     let mut s_in = srv.stdin.take().unwrap();
     let mut c_in = cli.stdin.take().unwrap();
     let mut s_out = BufReader::new(srv.stdout.take().unwrap());
@@ -453,7 +474,7 @@ fn loss_suite_over_veth() {
         eprintln!("not root or no nft: skipped");
         return;
     }
-    let net = Net::new().expect("namespaces and veth");
+    let net = Net::new('l').expect("namespaces and veth");
     eprintln!("loss each way | {}", STREAMS.map(|(o, s)| format!("{o:?} {s}")).join(" | "));
     let mut failures = vec![];
     for (permille, floor) in [(1u32, 0.7), (10, 0.3), (50, 0.0)] {
@@ -504,4 +525,75 @@ fn loss_suite_over_veth() {
 fn is_root() -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// `ip -n ns ...`'s output.
+fn ip_out(ns: &str, args: &[&str]) -> String {
+    let out = Command::new("ip").args(["-n", ns]).args(args).output().unwrap();
+    String::from_utf8_lossy(&out.stdout).into_owned()
+}
+
+/// UDP datagrams the kernel of `ns` delivered to its sockets so far.
+fn kernel_udp_in(ns: &str) -> u64 {
+    let out =
+        Command::new("ip").args(["netns", "exec", ns, "cat", "/proc/net/snmp"]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    let mut udp = text.lines().filter(|l| l.starts_with("Udp:"));
+    let (names, values) = (udp.next().unwrap_or(""), udp.next().unwrap_or(""));
+    names
+        .split_whitespace()
+        .zip(values.split_whitespace())
+        .find(|(n, _)| *n == "InDatagrams")
+        .and_then(|(_, v)| v.parse().ok())
+        .unwrap_or(0)
+}
+
+/// The AF_XDP backend against the `udp` one between two namespaces (veth,
+/// native XDP in copy mode): the whole client suite (WRITE, READ, SEND of
+/// 1 B to 4 MiB with every byte checked, every atomic's result, streams)
+/// with the AF_XDP side as server, then as client, then as server with
+/// 1 % loss and duplicates injected on the `udp` side's kernel path. The
+/// RoCE datagrams must go through the AF_XDP socket (the kernel of its
+/// namespace delivers next to none to sockets), the kernel must keep
+/// answering ping meanwhile, and the XDP program must be gone once the
+/// process has exited.
+#[test]
+fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    if !is_root() || !sh(&["nft", "--version"]) {
+        assert!(std::env::var_os("CI").is_none(), "the AF_XDP test needs root and nft under CI");
+        eprintln!("not root or no nft: skipped");
+        return;
+    }
+    let net = Net::new('x').expect("namespaces and veth");
+    let (_, vb) = net.ifaces();
+    // The kernel keeps answering ping while the program is attached.
+    let mut ping = Command::new("ip")
+        .args(["netns", "exec", &net.a, "ping", "-q", "-c", "40", "-i", "0.05", "10.231.0.2"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    let before = kernel_udp_in(&net.b);
+    let t = run_pair_on(&net, Some("xdp"), None);
+    assert_eq!(t.len(), STREAMS.len(), "{t:?}");
+    let through_kernel = kernel_udp_in(&net.b) - before;
+    assert!(
+        through_kernel < 100,
+        "{through_kernel} RoCE datagrams reached the AF_XDP side through its kernel"
+    );
+    assert!(ping.wait().unwrap().success(), "ping through the XDP program's interface");
+    assert!(!ip_out(&net.b, &["link", "show", "dev", &vb]).contains("xdp"), "program detached");
+    eprintln!("AF_XDP server: {t:?}");
+    // The other way round, and with faults on the kernel side's path.
+    let (va, _) = net.ifaces();
+    let t = run_pair_on(&net, None, Some("xdp"));
+    assert!(!ip_out(&net.a, &["link", "show", "dev", &va]).contains("xdp"), "program detached");
+    eprintln!("AF_XDP client: {t:?}");
+    net.faults(10, 5);
+    let t = run_pair_on(&net, Some("xdp"), None);
+    let (drops, dups) = net.counted();
+    assert!(drops > 0 && dups > 0, "faults were injected ({drops} drops, {dups} duplicates)");
+    eprintln!("AF_XDP server, 1 % loss: {t:?}");
 }

@@ -12,6 +12,7 @@ pub(crate) const QPN_RANGE_BITS: u32 = share::QPN_SHIFT;
 #[cfg(feature = "sim")]
 pub(crate) mod sim;
 pub(crate) mod udp;
+pub(crate) mod xdp;
 
 use std::io;
 use std::net::{IpAddr, SocketAddr};
@@ -29,10 +30,22 @@ pub(crate) struct SendBatch {
     pub(crate) bytes: usize,
 }
 
-/// A datagram received: `(bytes, segment size, sender, local address it
-/// came to)`; with receive offload, `bytes` holds a run of `segment size`
-/// packets (the last possibly shorter).
-pub(crate) type Received = (usize, usize, SocketAddr, IpAddr);
+/// A datagram received into the caller's buffer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Received {
+    /// Bytes; with receive offload a run of `seg`-byte packets (the last
+    /// possibly shorter).
+    pub(crate) len: usize,
+    /// Segment size.
+    pub(crate) seg: usize,
+    /// The sender.
+    pub(crate) from: SocketAddr,
+    /// The local address it came to.
+    pub(crate) to: IpAddr,
+    /// Its IPv4 identification, when the backend sees the IP header (the
+    /// ICRC covers it; a UDP socket must recover it, see the driver).
+    pub(crate) ip_id: Option<u16>,
+}
 
 /// One context's packet I/O.
 pub(crate) trait Backend: Send + std::fmt::Debug {
@@ -92,6 +105,11 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
         seg: usize,
         tos: u8,
     ) -> io::Result<()>;
+
+    /// Hands what [`Backend::send`] queued to the network, for a backend
+    /// that batches its own way (the driver calls it after each transmit
+    /// pass).
+    fn flush(&mut self) {}
 
     /// The next datagram (or run), if one waits.
     fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<Received>>;

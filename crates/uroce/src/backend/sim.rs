@@ -259,7 +259,13 @@ impl super::Backend for SimPort {
 
     fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<super::Received>> {
         let to = self.local.ip();
-        Ok(self.recv_one(buf).map(|(n, from)| (n, n, from, to)))
+        Ok(self.recv_one(buf).map(|(len, from)| super::Received {
+            len,
+            seg: len,
+            from,
+            to,
+            ip_id: None,
+        }))
     }
 
     fn raw_fds(&self) -> Vec<i32> {

@@ -355,7 +355,13 @@ impl UdpBackend {
     /// `UROCE_EXCLUSIVE` is set or the run directory cannot hold the slot
     /// table; then the bind fails if another context has the address.
     pub(crate) fn bind(addr: SocketAddr) -> io::Result<Self> {
-        let table = if std::env::var_os("UROCE_EXCLUSIVE").is_none() && addr.port() != 0 {
+        Self::bind_with_sharing(addr, std::env::var_os("UROCE_EXCLUSIVE").is_none())
+    }
+
+    /// [`UdpBackend::bind`], sharing the address with other contexts only
+    /// if `share` (a second exclusive bind fails with `EADDRINUSE`).
+    pub(crate) fn bind_with_sharing(addr: SocketAddr, share: bool) -> io::Result<Self> {
+        let table = if share && addr.port() != 0 {
             // Bound while the table is locked (see `Registry::join`).
             share::Registry::join(
                 addr,
@@ -505,20 +511,20 @@ impl UdpBackend {
     fn recv_any(&mut self, buf: &mut [u8]) -> io::Result<Option<super::Received>> {
         const MAX_PROBES: usize = 2 * share::SLOTS;
         for _ in 0..MAX_PROBES {
-            let Some((i, (len, seg, from, ip))) = self.recv_datagram(buf)? else {
+            let Some((i, r)) = self.recv_datagram(buf)? else {
                 return Ok(None);
             };
             let Some(sharing) = &mut self.ports[i].sharing else {
-                return Ok(Some((len, seg, from, ip)));
+                return Ok(Some(r));
             };
-            if from.ip() == ip
-                && let Some((round, index)) = share::parse_probe(&buf[..len])
+            if r.from.ip() == r.to
+                && let Some((round, index)) = share::parse_probe(&buf[..r.len])
             {
                 sharing.registry.answer_probe(round, index);
                 continue;
             }
-            sharing.check_owner(&buf[..len]);
-            return Ok(Some((len, seg, from, ip)));
+            sharing.check_owner(&buf[..r.len]);
+            return Ok(Some(r));
         }
         Ok(None)
     }
@@ -533,7 +539,8 @@ impl UdpBackend {
             match port.recv(buf) {
                 Ok(Some((len, seg, from))) => {
                     self.next_rx = (i + 1) % n;
-                    return Ok(Some((i, (len, seg, from, port.ip))));
+                    let r = super::Received { len, seg, from, to: port.ip, ip_id: None };
+                    return Ok(Some((i, r)));
                 }
                 Ok(None) => {}
                 Err(e) if i == 0 => return Err(e),

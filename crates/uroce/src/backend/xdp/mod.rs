@@ -1,0 +1,267 @@
+//! The AF_XDP backend (`UROCE_BACKEND=xdp`): RoCEv2 frames built and
+//! parsed in user space and moved by an AF_XDP socket on the device's
+//! interface, bypassing the kernel's UDP stack, on the wire the same as
+//! the `udp` backend (so the two, kernel rxe and RoCE NICs interoperate).
+//!
+//! An XDP program of our own (`bpf`) steers UDP datagrams to the device's
+//! port into the socket and passes everything else to the kernel, which
+//! keeps answering ARP, neighbour discovery and ping. Around the socket
+//! sits a `udp` backend on the same address, exclusive: it receives what
+//! the program passes on (IPv4 with options, fragments, queues without a
+//! socket), sends where no MAC is known yet (which also makes the kernel
+//! resolve it), and keeps multicast, extra addresses and ICMP errors as
+//! the `udp` backend has them.
+//!
+//! Needs `CAP_NET_ADMIN` and `CAP_BPF` (or root). Copy mode (veth and
+//! most drivers without zero-copy support), a socket on every receive
+//! queue, frames up
+//! to 4096 bytes (RoCE MTU up to 2048: no multi-buffer yet), IPv4 through
+//! the socket (IPv6 destinations go through the kernel). One process per
+//! interface: an interface takes one XDP program.
+
+mod bpf;
+mod frame;
+mod neigh;
+mod xsk;
+
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::time::Instant;
+
+use super::udp::UdpBackend;
+use super::{Backend, Received, SendBatch};
+
+/// The AF_XDP backend of one context.
+#[derive(Debug)]
+pub(crate) struct XdpBackend {
+    udp: UdpBackend,
+    // The sockets before the program: closed first. One per receive queue
+    // of the interface (a frame arrives on one queue, and only a socket
+    // bound to that queue sees it); the first also transmits.
+    xsks: Vec<xsk::Xsk>,
+    /// The socket `recv` looks at first (they take turns).
+    next_rx: usize,
+    /// The program's attachment: closing it detaches the program.
+    _link: OwnedFd,
+    _prog: OwnedFd,
+    _map: OwnedFd,
+    src_mac: [u8; 6],
+    port: u16,
+    neigh: neigh::Neighbours,
+    /// Frames the socket received that were not ours (counted, dropped).
+    foreign: u64,
+    /// Frames that found no transmit buffer (dropped; RC resends).
+    tx_full: u64,
+    /// Datagrams that came through the kernel (passed on by the program).
+    via_kernel: u64,
+    origin: Instant,
+}
+
+/// An `io::Error` saying what failed, and what the usual cause is.
+fn context(what: &str, e: io::Error) -> io::Error {
+    let hint = match e.raw_os_error() {
+        Some(libc::EPERM | libc::EACCES) => " (needs CAP_NET_ADMIN and CAP_BPF: run as root)",
+        Some(libc::EBUSY | libc::EEXIST) => " (the interface has an XDP program already)",
+        _ => "",
+    };
+    io::Error::new(e.kind(), format!("AF_XDP backend: {what}: {e}{hint}"))
+}
+
+impl XdpBackend {
+    /// Opens the backend for the device at `addr`: its interface, an XDP
+    /// program steering `addr`'s port to an AF_XDP socket on queue 0.
+    pub(crate) fn open(addr: SocketAddr) -> io::Result<Self> {
+        let iface = crate::netif::interface_of(addr.ip()).ok_or_else(|| {
+            io::Error::new(
+                io::ErrorKind::AddrNotAvailable,
+                format!("AF_XDP backend: no interface has address {}", addr.ip()),
+            )
+        })?;
+        let ifindex = crate::netif::index_of_name(&iface)
+            .ok_or_else(|| io::Error::other(format!("AF_XDP backend: no index for {iface}")))?;
+        let mac = std::fs::read_to_string(format!("/sys/class/net/{iface}/address"))
+            .ok()
+            .and_then(|s| neigh::parse_mac(&s))
+            .ok_or_else(|| io::Error::other(format!("AF_XDP backend: {iface} has no MAC")))?;
+        let udp = UdpBackend::bind_with_sharing(addr, false)?;
+        let port = udp.local().port();
+        let queues = std::fs::read_dir(format!("/sys/class/net/{iface}/queues"))
+            .map(|d| {
+                d.filter_map(Result::ok)
+                    .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                    .count() as u32
+            })
+            .unwrap_or(1)
+            .max(1);
+        let map = bpf::create_xskmap(queues).map_err(|e| context("creating the XSKMAP", e))?;
+        let prog = bpf::load_xdp(&bpf::steering_program(port, map.as_raw_fd()))
+            .map_err(|e| context("loading the program", e))?;
+        // Native mode where the driver has it, else generic.
+        let link = bpf::attach_xdp(&prog, ifindex, bpf::XDP_FLAGS_DRV_MODE)
+            .or_else(|_| bpf::attach_xdp(&prog, ifindex, bpf::XDP_FLAGS_SKB_MODE))
+            .map_err(|e| context(&format!("attaching to {iface}"), e))?;
+        let mut xsks = Vec::new();
+        for q in 0..queues {
+            let x = xsk::Xsk::open(ifindex, q)
+                .map_err(|e| context(&format!("opening the socket of queue {q}"), e))?;
+            bpf::map_update(&map, q, x.raw_fd() as u32)
+                .map_err(|e| context("adding the socket to the map", e))?;
+            xsks.push(x);
+        }
+        Ok(Self {
+            udp,
+            xsks,
+            next_rx: 0,
+            _link: link,
+            _prog: prog,
+            _map: map,
+            src_mac: mac,
+            port,
+            neigh: neigh::Neighbours::new(&iface),
+            foreign: 0,
+            tx_full: 0,
+            via_kernel: 0,
+            origin: Instant::now(),
+        })
+    }
+}
+
+impl Backend for XdpBackend {
+    fn local(&self) -> SocketAddr {
+        self.udp.local()
+    }
+
+    fn tick(&mut self, now_ns: u64) {
+        self.udp.tick(now_ns);
+    }
+
+    /// One packet per send, each with IP ID 0: what the kernel puts on a
+    /// DF datagram of an unconnected socket, so that a `udp` backend peer,
+    /// which cannot see the ID and takes the i-th packet of a GRO run as
+    /// ID i, checks every frame's ICRC (separate frames are not coalesced
+    /// into runs). The frames still leave together: [`Backend::flush`]
+    /// tells the kernel once per transmit pass.
+    fn batch(&self) -> SendBatch {
+        SendBatch { segments: 1, bytes: self.udp.batch().bytes }
+    }
+
+    fn send(
+        &mut self,
+        src: IpAddr,
+        dst: SocketAddr,
+        data: &[u8],
+        seg: usize,
+        tos: u8,
+    ) -> io::Result<()> {
+        let now = self.origin + self.origin.elapsed();
+        let mac = if src.is_ipv4() { self.neigh.lookup(dst.ip(), now) } else { None };
+        let Some(dst_mac) = mac else {
+            return self.udp.send(src, dst, data, seg, tos);
+        };
+        let path = frame::Path {
+            src_mac: self.src_mac,
+            dst_mac,
+            src: SocketAddr::new(src, self.port),
+            dst,
+        };
+        let head = frame::overhead(src.is_ipv4());
+        // Segment `i` of a run carries IP ID `i`, as the kernel's GSO
+        // gives it (the driver computed the ICRCs over those).
+        for (i, p) in data.chunks(seg.max(1)).enumerate() {
+            let put = |x: &mut xsk::Xsk| {
+                x.send(head + p.len(), |buf| {
+                    let _ = frame::build(buf, &path, p, i as u16, tos);
+                })
+            };
+            let tx = &mut self.xsks[0];
+            if !put(tx) {
+                tx.kick();
+                if !put(tx) {
+                    self.tx_full += 1;
+                }
+            }
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) {
+        self.xsks[0].kick();
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<Received>> {
+        let port = self.port;
+        let n = self.xsks.len();
+        let mut idle = 0;
+        while idle < n {
+            let got = self.xsks[self.next_rx].recv(|f| {
+                let p = frame::parse(f, port)?;
+                let n = p.payload.len();
+                let dst = buf.get_mut(..n)?;
+                dst.copy_from_slice(p.payload);
+                Some(Received {
+                    len: n,
+                    seg: n,
+                    from: p.from,
+                    to: p.to,
+                    ip_id: p.from.is_ipv4().then_some(p.ip_id),
+                })
+            });
+            match got {
+                Some(Some(r)) => return Ok(Some(r)),
+                Some(None) => self.foreign += 1,
+                None => {
+                    idle += 1;
+                    self.next_rx = (self.next_rx + 1) % n;
+                }
+            }
+        }
+        let r = self.udp.recv(buf);
+        if let Ok(Some(_)) = r {
+            self.via_kernel += 1;
+        }
+        r
+    }
+
+    fn raw_fds(&self) -> Vec<i32> {
+        let mut v = self.udp.raw_fds();
+        v.extend(self.xsks.iter().map(xsk::Xsk::raw_fd));
+        v
+    }
+
+    fn bind_local(&mut self, ip: IpAddr) -> io::Result<()> {
+        self.udp.bind_local(ip)
+    }
+
+    fn unbind_local(&mut self, ip: IpAddr) {
+        self.udp.unbind_local(ip);
+    }
+
+    fn join(&mut self, group: IpAddr) -> io::Result<()> {
+        self.udp.join(group)
+    }
+
+    fn leave(&mut self, group: IpAddr) {
+        self.udp.leave(group);
+    }
+
+    fn recv_group(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr, IpAddr)> {
+        self.udp.recv_group(buf)
+    }
+
+    fn unreachable(&mut self, out: &mut Vec<SocketAddr>) {
+        self.udp.unreachable(out);
+    }
+}
+
+impl Drop for XdpBackend {
+    fn drop(&mut self) {
+        if std::env::var_os("UROCE_XDP_STATS").is_some() {
+            let st: Vec<[u64; 6]> = self.xsks.iter().map(xsk::Xsk::statistics).collect();
+            eprintln!(
+                "uroce xdp: via kernel {} foreign {} tx_full {} sockets (dropped, rx invalid, tx invalid, rx ring full, fill empty, tx empty) {st:?}",
+                self.via_kernel, self.foreign, self.tx_full
+            );
+        }
+    }
+}

@@ -1,0 +1,125 @@
+//! Next hops and their MAC addresses, read from the kernel's tables (the
+//! kernel still answers and resolves ARP: the XDP program passes it on).
+//! IPv4 only for now: `/proc/net/route` and `/proc/net/arp`. A destination
+//! without a known MAC goes through the kernel's UDP socket instead, which
+//! also makes the kernel resolve it for the next packets.
+
+use std::collections::HashMap;
+use std::net::{IpAddr, Ipv4Addr};
+use std::time::{Duration, Instant};
+
+/// How long a looked-up MAC is used before it is read again.
+const FRESH: Duration = Duration::from_secs(1);
+/// How often a destination without a MAC is looked up again.
+const RETRY: Duration = Duration::from_millis(20);
+
+/// The MAC addresses of destinations on one interface.
+#[derive(Debug)]
+pub(crate) struct Neighbours {
+    iface: String,
+    cache: HashMap<IpAddr, (Option<[u8; 6]>, Instant)>,
+}
+
+impl Neighbours {
+    pub(crate) fn new(iface: &str) -> Self {
+        Self { iface: iface.to_string(), cache: HashMap::new() }
+    }
+
+    /// The MAC to send to `dst` at, if the kernel knows it.
+    pub(crate) fn lookup(&mut self, dst: IpAddr, now: Instant) -> Option<[u8; 6]> {
+        if let Some(&(mac, at)) = self.cache.get(&dst) {
+            let age = now.saturating_duration_since(at);
+            if age < if mac.is_some() { FRESH } else { RETRY } {
+                return mac;
+            }
+        }
+        let mac = match dst {
+            IpAddr::V4(d) => {
+                let hop = next_hop(&read("/proc/thread-self/net/route"), &self.iface, d);
+                hop.and_then(|h| arp_entry(&read("/proc/thread-self/net/arp"), &self.iface, h))
+            }
+            IpAddr::V6(_) => None,
+        };
+        self.cache.insert(dst, (mac, now));
+        mac
+    }
+}
+
+fn read(path: &str) -> String {
+    std::fs::read_to_string(path).unwrap_or_default()
+}
+
+/// The next hop to `dst` through `iface` in a `/proc/net/route` table (the
+/// gateway of the longest matching route, or `dst` itself on a link).
+pub(crate) fn next_hop(table: &str, iface: &str, dst: Ipv4Addr) -> Option<Ipv4Addr> {
+    let hex = |s: &str| u32::from_str_radix(s, 16).ok();
+    let d = u32::from_ne_bytes(dst.octets());
+    let mut best: Option<(u32, u32)> = None; // (prefix length, gateway)
+    for line in table.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 8 || f[0] != iface {
+            continue;
+        }
+        let (Some(net), Some(gw), Some(mask)) = (hex(f[1]), hex(f[2]), hex(f[7])) else { continue };
+        if d & mask == net && best.is_none_or(|(len, _)| mask.count_ones() > len) {
+            best = Some((mask.count_ones(), gw));
+        }
+    }
+    // Without a route through the interface, it may still be on its link.
+    let gw = best.map_or(0, |(_, gw)| gw);
+    Some(if gw == 0 { dst } else { Ipv4Addr::from(gw.to_ne_bytes()) })
+}
+
+/// The complete ARP entry of `ip` on `iface` in a `/proc/net/arp` table.
+pub(crate) fn arp_entry(table: &str, iface: &str, ip: Ipv4Addr) -> Option<[u8; 6]> {
+    for line in table.lines().skip(1) {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 6 || f[5] != iface || f[0].parse::<Ipv4Addr>().ok() != Some(ip) {
+            continue;
+        }
+        // ATF_COM: resolved.
+        let flags = u32::from_str_radix(f[2].trim_start_matches("0x"), 16).ok()?;
+        if flags & 0x2 == 0 {
+            return None;
+        }
+        return parse_mac(f[3]).filter(|m| *m != [0; 6]);
+    }
+    None
+}
+
+/// `aa:bb:cc:dd:ee:ff`.
+pub(crate) fn parse_mac(s: &str) -> Option<[u8; 6]> {
+    let mut mac = [0u8; 6];
+    let mut parts = s.trim().split(':');
+    for b in &mut mac {
+        *b = u8::from_str_radix(parts.next()?, 16).ok()?;
+    }
+    parts.next().is_none().then_some(mac)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn routes_and_arp_entries_read() {
+        let route = "Iface\tDestination\tGateway \tFlags\tRefCnt\tUse\tMetric\tMask\t\tMTU\tWindow\tIRTT\n\
+            eth0\t00000000\t0101A8C0\t0003\t0\t0\t0\t00000000\t0\t0\t0\n\
+            eth0\t0001A8C0\t00000000\t0001\t0\t0\t0\t00FFFFFF\t0\t0\t0\n";
+        let ip = |s: &str| s.parse::<Ipv4Addr>().unwrap();
+        assert_eq!(next_hop(route, "eth0", ip("192.168.1.7")), Some(ip("192.168.1.7")));
+        assert_eq!(next_hop(route, "eth0", ip("8.8.8.8")), Some(ip("192.168.1.1")));
+        assert_eq!(next_hop(route, "veth0", ip("10.1.1.1")), Some(ip("10.1.1.1")));
+        let arp = "IP address       HW type     Flags       HW address            Mask     Device\n\
+            192.168.1.1      0x1         0x2         52:54:00:12:34:56     *        eth0\n\
+            192.168.1.9      0x1         0x0         00:00:00:00:00:00     *        eth0\n";
+        assert_eq!(
+            arp_entry(arp, "eth0", ip("192.168.1.1")),
+            Some([0x52, 0x54, 0, 0x12, 0x34, 0x56])
+        );
+        assert_eq!(arp_entry(arp, "eth0", ip("192.168.1.9")), None, "incomplete");
+        assert_eq!(arp_entry(arp, "eth1", ip("192.168.1.1")), None, "another interface");
+        assert_eq!(parse_mac("02:00:0a:58:00:01"), Some([2, 0, 10, 0x58, 0, 1]));
+        assert_eq!(parse_mac("02:00:0a:58:00"), None);
+    }
+}

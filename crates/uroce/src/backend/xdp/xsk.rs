@@ -1,0 +1,433 @@
+//! UNSAFE ISLAND: one AF_XDP socket with its own UMEM: the frame area, the
+//! four rings the kernel shares with us (fill, completion, RX, TX) and
+//! their producer/consumer protocol. Everything else of the backend is
+//! safe code over [`Xsk`]'s methods.
+//!
+//! Frames are `FRAME` bytes; the first `RX_FRAMES` start in the fill ring
+//! (the kernel copies received frames into them), the rest are free for
+//! transmission and come back through the completion ring.
+
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
+use std::sync::atomic::{AtomicU32, Ordering};
+
+/// Bytes per UMEM frame (one Ethernet frame each: no multi-buffer yet).
+pub(crate) const FRAME: usize = 4096;
+/// Frames handed to the kernel for reception.
+const RX_FRAMES: u32 = 1024;
+/// Frames for transmission.
+const TX_FRAMES: u32 = 1024;
+/// Ring sizes (powers of two).
+const RING: u32 = 1024;
+
+const SOL_XDP: libc::c_int = 283;
+const XDP_MMAP_OFFSETS: libc::c_int = 1;
+const XDP_RX_RING: libc::c_int = 2;
+const XDP_TX_RING: libc::c_int = 3;
+const XDP_UMEM_REG: libc::c_int = 4;
+const XDP_UMEM_FILL_RING: libc::c_int = 5;
+const XDP_UMEM_COMPLETION_RING: libc::c_int = 6;
+const XDP_STATISTICS: libc::c_int = 7;
+const XDP_PGOFF_RX_RING: libc::off_t = 0;
+const XDP_PGOFF_TX_RING: libc::off_t = 0x8000_0000;
+const XDP_UMEM_PGOFF_FILL_RING: libc::off_t = 0x1_0000_0000;
+const XDP_UMEM_PGOFF_COMPLETION_RING: libc::off_t = 0x1_8000_0000;
+/// `sxdp_flags`: copy mode (veth has no zero-copy).
+const XDP_COPY: u16 = 1 << 1;
+
+#[repr(C)]
+#[derive(Default)]
+struct RingOffset {
+    producer: u64,
+    consumer: u64,
+    desc: u64,
+    flags: u64,
+}
+
+#[repr(C)]
+#[derive(Default)]
+struct MmapOffsets {
+    rx: RingOffset,
+    tx: RingOffset,
+    fr: RingOffset,
+    cr: RingOffset,
+}
+
+#[repr(C)]
+struct UmemReg {
+    addr: u64,
+    len: u64,
+    chunk_size: u32,
+    headroom: u32,
+    flags: u32,
+    tx_metadata_len: u32,
+}
+
+#[repr(C)]
+struct SockaddrXdp {
+    family: u16,
+    flags: u16,
+    ifindex: u32,
+    queue_id: u32,
+    shared_umem_fd: u32,
+}
+
+/// An RX or TX descriptor (`struct xdp_desc`).
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct Desc {
+    addr: u64,
+    len: u32,
+    options: u32,
+}
+
+/// One mapped ring: its producer and consumer indices and descriptors of
+/// type `T` (`u64` frame addresses for fill/completion, `Desc` for RX/TX).
+struct Ring<T> {
+    map: *mut libc::c_void,
+    map_len: usize,
+    producer: *const AtomicU32,
+    consumer: *const AtomicU32,
+    descs: *mut T,
+}
+
+impl<T: Copy> Ring<T> {
+    fn map(fd: RawFd, off: &RingOffset, pgoff: libc::off_t) -> io::Result<Self> {
+        let map_len = off.desc as usize + RING as usize * size_of::<T>();
+        // SAFETY: maps the ring the kernel set up for this socket at the
+        // offset and length it gave; checked for failure.
+        let map = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                map_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
+                pgoff,
+            )
+        };
+        if map == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let at = |o: u64| map.cast::<u8>().wrapping_add(o as usize);
+        Ok(Self {
+            map,
+            map_len,
+            producer: at(off.producer).cast(),
+            consumer: at(off.consumer).cast(),
+            descs: at(off.desc).cast(),
+        })
+    }
+
+    fn producer(&self) -> &AtomicU32 {
+        // SAFETY: inside the live mapping, 4-byte aligned by the kernel.
+        unsafe { &*self.producer }
+    }
+
+    fn consumer(&self) -> &AtomicU32 {
+        // SAFETY: as `producer`.
+        unsafe { &*self.consumer }
+    }
+
+    /// Entries the kernel produced that we have not consumed, from index
+    /// `at`.
+    fn readable(&self) -> (u32, u32) {
+        let at = self.consumer().load(Ordering::Relaxed);
+        (at, self.producer().load(Ordering::Acquire).wrapping_sub(at))
+    }
+
+    fn read(&self, index: u32) -> T {
+        // SAFETY: `index & (RING-1)` is inside the descriptor array.
+        unsafe { self.descs.add((index & (RING - 1)) as usize).read_volatile() }
+    }
+
+    fn consume(&self, n: u32) {
+        let at = self.consumer().load(Ordering::Relaxed);
+        self.consumer().store(at.wrapping_add(n), Ordering::Release);
+    }
+
+    /// Room for entries we produce.
+    fn writable(&self) -> (u32, u32) {
+        let at = self.producer().load(Ordering::Relaxed);
+        (at, RING - at.wrapping_sub(self.consumer().load(Ordering::Acquire)))
+    }
+
+    fn write(&self, index: u32, v: T) {
+        // SAFETY: `index & (RING-1)` is inside the descriptor array, and
+        // the kernel does not read it until the producer moves past it.
+        unsafe { self.descs.add((index & (RING - 1)) as usize).write_volatile(v) }
+    }
+
+    fn produce(&self, n: u32) {
+        let at = self.producer().load(Ordering::Relaxed);
+        self.producer().store(at.wrapping_add(n), Ordering::Release);
+    }
+}
+
+impl<T> Drop for Ring<T> {
+    fn drop(&mut self) {
+        // SAFETY: unmaps our own mapping once.
+        unsafe { libc::munmap(self.map, self.map_len) };
+    }
+}
+
+/// An AF_XDP socket bound to one queue of one interface, with its UMEM.
+pub(crate) struct Xsk {
+    // Rings before the socket and the area: unmapped first.
+    fill: Ring<u64>,
+    comp: Ring<u64>,
+    rx: Ring<Desc>,
+    tx: Ring<Desc>,
+    fd: OwnedFd,
+    area: *mut u8,
+    area_len: usize,
+    /// Transmit frames not in the kernel's hands.
+    free_tx: Vec<u64>,
+    /// TX descriptors written since the last kick.
+    unkicked: u32,
+}
+
+// SAFETY: the raw pointers are into mappings owned by this value alone;
+// it is used by one thread at a time (the backend sits in the driver's
+// mutex).
+unsafe impl Send for Xsk {}
+
+impl std::fmt::Debug for Xsk {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Xsk").field("fd", &self.fd).finish_non_exhaustive()
+    }
+}
+
+fn setsockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
+    // SAFETY: `v` is a live value of the size passed.
+    let r = unsafe {
+        libc::setsockopt(fd, SOL_XDP, name, (v as *const T).cast(), size_of::<T>() as u32)
+    };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+}
+
+impl Xsk {
+    /// A socket on queue `queue` of interface `ifindex`, in copy mode.
+    pub(crate) fn open(ifindex: u32, queue: u32) -> io::Result<Self> {
+        // SAFETY: plain socket call; checked.
+        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: a new descriptor nobody else owns.
+        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
+        let area_len = (RX_FRAMES + TX_FRAMES) as usize * FRAME;
+        // SAFETY: an anonymous private mapping; checked.
+        let area = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                area_len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
+                -1,
+                0,
+            )
+        };
+        if area == libc::MAP_FAILED {
+            return Err(io::Error::last_os_error());
+        }
+        let area = area.cast::<u8>();
+        let unmap = |e: io::Error| {
+            // SAFETY: our mapping, unmapped once on this error path.
+            unsafe { libc::munmap(area.cast(), area_len) };
+            e
+        };
+        let reg = UmemReg {
+            addr: area as u64,
+            len: area_len as u64,
+            chunk_size: FRAME as u32,
+            headroom: 0,
+            flags: 0,
+            tx_metadata_len: 0,
+        };
+        let rings = (|| {
+            setsockopt(raw, XDP_UMEM_REG, &reg)?;
+            for name in [XDP_UMEM_FILL_RING, XDP_UMEM_COMPLETION_RING, XDP_RX_RING, XDP_TX_RING] {
+                setsockopt(raw, name, &RING)?;
+            }
+            let mut off = MmapOffsets::default();
+            let mut len = size_of::<MmapOffsets>() as u32;
+            // SAFETY: `off` is a live buffer of `len` bytes.
+            let r = unsafe {
+                libc::getsockopt(raw, SOL_XDP, XDP_MMAP_OFFSETS, (&raw mut off).cast(), &mut len)
+            };
+            if r < 0 {
+                return Err(io::Error::last_os_error());
+            }
+            Ok((
+                Ring::<u64>::map(raw, &off.fr, XDP_UMEM_PGOFF_FILL_RING)?,
+                Ring::<u64>::map(raw, &off.cr, XDP_UMEM_PGOFF_COMPLETION_RING)?,
+                Ring::<Desc>::map(raw, &off.rx, XDP_PGOFF_RX_RING)?,
+                Ring::<Desc>::map(raw, &off.tx, XDP_PGOFF_TX_RING)?,
+            ))
+        })();
+        let (fill, comp, rx, tx) = rings.map_err(unmap)?;
+        let x = Self {
+            fill,
+            comp,
+            rx,
+            tx,
+            fd,
+            area,
+            area_len,
+            free_tx: (RX_FRAMES..RX_FRAMES + TX_FRAMES)
+                .map(|i| u64::from(i) * FRAME as u64)
+                .collect(),
+            unkicked: 0,
+        };
+        // Every receive frame into the fill ring, then bind.
+        let (at, room) = x.fill.writable();
+        debug_assert!(room >= RX_FRAMES);
+        for i in 0..RX_FRAMES {
+            x.fill.write(at.wrapping_add(i), u64::from(i) * FRAME as u64);
+        }
+        x.fill.produce(RX_FRAMES);
+        let sa = SockaddrXdp {
+            family: libc::AF_XDP as u16,
+            flags: XDP_COPY,
+            ifindex,
+            queue_id: queue,
+            shared_umem_fd: 0,
+        };
+        // SAFETY: a live sockaddr_xdp of the size passed.
+        let r = unsafe { libc::bind(raw, (&raw const sa).cast(), size_of::<SockaddrXdp>() as u32) };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        Ok(x)
+    }
+
+    /// The kernel's counters of this socket (`XDP_STATISTICS`): frames
+    /// dropped, invalid RX and TX descriptors, RX ring full, fill ring
+    /// empty, TX ring empty.
+    pub(crate) fn statistics(&self) -> [u64; 6] {
+        let mut st = [0u64; 6];
+        let mut len = size_of_val(&st) as u32;
+        // SAFETY: `st` is a live buffer of `len` bytes.
+        let r = unsafe {
+            libc::getsockopt(
+                self.raw_fd(),
+                SOL_XDP,
+                XDP_STATISTICS,
+                st.as_mut_ptr().cast(),
+                &mut len,
+            )
+        };
+        if r < 0 { [0; 6] } else { st }
+    }
+
+    pub(crate) fn raw_fd(&self) -> RawFd {
+        self.fd.as_raw_fd()
+    }
+
+    /// The frame at UMEM address `addr`, `len` bytes.
+    fn frame(&self, addr: u64, len: usize) -> &[u8] {
+        let (a, l) = (addr as usize, len.min(FRAME));
+        assert!(a + l <= self.area_len, "the kernel gave a frame outside the UMEM");
+        // SAFETY: inside our mapping (checked); the kernel wrote it before
+        // producing the descriptor and does not touch it until we give
+        // the frame back through the fill ring.
+        unsafe { std::slice::from_raw_parts(self.area.add(a), l) }
+    }
+
+    /// Calls `f` with the next received frame, if one waits, then gives
+    /// its buffer back to the kernel. `None`: nothing received.
+    pub(crate) fn recv<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
+        let (at, n) = self.rx.readable();
+        if n == 0 {
+            return None;
+        }
+        let d = self.rx.read(at);
+        let r = f(self.frame(d.addr, d.len as usize));
+        self.rx.consume(1);
+        // Its frame back into the fill ring (always room: the ring holds
+        // every receive frame).
+        let (fat, room) = self.fill.writable();
+        if room > 0 {
+            self.fill.write(fat, d.addr & !(FRAME as u64 - 1));
+            self.fill.produce(1);
+        }
+        Some(r)
+    }
+
+    /// Takes back transmit frames the kernel has sent.
+    fn reclaim(&mut self) {
+        let (at, n) = self.comp.readable();
+        for i in 0..n {
+            self.free_tx.push(self.comp.read(at.wrapping_add(i)));
+        }
+        self.comp.consume(n);
+    }
+
+    /// Queues one frame of `len` bytes written by `fill` (which gets the
+    /// whole frame buffer); `false` when no frame or ring slot is free.
+    pub(crate) fn send(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
+        if self.free_tx.is_empty() {
+            self.reclaim();
+        }
+        let (at, room) = self.tx.writable();
+        if room == 0 || len > FRAME {
+            return false;
+        }
+        let Some(addr) = self.free_tx.pop() else { return false };
+        // SAFETY: a transmit frame of ours inside the mapping, not in the
+        // kernel's hands (it came from the free list).
+        let buf = unsafe { std::slice::from_raw_parts_mut(self.area.add(addr as usize), FRAME) };
+        fill(buf);
+        self.tx.write(at, Desc { addr, len: len as u32, options: 0 });
+        self.tx.produce(1);
+        self.unkicked += 1;
+        true
+    }
+
+    /// Tells the kernel to transmit what was queued (copy mode always needs
+    /// it), then takes back what it already sent.
+    /// In copy mode one call sends at most 32 frames (the kernel's
+    /// `TX_BATCH_SIZE`) and says `EAGAIN` when more wait: it is called
+    /// until the ring is empty (or the device pushes back for long).
+    pub(crate) fn kick(&mut self) {
+        if self.unkicked > 0 {
+            self.unkicked = 0;
+            for _ in 0..RING / 16 {
+                // SAFETY: no buffer: `sendto` with a NULL pointer and
+                // length 0 is how AF_XDP is told to look at its TX ring.
+                let r = unsafe {
+                    libc::sendto(
+                        self.raw_fd(),
+                        std::ptr::null(),
+                        0,
+                        libc::MSG_DONTWAIT,
+                        std::ptr::null(),
+                        0,
+                    )
+                };
+                let busy = r < 0
+                    && matches!(
+                        io::Error::last_os_error().raw_os_error(),
+                        Some(libc::EAGAIN | libc::EBUSY | libc::ENOBUFS)
+                    );
+                let (_, room) = self.tx.writable();
+                if room == RING || (r < 0 && !busy) {
+                    break;
+                }
+            }
+        }
+        self.reclaim();
+    }
+}
+
+impl Drop for Xsk {
+    fn drop(&mut self) {
+        // The rings unmap themselves after this; the socket closes after
+        // them (field order), and only then may the area go. Unmapping it
+        // here is safe too: the kernel pins the UMEM pages it registered
+        // until the socket is released.
+        // SAFETY: our mapping, unmapped once.
+        unsafe { libc::munmap(self.area.cast(), self.area_len) };
+    }
+}
