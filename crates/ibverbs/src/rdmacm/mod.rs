@@ -99,8 +99,9 @@ const UDP_QKEY: u32 = uroce::cm::UDP_QKEY;
 const RC_ACCESS: u32 = 1 | 2 | 4 | 8;
 /// READs/atomics in flight when the application asks for none.
 const RD_ATOMIC_MAX: u8 = 16;
-/// The Local ACK Timeout librdmacm's QPs get (the kernel CM's default).
-const ACK_TIMEOUT: u8 = 14;
+/// The Local ACK Timeout librdmacm's QPs get (the kernel CM's for RoCE,
+/// see `uroce::cm`'s).
+const ACK_TIMEOUT: u8 = 19;
 /// REQ response timeout (4.096 µs × 2^20 ≈ 4.3 s) and tries, as the
 /// kernel's RDMA CM (`CMA_CM_RESPONSE_TIMEOUT`, `CMA_MAX_CM_RETRIES`).
 const CM_RESPONSE_TIMEOUT: u8 = 20;

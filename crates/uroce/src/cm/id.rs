@@ -40,8 +40,12 @@ use crate::{AhAttr, AttrMask, Mtu, Path, Psn, QpAttr, QpState, QpType};
 pub const UDP_QKEY: u32 = 0x0123_4567;
 /// The multicast QPN an address vector to a group names.
 const MULTICAST_QPN: u32 = 0xff_ffff;
-/// Local ACK Timeout (4.096 µs × 2^14 ≈ 67 ms) unless the id sets one.
-const ACK_TIMEOUT: u8 = 14;
+/// Local ACK Timeout unless the id sets one: 19 (4.096 µs × 2^19 ≈ 2.1 s
+/// before a retry is spent), what Linux's CM puts in its REQ over RoCE
+/// (`rping_cm.pcap`). Losses are repaired sooner, by probes timed from
+/// the round trip; this is the budget a starved peer gets (seven retries),
+/// and 67 ms (14) ran out on a loaded machine.
+pub(crate) const ACK_TIMEOUT: u8 = 19;
 /// The CM's response timeout (2^20 × 4.096 µs ≈ 4.3 s) and retries, as
 /// librdmacm's.
 const CM_RESPONSE_TIMEOUT: u8 = 20;

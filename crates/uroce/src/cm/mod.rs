@@ -287,7 +287,7 @@ impl Context {
         let path = PathOptions {
             retry_count: 7,
             traffic_class: 0,
-            ack_timeout: 14,
+            ack_timeout: id::ACK_TIMEOUT,
             // 2^16 × 4.096 µs ≈ 268 ms per try, as many tries as fit.
             response_timeout: 16,
             max_cm_retries: 15,
