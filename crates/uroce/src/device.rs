@@ -90,7 +90,7 @@ impl Device {
     pub(crate) fn backend(&self) -> std::io::Result<Box<dyn crate::backend::Backend>> {
         match &self.net {
             Some(net) => Ok(net.attach(self.socket_addr())),
-            None if std::env::var("UROCE_BACKEND").as_deref() == Ok("xdp") => {
+            None if crate::backend::xdp::selected() => {
                 Ok(Box::new(crate::backend::xdp::XdpBackend::open(self.socket_addr())?))
             }
             None => Ok(Box::new(crate::backend::udp::UdpBackend::bind(self.socket_addr())?)),
@@ -203,7 +203,10 @@ impl Device {
 
     /// Port 1's attributes.
     pub fn port_attr(&self) -> PortAttr {
-        let link_mtu = link_mtu(self.cfg.addr);
+        let mut link_mtu = link_mtu(self.cfg.addr);
+        if self.net.is_none() && crate::backend::xdp::selected() {
+            link_mtu = link_mtu.min(crate::backend::xdp::MAX_IP_PACKET);
+        }
         let over = if self.cfg.addr.is_ipv4() { 20 } else { 40 } + 8 + 12 + 28 + 4;
         PortAttr {
             active: crate::netif::link_up(self.cfg.addr),

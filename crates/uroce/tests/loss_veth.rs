@@ -460,6 +460,14 @@ fn run_pair_on(net: &Net, server: Option<&str>, client: Option<&str>) -> Vec<Tpu
 #[test]
 fn loss_suite_over_veth() {
     match std::env::var(ROLE).as_deref() {
+        Ok("hold") => {
+            // Open a device (on the backend the environment names), say
+            // so, and wait to be killed.
+            let _s = side("10.231.0.2".parse().unwrap());
+            line(&mut std::io::stdout(), "HOLDING");
+            std::thread::sleep(Duration::from_secs(60));
+            return;
+        }
         Ok("server") => {
             return server("10.231.0.2".parse().unwrap(), "10.231.0.1".parse().unwrap());
         }
@@ -556,7 +564,7 @@ fn kernel_udp_in(ns: &str) -> u64 {
 /// RoCE datagrams must go through the AF_XDP socket (the kernel of its
 /// namespace delivers next to none to sockets), the kernel must keep
 /// answering ping meanwhile, and the XDP program must be gone once the
-/// process has exited.
+/// process has exited, also by SIGKILL.
 #[test]
 fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
     if std::env::var(ROLE).is_ok() {
@@ -596,4 +604,22 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
     let (drops, dups) = net.counted();
     assert!(drops > 0 && dups > 0, "faults were injected ({drops} drops, {dups} duplicates)");
     eprintln!("AF_XDP server, 1 % loss: {t:?}");
+    // SIGKILL leaves nothing behind: the program goes with the process's
+    // last descriptor of its link, and the next start attaches again.
+    for _ in 0..2 {
+        let mut held = spawn(&net.b, "hold", Some("xdp"));
+        let mut out = BufReader::new(held.stdout.take().unwrap());
+        let mut l = String::new();
+        while !l.contains("HOLDING") {
+            l.clear();
+            assert!(out.read_line(&mut l).unwrap() > 0, "the holder ended early");
+        }
+        assert!(ip_out(&net.b, &["link", "show", "dev", &vb]).contains("xdp"), "attached");
+        held.kill().unwrap();
+        held.wait().unwrap();
+        assert!(
+            !ip_out(&net.b, &["link", "show", "dev", &vb]).contains("xdp"),
+            "gone after SIGKILL"
+        );
+    }
 }

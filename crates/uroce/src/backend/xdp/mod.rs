@@ -17,7 +17,8 @@
 //! queue, frames up
 //! to 4096 bytes (RoCE MTU up to 2048: no multi-buffer yet), IPv4 through
 //! the socket (IPv6 destinations go through the kernel). One process per
-//! interface: an interface takes one XDP program.
+//! interface: an interface takes one XDP program. `UROCE_XDP_STATS=1`
+//! prints the sockets' counters when the backend closes.
 
 mod bpf;
 mod frame;
@@ -31,6 +32,15 @@ use std::time::Instant;
 
 use super::udp::UdpBackend;
 use super::{Backend, Received, SendBatch};
+
+/// Whether devices use this backend (`UROCE_BACKEND=xdp`).
+pub(crate) fn selected() -> bool {
+    std::env::var("UROCE_BACKEND").as_deref() == Ok("xdp")
+}
+
+/// The largest IP packet a receive chunk holds (the port's MTU is capped
+/// to it: RoCE MTU 2048 at most until frames span chunks).
+pub(crate) const MAX_IP_PACKET: usize = xsk::MAX_RX_FRAME - 14;
 
 /// The AF_XDP backend of one context.
 #[derive(Debug)]
@@ -55,22 +65,28 @@ pub(crate) struct XdpBackend {
     tx_full: u64,
     /// Datagrams that came through the kernel (passed on by the program).
     via_kernel: u64,
-    origin: Instant,
 }
 
 /// An `io::Error` saying what failed, and what the usual cause is.
 fn context(what: &str, e: io::Error) -> io::Error {
-    let hint = match e.raw_os_error() {
-        Some(libc::EPERM | libc::EACCES) => " (needs CAP_NET_ADMIN and CAP_BPF: run as root)",
-        Some(libc::EBUSY | libc::EEXIST) => " (the interface has an XDP program already)",
-        _ => "",
+    let denied = matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES));
+    let hint = if denied && what.starts_with("opening the socket") {
+        " (an AF_XDP socket needs CAP_NET_RAW)"
+    } else if denied {
+        " (the XDP program needs CAP_BPF and CAP_NET_ADMIN, or root)"
+    } else if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EEXIST)) {
+        " (the interface has an XDP program already: another uroce process, or another tool)"
+    } else if e.raw_os_error() == Some(libc::ENOBUFS) {
+        " (the UMEM is charged to RLIMIT_MEMLOCK without CAP_IPC_LOCK)"
+    } else {
+        ""
     };
     io::Error::new(e.kind(), format!("AF_XDP backend: {what}: {e}{hint}"))
 }
 
 impl XdpBackend {
     /// Opens the backend for the device at `addr`: its interface, an XDP
-    /// program steering `addr`'s port to an AF_XDP socket on queue 0.
+    /// program steering `addr`'s port to an AF_XDP socket per queue.
     pub(crate) fn open(addr: SocketAddr) -> io::Result<Self> {
         let iface = crate::netif::interface_of(addr.ip()).ok_or_else(|| {
             io::Error::new(
@@ -122,7 +138,6 @@ impl XdpBackend {
             foreign: 0,
             tx_full: 0,
             via_kernel: 0,
-            origin: Instant::now(),
         })
     }
 }
@@ -154,7 +169,7 @@ impl Backend for XdpBackend {
         seg: usize,
         tos: u8,
     ) -> io::Result<()> {
-        let now = self.origin + self.origin.elapsed();
+        let now = Instant::now();
         let mac = if src.is_ipv4() { self.neigh.lookup(dst.ip(), now) } else { None };
         let Some(dst_mac) = mac else {
             return self.udp.send(src, dst, data, seg, tos);

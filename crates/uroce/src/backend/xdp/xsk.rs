@@ -13,6 +13,9 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 /// Bytes per UMEM frame (one Ethernet frame each: no multi-buffer yet).
 pub(crate) const FRAME: usize = 4096;
+/// The longest frame received into one chunk: in copy mode the kernel
+/// writes it past `XDP_PACKET_HEADROOM` (256 bytes).
+pub(crate) const MAX_RX_FRAME: usize = FRAME - 256;
 /// Frames handed to the kernel for reception.
 const RX_FRAMES: u32 = 1024;
 /// Frames for transmission.
@@ -325,10 +328,13 @@ impl Xsk {
         self.fd.as_raw_fd()
     }
 
-    /// The frame at UMEM address `addr`, `len` bytes.
+    /// The frame at UMEM address `addr`, `len` bytes, if that is inside
+    /// the UMEM (the kernel only gives such; an empty frame otherwise).
     fn frame(&self, addr: u64, len: usize) -> &[u8] {
         let (a, l) = (addr as usize, len.min(FRAME));
-        assert!(a + l <= self.area_len, "the kernel gave a frame outside the UMEM");
+        if a.checked_add(l).is_none_or(|end| end > self.area_len) {
+            return &[];
+        }
         // SAFETY: inside our mapping (checked); the kernel wrote it before
         // producing the descriptor and does not touch it until we give
         // the frame back through the fill ring.
@@ -343,6 +349,8 @@ impl Xsk {
             return None;
         }
         let d = self.rx.read(at);
+        // In copy mode the data starts past a headroom inside its chunk;
+        // the chunk goes back whole.
         let r = f(self.frame(d.addr, d.len as usize));
         self.rx.consume(1);
         // Its frame back into the fill ring (always room: the ring holds
