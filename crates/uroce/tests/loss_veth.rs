@@ -460,6 +460,8 @@ fn run_pair_on(net: &Net, server: Option<&str>, client: Option<&str>) -> Vec<Tpu
 #[test]
 fn loss_suite_over_veth() {
     match std::env::var(ROLE).as_deref() {
+        Ok("ud-server") => return ud_echo(true),
+        Ok("ud-client") => return ud_echo(false),
         Ok("hold") => {
             // Open a device (on the backend the environment names), say
             // so, and wait to be killed.
@@ -535,6 +537,193 @@ fn is_root() -> bool {
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
 }
 
+/// UD datagrams between the namespaces: the client sends `UD_ROUNDS`
+/// datagrams of 1 to 1024 bytes through an address handle, the server
+/// echoes each back to the QP its completion names, and the client checks
+/// every byte of every echo. Loss-free links only (UD does not resend).
+const UD_ROUNDS: usize = 300;
+const UD_QKEY: u32 = 0x5151_0000;
+const GRH: usize = 40;
+
+fn ud_echo(server: bool) {
+    let (me, peer) =
+        if server { ("10.231.0.2", "10.231.0.1") } else { ("10.231.0.1", "10.231.0.2") };
+    let ctx = uroce::Device::from_config(DeviceConfig {
+        name: "loss".into(),
+        addr: me.parse().unwrap(),
+        port: 4791,
+    })
+    .open()
+    .expect("open device");
+    let pd = ctx.alloc_pd().unwrap();
+    let cq = ctx.create_cq(64).unwrap();
+    let mr = pd.alloc_mr(64 << 10, Access::LOCAL_WRITE).unwrap();
+    let cap = QpCaps {
+        max_send_wr: 16,
+        max_recv_wr: 16,
+        max_send_sge: 1,
+        max_recv_sge: 1,
+        max_inline_data: 0,
+    };
+    let qp = pd
+        .create_qp(&uroce::QpInitAttr {
+            send_cq: &cq,
+            recv_cq: &cq,
+            cap,
+            qp_type: uroce::QpType::Ud,
+            sq_sig_all: true,
+            srq: None,
+        })
+        .unwrap();
+    uroce::activate_ud(&qp, UD_QKEY, 1).unwrap();
+    let ah = pd.create_ah(&uroce::AhAttr::new(peer.parse().unwrap())).unwrap();
+    // Receives in slots 0..8 of 2 KiB (GRH + payload); sends from 32 KiB.
+    let recv = |slot: usize| {
+        let sge = [mr.sge(slot * 2048, (GRH + 1024) as u32).unwrap()];
+        qp.post_recv(&[uroce::RecvWr { wr_id: slot as u64, sgl: &sge }]).unwrap();
+    };
+    let send = |len: usize, to: u32| {
+        let sge = [mr.sge(32 << 10, len as u32).unwrap()];
+        qp.post_send(&[SendWr {
+            wr_id: 100,
+            sgl: &sge,
+            ud: Some(ah.dest(to, UD_QKEY)),
+            ..SendWr::default()
+        }])
+        .unwrap();
+    };
+    for slot in 0..8 {
+        recv(slot);
+    }
+    line(&mut std::io::stdout(), &format!("UDQP {}", qp.qpn()));
+    let l = stdin_line();
+    let peer_qpn: u32 = l.strip_prefix("UDQP ").expect("the peer's UD QPN").parse().unwrap();
+    let mut payload = vec![0u8; 1024];
+    let mut pending = std::collections::VecDeque::new();
+    if server {
+        // Echo every datagram; an empty one ends the exchange.
+        let mut echoed = 0;
+        loop {
+            let c = next_wc(&cq, &mut pending, "UD datagram");
+            assert_eq!((c.opcode, c.src_qp), (uroce::WcOpcode::Recv, peer_qpn), "{c:?}");
+            let len = c.byte_len as usize - GRH;
+            recv_back(&mr, &qp, c.wr_id as usize, len, &mut payload);
+            if len == 0 {
+                break;
+            }
+            mr.write(32 << 10, &payload[..len]).unwrap();
+            send(len, c.src_qp);
+            let s = next_wc(&cq, &mut pending, "UD echo sent");
+            assert_eq!(s.opcode, uroce::WcOpcode::Send, "{s:?}");
+            echoed += 1;
+        }
+        line(&mut std::io::stdout(), &format!("SERVER OK UD {echoed}"));
+    } else {
+        // The first datagram may meet a peer still settling into its
+        // address's sharing group, and UD does not resend: say hello until
+        // an echo comes. After that the link loses nothing.
+        let hello = pattern(1, 0);
+        mr.write(32 << 10, &hello).unwrap();
+        let mut answered = false;
+        for _ in 0..50 {
+            send(1, peer_qpn);
+            let t = Instant::now();
+            let mut wc =
+                [Completion::new(0, WcStatus::Success, uroce::WcOpcode::Send, 0, false); 4];
+            while !answered && t.elapsed() < Duration::from_millis(100) {
+                let k = cq.poll(&mut wc).unwrap();
+                for c in &wc[..k] {
+                    assert_eq!(c.status, WcStatus::Success, "{c:?}");
+                    if c.opcode == uroce::WcOpcode::Recv {
+                        recv_back(&mr, &qp, c.wr_id as usize, 1, &mut payload);
+                        answered = true;
+                    }
+                }
+            }
+            if answered {
+                break;
+            }
+        }
+        assert!(answered, "no UD echo in 50 tries");
+        // Late echoes of the hellos are skipped by their length.
+        for i in 0..UD_ROUNDS {
+            let len = 2 + i * 37 % 1023;
+            let p = pattern(len, i as u32);
+            mr.write(32 << 10, &p).unwrap();
+            send(len, peer_qpn);
+            let c = loop {
+                let c = next_wc(&cq, &mut pending, "UD");
+                if c.opcode == uroce::WcOpcode::Recv && c.byte_len as usize - GRH == 1 {
+                    recv_back(&mr, &qp, c.wr_id as usize, 1, &mut payload);
+                    continue;
+                }
+                if c.opcode == uroce::WcOpcode::Recv {
+                    break c;
+                }
+            };
+            assert_eq!(c.byte_len as usize - GRH, len, "echo {i} length");
+            recv_back(&mr, &qp, c.wr_id as usize, len, &mut payload);
+            assert!(payload[..len] == p[..], "echo {i} differs");
+        }
+        send(0, peer_qpn);
+        while next_wc(&cq, &mut pending, "the last UD datagram").opcode != uroce::WcOpcode::Send {}
+        line(&mut std::io::stdout(), "DONE");
+    }
+}
+
+/// The next completion of `cq`, one at a time (`wait` hands back every
+/// completion one poll finds).
+fn next_wc(
+    cq: &Cq,
+    pending: &mut std::collections::VecDeque<Completion>,
+    what: &str,
+) -> Completion {
+    if pending.is_empty() {
+        pending.extend(wait(cq, 1, what));
+    }
+    pending.pop_front().unwrap()
+}
+
+/// Copies slot `slot`'s payload of `len` bytes out and posts the slot
+/// again.
+fn recv_back(mr: &Mr, qp: &Qp, slot: usize, len: usize, out: &mut [u8]) {
+    mr.read(slot * 2048 + GRH, &mut out[..len]).unwrap();
+    let sge = [mr.sge(slot * 2048, (GRH + 1024) as u32).unwrap()];
+    qp.post_recv(&[uroce::RecvWr { wr_id: slot as u64, sgl: &sge }]).unwrap();
+}
+
+/// Runs the UD echo with the server on `server` and the client on
+/// `client` (backends).
+fn run_ud(net: &Net, server: Option<&str>, client: Option<&str>) {
+    let mut srv = spawn(&net.b, "ud-server", server);
+    let mut cli = spawn(&net.a, "ud-client", client);
+    let mut s_in = srv.stdin.take().unwrap();
+    let mut c_in = cli.stdin.take().unwrap();
+    let mut s_out = BufReader::new(srv.stdout.take().unwrap());
+    let mut c_out = BufReader::new(cli.stdout.take().unwrap());
+    let next = |r: &mut BufReader<std::process::ChildStdout>| {
+        let mut s = String::new();
+        loop {
+            s.clear();
+            if r.read_line(&mut s).unwrap() == 0 {
+                return String::new();
+            }
+            let markers = ["UDQP ", "DONE", "SERVER OK"];
+            if let Some(at) = markers.iter().filter_map(|m| s.find(m)).min() {
+                return s[at..].trim().to_string();
+            }
+        }
+    };
+    let (sq, cq) = (next(&mut s_out), next(&mut c_out));
+    line(&mut c_in, &sq);
+    line(&mut s_in, &cq);
+    let (cd, sd) = (next(&mut c_out), next(&mut s_out));
+    let (cs, ss) = (cli.wait().unwrap(), srv.wait().unwrap());
+    assert!(cs.success() && ss.success(), "UD client {cs}, server {ss}");
+    assert_eq!(cd, "DONE");
+    assert!(sd.starts_with("SERVER OK UD"), "{sd}");
+}
+
 /// `ip -n ns ...`'s output.
 fn ip_out(ns: &str, args: &[&str]) -> String {
     let out = Command::new("ip").args(["-n", ns]).args(args).output().unwrap();
@@ -594,6 +783,8 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
     assert!(ping.wait().unwrap().success(), "ping through the XDP program's interface");
     assert!(!ip_out(&net.b, &["link", "show", "dev", &vb]).contains("xdp"), "program detached");
     eprintln!("AF_XDP server: {t:?}");
+    run_ud(&net, Some("xdp"), None);
+    run_ud(&net, None, Some("xdp"));
     // The other way round, and with faults on the kernel side's path.
     let (va, _) = net.ifaces();
     let t = run_pair_on(&net, None, Some("xdp"));
