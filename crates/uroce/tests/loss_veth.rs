@@ -18,7 +18,7 @@
 
 use std::io::{BufRead, BufReader, Write};
 use std::net::IpAddr;
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
 use uroce::{Access, Completion, Cq, DeviceConfig, Mr, Qp, QpCaps, SendWr, WcStatus, WrOpcode};
@@ -298,6 +298,8 @@ impl Net {
             && sh(&["ip", "link", "set", &vb, "netns", &net.b])
             && sh(&["ip", "-n", &net.a, "addr", "add", "10.231.0.1/24", "dev", &va])
             && sh(&["ip", "-n", &net.b, "addr", "add", "10.231.0.2/24", "dev", &vb])
+            && sh(&["ip", "-n", &net.a, "addr", "add", "fd31::1/64", "dev", &va, "nodad"])
+            && sh(&["ip", "-n", &net.b, "addr", "add", "fd31::2/64", "dev", &vb, "nodad"])
             && sh(&["ip", "-n", &net.a, "link", "set", &va, "up"])
             && sh(&["ip", "-n", &net.b, "link", "set", &vb, "up"])
             && sh(&["ip", "-n", &net.a, "link", "set", "lo", "up"])
@@ -378,7 +380,17 @@ impl Drop for Net {
 /// Runs this binary's role `role` in namespace `ns`, on `backend`
 /// (`UROCE_BACKEND`; the default when `None`).
 fn spawn(ns: &str, role: &str, backend: Option<&str>) -> Child {
+    spawn_v(ns, role, backend, false)
+}
+
+/// [`spawn`], the role on IPv6 addresses if `v6` (UD echo only).
+fn spawn_v(ns: &str, role: &str, backend: Option<&str>, v6: bool) -> Child {
     let mut c = Command::new("ip");
+    if v6 {
+        c.env("UROCE_LOSS_IPV6", "1");
+    } else {
+        c.env_remove("UROCE_LOSS_IPV6");
+    }
     if let Some(b) = backend {
         c.env("UROCE_BACKEND", b);
     } else {
@@ -395,6 +407,38 @@ fn spawn(ns: &str, role: &str, backend: Option<&str>) -> Child {
         .unwrap()
 }
 
+/// A server role in namespace `b` and a client role in `a` (each with its
+/// backend), with their pipes.
+fn start_roles(
+    net: &Net,
+    server: (&str, Option<&str>),
+    client: (&str, Option<&str>),
+    v6: bool,
+) -> (Child, Child, ChildStdin, ChildStdin, BufReader<ChildStdout>, BufReader<ChildStdout>) {
+    let mut srv = spawn_v(&net.b, server.0, server.1, v6);
+    let mut cli = spawn_v(&net.a, client.0, client.1, v6);
+    let (s_in, c_in) = (srv.stdin.take().unwrap(), cli.stdin.take().unwrap());
+    let s_out = BufReader::new(srv.stdout.take().unwrap());
+    let c_out = BufReader::new(cli.stdout.take().unwrap());
+    (srv, cli, s_in, c_in, s_out, c_out)
+}
+
+/// The next line of `r` that holds one of `markers`, from the first one
+/// on ("" at the end): the test harness prints its own text too, and
+/// "test NAME ... " without a newline before the role's first line.
+fn next_marked(r: &mut BufReader<ChildStdout>, markers: &[&str]) -> String {
+    let mut s = String::new();
+    loop {
+        s.clear();
+        if r.read_line(&mut s).unwrap() == 0 {
+            return String::new();
+        }
+        if let Some(at) = markers.iter().filter_map(|m| s.find(m)).min() {
+            return s[at..].trim().to_string();
+        }
+    }
+}
+
 /// One throughput line of the client: operation, message size, MB/s.
 type Tput = (String, usize, f64);
 
@@ -406,26 +450,10 @@ fn run_pair(net: &Net) -> Vec<Tput> {
 
 /// [`run_pair`] with the server's and the client's backends.
 fn run_pair_on(net: &Net, server: Option<&str>, client: Option<&str>) -> Vec<Tput> {
-    let mut srv = spawn(&net.b, "server", server);
-    let mut cli = spawn(&net.a, "client", client);
-    let mut s_in = srv.stdin.take().unwrap();
-    let mut c_in = cli.stdin.take().unwrap();
-    let mut s_out = BufReader::new(srv.stdout.take().unwrap());
-    let mut c_out = BufReader::new(cli.stdout.take().unwrap());
-    let next = |r: &mut BufReader<std::process::ChildStdout>| {
-        let mut s = String::new();
-        loop {
-            s.clear();
-            if r.read_line(&mut s).unwrap() == 0 {
-                return String::new();
-            }
-            // The test harness prints its own text too, and "test NAME ... "
-            // without a newline before the test's first line.
-            let markers = ["INFO ", "READY", "ACK", "SEND ", "TPUT ", "DONE", "SERVER OK"];
-            if let Some(at) = markers.iter().filter_map(|m| s.find(m)).min() {
-                return s[at..].trim().to_string();
-            }
-        }
+    let (mut srv, mut cli, mut s_in, mut c_in, mut s_out, mut c_out) =
+        start_roles(net, ("server", server), ("client", client), false);
+    let next = |r: &mut BufReader<ChildStdout>| {
+        next_marked(r, &["INFO ", "READY", "ACK", "SEND ", "TPUT ", "DONE", "SERVER OK"])
     };
     let si = next(&mut s_out);
     let ci = next(&mut c_out);
@@ -546,8 +574,10 @@ const UD_QKEY: u32 = 0x5151_0000;
 const GRH: usize = 40;
 
 fn ud_echo(server: bool) {
-    let (me, peer) =
-        if server { ("10.231.0.2", "10.231.0.1") } else { ("10.231.0.1", "10.231.0.2") };
+    // IPv4, or IPv6 when the parent says so.
+    let v6 = std::env::var_os("UROCE_LOSS_IPV6").is_some();
+    let (srv, cli) = if v6 { ("fd31::2", "fd31::1") } else { ("10.231.0.2", "10.231.0.1") };
+    let (me, peer) = if server { (srv, cli) } else { (cli, srv) };
     let ctx = uroce::Device::from_config(DeviceConfig {
         name: "loss".into(),
         addr: me.parse().unwrap(),
@@ -582,8 +612,10 @@ fn ud_echo(server: bool) {
         let sge = [mr.sge(slot * 2048, (GRH + 1024) as u32).unwrap()];
         qp.post_recv(&[uroce::RecvWr { wr_id: slot as u64, sgl: &sge }]).unwrap();
     };
-    let send = |len: usize, to: u32| {
-        let sge = [mr.sge(32 << 10, len as u32).unwrap()];
+    // Send buffers: 16 of 1 KiB from 32 KiB (as many as sends in flight).
+    let send_at = |k: usize| (32 << 10) + (k % 16) * 1024;
+    let send = |len: usize, to: u32, k: usize| {
+        let sge = [mr.sge(send_at(k), len as u32).unwrap()];
         qp.post_send(&[SendWr {
             wr_id: 100,
             sgl: &sge,
@@ -601,21 +633,30 @@ fn ud_echo(server: bool) {
     let mut payload = vec![0u8; 1024];
     let mut pending = std::collections::VecDeque::new();
     if server {
-        // Echo every datagram; an empty one ends the exchange.
-        let mut echoed = 0;
+        // Echo every datagram, in whatever order receives and send
+        // completions come; an empty one ends the exchange.
+        let (mut echoed, mut in_flight) = (0, 0);
         loop {
             let c = next_wc(&cq, &mut pending, "UD datagram");
+            if c.opcode == uroce::WcOpcode::Send {
+                in_flight -= 1;
+                continue;
+            }
             assert_eq!((c.opcode, c.src_qp), (uroce::WcOpcode::Recv, peer_qpn), "{c:?}");
             let len = c.byte_len as usize - GRH;
             recv_back(&mr, &qp, c.wr_id as usize, len, &mut payload);
             if len == 0 {
                 break;
             }
-            mr.write(32 << 10, &payload[..len]).unwrap();
-            send(len, c.src_qp);
-            let s = next_wc(&cq, &mut pending, "UD echo sent");
-            assert_eq!(s.opcode, uroce::WcOpcode::Send, "{s:?}");
+            while in_flight == 16 {
+                let s = next_wc(&cq, &mut pending, "UD echo sent");
+                assert_eq!(s.opcode, uroce::WcOpcode::Send, "{s:?}");
+                in_flight -= 1;
+            }
+            mr.write(send_at(echoed), &payload[..len]).unwrap();
+            send(len, c.src_qp, echoed);
             echoed += 1;
+            in_flight += 1;
         }
         line(&mut std::io::stdout(), &format!("SERVER OK UD {echoed}"));
     } else {
@@ -623,10 +664,10 @@ fn ud_echo(server: bool) {
         // address's sharing group, and UD does not resend: say hello until
         // an echo comes. After that the link loses nothing.
         let hello = pattern(1, 0);
-        mr.write(32 << 10, &hello).unwrap();
         let mut answered = false;
-        for _ in 0..50 {
-            send(1, peer_qpn);
+        for k in 0..50 {
+            mr.write(send_at(k), &hello).unwrap();
+            send(1, peer_qpn, k);
             let t = Instant::now();
             let mut wc =
                 [Completion::new(0, WcStatus::Success, uroce::WcOpcode::Send, 0, false); 4];
@@ -649,8 +690,8 @@ fn ud_echo(server: bool) {
         for i in 0..UD_ROUNDS {
             let len = 2 + i * 37 % 1023;
             let p = pattern(len, i as u32);
-            mr.write(32 << 10, &p).unwrap();
-            send(len, peer_qpn);
+            mr.write(send_at(i), &p).unwrap();
+            send(len, peer_qpn, i);
             let c = loop {
                 let c = next_wc(&cq, &mut pending, "UD");
                 if c.opcode == uroce::WcOpcode::Recv && c.byte_len as usize - GRH == 1 {
@@ -665,7 +706,7 @@ fn ud_echo(server: bool) {
             recv_back(&mr, &qp, c.wr_id as usize, len, &mut payload);
             assert!(payload[..len] == p[..], "echo {i} differs");
         }
-        send(0, peer_qpn);
+        send(0, peer_qpn, 0);
         while next_wc(&cq, &mut pending, "the last UD datagram").opcode != uroce::WcOpcode::Send {}
         line(&mut std::io::stdout(), "DONE");
     }
@@ -694,26 +735,10 @@ fn recv_back(mr: &Mr, qp: &Qp, slot: usize, len: usize, out: &mut [u8]) {
 
 /// Runs the UD echo with the server on `server` and the client on
 /// `client` (backends).
-fn run_ud(net: &Net, server: Option<&str>, client: Option<&str>) {
-    let mut srv = spawn(&net.b, "ud-server", server);
-    let mut cli = spawn(&net.a, "ud-client", client);
-    let mut s_in = srv.stdin.take().unwrap();
-    let mut c_in = cli.stdin.take().unwrap();
-    let mut s_out = BufReader::new(srv.stdout.take().unwrap());
-    let mut c_out = BufReader::new(cli.stdout.take().unwrap());
-    let next = |r: &mut BufReader<std::process::ChildStdout>| {
-        let mut s = String::new();
-        loop {
-            s.clear();
-            if r.read_line(&mut s).unwrap() == 0 {
-                return String::new();
-            }
-            let markers = ["UDQP ", "DONE", "SERVER OK"];
-            if let Some(at) = markers.iter().filter_map(|m| s.find(m)).min() {
-                return s[at..].trim().to_string();
-            }
-        }
-    };
+fn run_ud(net: &Net, server: Option<&str>, client: Option<&str>, v6: bool) {
+    let (mut srv, mut cli, mut s_in, mut c_in, mut s_out, mut c_out) =
+        start_roles(net, ("ud-server", server), ("ud-client", client), v6);
+    let next = |r: &mut BufReader<ChildStdout>| next_marked(r, &["UDQP ", "DONE", "SERVER OK"]);
     let (sq, cq) = (next(&mut s_out), next(&mut c_out));
     line(&mut c_in, &sq);
     line(&mut s_in, &cq);
@@ -783,8 +808,12 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
     assert!(ping.wait().unwrap().success(), "ping through the XDP program's interface");
     assert!(!ip_out(&net.b, &["link", "show", "dev", &vb]).contains("xdp"), "program detached");
     eprintln!("AF_XDP server: {t:?}");
-    run_ud(&net, Some("xdp"), None);
-    run_ud(&net, None, Some("xdp"));
+    run_ud(&net, Some("xdp"), None, false);
+    run_ud(&net, None, Some("xdp"), false);
+    // IPv6: neighbours from the kernel's table by netlink, a UDP checksum
+    // on every frame.
+    run_ud(&net, Some("xdp"), None, true);
+    run_ud(&net, None, Some("xdp"), true);
     // The other way round, and with faults on the kernel side's path.
     let (va, _) = net.ifaces();
     let t = run_pair_on(&net, None, Some("xdp"));

@@ -12,17 +12,17 @@
 //! resolve it), and keeps multicast, extra addresses and ICMP errors as
 //! the `udp` backend has them.
 //!
-//! Needs `CAP_NET_ADMIN` and `CAP_BPF` (or root). Copy mode (veth and
-//! most drivers without zero-copy support), a socket on every receive
-//! queue, frames up
-//! to 4096 bytes (RoCE MTU up to 2048: no multi-buffer yet), IPv4 through
-//! the socket (IPv6 destinations go through the kernel). One process per
-//! interface: an interface takes one XDP program. `UROCE_XDP_STATS=1`
+//! Needs `CAP_NET_RAW`, `CAP_NET_ADMIN` and `CAP_BPF` (or root). Copy mode
+//! (veth and most drivers have no zero-copy), a socket on every receive
+//! queue, frames up to one 4 KiB chunk (RoCE MTU up to 2048: no
+//! multi-buffer yet), IPv4 and IPv6. One process per interface: an
+//! interface takes one XDP program. `UROCE_XDP_STATS=1`
 //! prints the sockets' counters when the backend closes.
 
 mod bpf;
 mod frame;
 mod neigh;
+mod netlink;
 mod xsk;
 
 use std::io;
@@ -134,7 +134,7 @@ impl XdpBackend {
             _map: map,
             src_mac: mac,
             port,
-            neigh: neigh::Neighbours::new(&iface),
+            neigh: neigh::Neighbours::new(&iface, ifindex),
             foreign: 0,
             tx_full: 0,
             via_kernel: 0,
@@ -170,8 +170,7 @@ impl Backend for XdpBackend {
         tos: u8,
     ) -> io::Result<()> {
         let now = Instant::now();
-        let mac = if src.is_ipv4() { self.neigh.lookup(dst.ip(), now) } else { None };
-        let Some(dst_mac) = mac else {
+        let Some(dst_mac) = self.neigh.lookup(dst.ip(), now) else {
             return self.udp.send(src, dst, data, seg, tos);
         };
         let path = frame::Path {

@@ -1,11 +1,12 @@
 //! Next hops and their MAC addresses, read from the kernel's tables (the
-//! kernel still answers and resolves ARP: the XDP program passes it on).
-//! IPv4 only for now: `/proc/net/route` and `/proc/net/arp`. A destination
-//! without a known MAC goes through the kernel's UDP socket instead, which
-//! also makes the kernel resolve it for the next packets.
+//! kernel still answers and resolves ARP and neighbour discovery: the XDP
+//! program passes them on): `/proc/net/route` and `/proc/net/arp` for
+//! IPv4, `/proc/net/ipv6_route` and a netlink dump (`netlink`) for IPv6.
+//! A destination without a known MAC goes through the kernel's UDP socket
+//! instead, which also makes the kernel resolve it for the next packets.
 
 use std::collections::HashMap;
-use std::net::{IpAddr, Ipv4Addr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::time::{Duration, Instant};
 
 /// How long a looked-up MAC is used before it is read again.
@@ -17,12 +18,13 @@ const RETRY: Duration = Duration::from_millis(20);
 #[derive(Debug)]
 pub(crate) struct Neighbours {
     iface: String,
+    ifindex: u32,
     cache: HashMap<IpAddr, (Option<[u8; 6]>, Instant)>,
 }
 
 impl Neighbours {
-    pub(crate) fn new(iface: &str) -> Self {
-        Self { iface: iface.to_string(), cache: HashMap::new() }
+    pub(crate) fn new(iface: &str, ifindex: u32) -> Self {
+        Self { iface: iface.to_string(), ifindex, cache: HashMap::new() }
     }
 
     /// The MAC to send to `dst` at, if the kernel knows it.
@@ -38,7 +40,11 @@ impl Neighbours {
                 let hop = next_hop(&read("/proc/thread-self/net/route"), &self.iface, d);
                 hop.and_then(|h| arp_entry(&read("/proc/thread-self/net/arp"), &self.iface, h))
             }
-            IpAddr::V6(_) => None,
+            IpAddr::V6(d) => {
+                let hop = next_hop6(&read("/proc/thread-self/net/ipv6_route"), &self.iface, d);
+                let table = super::netlink::ipv6_neighbours(self.ifindex).unwrap_or_default();
+                table.into_iter().find(|(ip, _)| *ip == hop).map(|(_, mac)| mac)
+            }
         };
         self.cache.insert(dst, (mac, now));
         mac
@@ -68,6 +74,34 @@ pub(crate) fn next_hop(table: &str, iface: &str, dst: Ipv4Addr) -> Option<Ipv4Ad
     // Without a route through the interface, it may still be on its link.
     let gw = best.map_or(0, |(_, gw)| gw);
     Some(if gw == 0 { dst } else { Ipv4Addr::from(gw.to_ne_bytes()) })
+}
+
+/// The next hop to `dst` through `iface` in a `/proc/net/ipv6_route` table
+/// (the longest matching route's gateway, or `dst` on a link).
+pub(crate) fn next_hop6(table: &str, iface: &str, dst: Ipv6Addr) -> Ipv6Addr {
+    let d = u128::from(dst);
+    let mut best: Option<(u32, u128)> = None;
+    for line in table.lines() {
+        let f: Vec<&str> = line.split_whitespace().collect();
+        if f.len() < 10 || f[9] != iface {
+            continue;
+        }
+        let (Ok(net), Ok(plen), Ok(gw)) = (
+            u128::from_str_radix(f[0], 16),
+            u32::from_str_radix(f[1], 16),
+            u128::from_str_radix(f[4], 16),
+        ) else {
+            continue;
+        };
+        let mask = if plen == 0 { 0 } else { u128::MAX << (128 - plen.min(128)) };
+        if d & mask == net && best.is_none_or(|(len, _)| plen > len) {
+            best = Some((plen, gw));
+        }
+    }
+    match best {
+        Some((_, gw)) if gw != 0 => Ipv6Addr::from(gw),
+        _ => dst,
+    }
 }
 
 /// The complete ARP entry of `ip` on `iface` in a `/proc/net/arp` table.
@@ -120,6 +154,12 @@ mod tests {
         assert_eq!(arp_entry(arp, "eth0", ip("192.168.1.9")), None, "incomplete");
         assert_eq!(arp_entry(arp, "eth1", ip("192.168.1.1")), None, "another interface");
         assert_eq!(parse_mac("02:00:0a:58:00:01"), Some([2, 0, 10, 0x58, 0, 1]));
+        let route6 = "fd000000000000000000000000000000 40 00000000000000000000000000000000 00 00000000000000000000000000000000 00000100 00000001 00000000 00000001     eth0\n\
+            00000000000000000000000000000000 00 00000000000000000000000000000000 00 fd000000000000000000000000000001 00000400 00000002 00000000 00000003     eth0\n";
+        let ip6 = |s: &str| s.parse::<Ipv6Addr>().unwrap();
+        assert_eq!(next_hop6(route6, "eth0", ip6("fd00::7")), ip6("fd00::7"));
+        assert_eq!(next_hop6(route6, "eth0", ip6("2001:db8::1")), ip6("fd00::1"));
+        assert_eq!(next_hop6(route6, "veth0", ip6("fe80::1")), ip6("fe80::1"));
         assert_eq!(parse_mac("02:00:0a:58:00"), None);
     }
 }
