@@ -46,7 +46,7 @@ fn pattern(size: usize, seq: u32) -> Vec<u8> {
 }
 
 struct Side {
-    _ctx: uroce::Context,
+    ctx: uroce::Context,
     qp: Qp,
     cq: Cq,
     mr: Mr,
@@ -67,7 +67,7 @@ fn side(addr: IpAddr) -> Side {
         max_inline_data: 0,
     };
     let qp = uroce::testing::rc_qp(&pd, &cq, cap, false);
-    Side { _ctx: ctx, qp, cq, mr }
+    Side { ctx, qp, cq, mr }
 }
 
 fn line(out: &mut impl Write, s: &str) {
@@ -148,7 +148,11 @@ fn server(addr: IpAddr, peer: IpAddr) {
         post(0);
         line(&mut std::io::stdout(), "ACK");
     }
-    line(&mut std::io::stdout(), &format!("SERVER OK {checked}"));
+    // What the device dropped before any QP saw it (the AF_XDP test's
+    // noise).
+    let st = s.ctx.stats();
+    let dropped = st.drop_malformed + st.icrc_errors + st.drop_unknown_qpn;
+    line(&mut std::io::stdout(), &format!("SERVER OK {checked} dropped {dropped}"));
 }
 
 struct Client {
@@ -450,6 +454,18 @@ fn run_pair(net: &Net) -> Vec<Tput> {
 
 /// [`run_pair`] with the server's and the client's backends.
 fn run_pair_on(net: &Net, server: Option<&str>, client: Option<&str>) -> Vec<Tput> {
+    run_pair_with_end(net, server, client, None).0
+}
+
+/// [`run_pair_on`], also returning the server's last line ("SERVER OK
+/// <SENDs checked> dropped <datagrams its device dropped>"); `go` is told
+/// "GO" once the server is ready (its device open).
+fn run_pair_with_end(
+    net: &Net,
+    server: Option<&str>,
+    client: Option<&str>,
+    go: Option<&mut ChildStdin>,
+) -> (Vec<Tput>, String) {
     let (mut srv, mut cli, mut s_in, mut c_in, mut s_out, mut c_out) =
         start_roles(net, ("server", server), ("client", client), false);
     let next = |r: &mut BufReader<ChildStdout>| {
@@ -461,6 +477,9 @@ fn run_pair_on(net: &Net, server: Option<&str>, client: Option<&str>) -> Vec<Tpu
     line(&mut s_in, &ci);
     let ready = next(&mut s_out);
     line(&mut c_in, &ready);
+    if let Some(g) = go {
+        line(g, "GO");
+    }
     let mut tput = vec![];
     loop {
         let l = next(&mut c_out);
@@ -482,12 +501,13 @@ fn run_pair_on(net: &Net, server: Option<&str>, client: Option<&str>) -> Vec<Tpu
     let (cs, ss) = (cli.wait().unwrap(), srv.wait().unwrap());
     assert!(cs.success() && ss.success(), "client {cs}, server {ss}");
     assert!(done.starts_with("SERVER OK"), "{done}");
-    tput
+    (tput, done)
 }
 
 #[test]
 fn loss_suite_over_veth() {
     match std::env::var(ROLE).as_deref() {
+        Ok("noise") => return noise(),
         Ok("ud-server") => return ud_echo(true),
         Ok("ud-client") => return ud_echo(false),
         Ok("hold") => {
@@ -563,6 +583,39 @@ fn loss_suite_over_veth() {
 fn is_root() -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+}
+
+/// Hostile datagrams to the server's RoCE port while the suite runs: 3000
+/// of 0 to 1400 random bytes, every third with a BTH-like start (a
+/// version-0 header, pad bits, a QPN near the server's), from a port
+/// other than 4791, once the parent says the server's device is open.
+/// Each must be dropped and counted, nothing else.
+fn noise() {
+    let sock = std::net::UdpSocket::bind("10.231.0.1:0").unwrap();
+    assert_eq!(stdin_line(), "GO");
+    let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
+    let mut next = || {
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        x
+    };
+    let mut buf = [0u8; 1400];
+    for i in 0..3000 {
+        let len = (next() % 1401) as usize;
+        for b in &mut buf[..len] {
+            *b = next() as u8;
+        }
+        if i % 3 == 0 && len >= 12 {
+            buf[1] &= 0x3f; // SE/M/pad random, version 0
+            buf[4..8].copy_from_slice(&(0x11 + (next() % 4) as u32).to_be_bytes());
+        }
+        let _ = sock.send_to(&buf[..len], "10.231.0.2:4791");
+        if i % 16 == 0 {
+            std::thread::sleep(Duration::from_micros(500));
+        }
+    }
+    line(&mut std::io::stdout(), "NOISE DONE");
 }
 
 /// UD datagrams between the namespaces: the client sends `UD_ROUNDS`
@@ -798,8 +851,14 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
         .spawn()
         .unwrap();
     let before = kernel_udp_in(&net.b);
-    let t = run_pair_on(&net, Some("xdp"), None);
+    let mut noise = spawn(&net.a, "noise", None);
+    let mut go = noise.stdin.take().unwrap();
+    let (t, done) = run_pair_with_end(&net, Some("xdp"), None, Some(&mut go));
+    assert!(noise.wait().unwrap().success(), "the noise sender");
+    let dropped: u64 = done.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
+    assert!(dropped > 100, "the noise was not seen dropped: {done}");
     assert_eq!(t.len(), STREAMS.len(), "{t:?}");
+    // The noise's datagrams go through the socket too (3000).
     let through_kernel = kernel_udp_in(&net.b) - before;
     assert!(
         through_kernel < 100,
@@ -807,7 +866,7 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
     );
     assert!(ping.wait().unwrap().success(), "ping through the XDP program's interface");
     assert!(!ip_out(&net.b, &["link", "show", "dev", &vb]).contains("xdp"), "program detached");
-    eprintln!("AF_XDP server: {t:?}");
+    eprintln!("AF_XDP server: {t:?}; {done}");
     run_ud(&net, Some("xdp"), None, false);
     run_ud(&net, None, Some("xdp"), false);
     // IPv6: neighbours from the kernel's table by netlink, a UDP checksum
