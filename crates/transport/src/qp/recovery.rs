@@ -30,9 +30,13 @@ const CA_STEPS: u32 = 8;
 /// look like loss.
 const RTO_MIN: Duration = Duration::from_millis(1);
 
-/// The longest probe timeout when the QP has no timeout (`timeout` 0:
-/// wait for ever, but keep resending).
-const RTO_MAX: Duration = Duration::from_secs(1);
+/// The longest probe timeout, whatever the QP's timeout (also with none,
+/// `timeout` 0: wait for ever, but keep resending). A probe spends no
+/// retry, so probing sooner than a long Local ACK Timeout (the kernel CM's
+/// 19 is 2.1 s) costs a resend at most; waiting the whole timeout would
+/// stall the QP for seconds after a peer starved of CPU, or after a first
+/// packet lost before any round trip was measured.
+const RTO_MAX: Duration = Duration::from_millis(100);
 
 /// Window and round-trip state of one requester.
 #[derive(Debug, Clone)]
@@ -168,9 +172,10 @@ impl Recovery {
     }
 
     /// The probe timeout: the estimate (with backoff), within `RTO_MIN`
-    /// and the QP's own timeout (`limit`; `None` = infinite).
+    /// and the QP's own timeout (`limit`; `None` = infinite), at most
+    /// `RTO_MAX`.
     pub(crate) fn rto(&self, limit: Option<Duration>) -> Duration {
-        let cap = limit.unwrap_or(RTO_MAX);
+        let cap = limit.unwrap_or(RTO_MAX).min(RTO_MAX);
         let Some(srtt) = self.srtt else { return cap };
         let base = (srtt + self.rttvar * 4).max(RTO_MIN);
         base.saturating_mul(1 << self.backoff.min(16)).min(cap)
@@ -251,6 +256,11 @@ mod tests {
         }
         assert_eq!(r.rto(limit), Duration::from_millis(67));
         assert_eq!(r.rto(None), RTO_MAX);
+        // A long QP timeout (the kernel CM's 19) does not make probes wait
+        // seconds: before any sample, and however far backoff went.
+        let long = Some(Duration::from_millis(2147));
+        assert_eq!(Recovery::new(128).rto(long), RTO_MAX);
+        assert_eq!(r.rto(long), RTO_MAX);
         // Tiny round trips still wait RTO_MIN.
         let mut fast = Recovery::new(128);
         fast.on_sent(Psn::new(1), t(0));
