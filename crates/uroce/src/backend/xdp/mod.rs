@@ -179,15 +179,10 @@ impl Backend for XdpBackend {
             src: SocketAddr::new(src, self.port),
             dst,
         };
-        let head = frame::overhead(src.is_ipv4());
         // Segment `i` of a run carries IP ID `i`, as the kernel's GSO
         // gives it (the driver computed the ICRCs over those).
         for (i, p) in data.chunks(seg.max(1)).enumerate() {
-            let put = |x: &mut xsk::Xsk| {
-                x.send(head + p.len(), |buf| {
-                    let _ = frame::build(buf, &path, p, i as u16, tos);
-                })
-            };
+            let put = |x: &mut xsk::Xsk| x.send(|buf| frame::build(buf, &path, p, i as u16, tos));
             let tx = &mut self.xsks[0];
             if !put(tx) {
                 tx.kick();

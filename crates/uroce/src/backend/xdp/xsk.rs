@@ -372,21 +372,25 @@ impl Xsk {
         self.comp.consume(n);
     }
 
-    /// Queues one frame of `len` bytes written by `fill` (which gets the
-    /// whole frame buffer); `false` when no frame or ring slot is free.
-    pub(crate) fn send(&mut self, len: usize, fill: impl FnOnce(&mut [u8])) -> bool {
+    /// Queues the frame `fill` writes into a frame buffer (returning its
+    /// length, or `None` to send nothing); `false` when no frame or ring
+    /// slot is free.
+    pub(crate) fn send(&mut self, fill: impl FnOnce(&mut [u8]) -> Option<usize>) -> bool {
         if self.free_tx.is_empty() {
             self.reclaim();
         }
         let (at, room) = self.tx.writable();
-        if room == 0 || len > FRAME {
+        if room == 0 {
             return false;
         }
         let Some(addr) = self.free_tx.pop() else { return false };
         // SAFETY: a transmit frame of ours inside the mapping, not in the
         // kernel's hands (it came from the free list).
         let buf = unsafe { std::slice::from_raw_parts_mut(self.area.add(addr as usize), FRAME) };
-        fill(buf);
+        let Some(len) = fill(buf).filter(|&n| n <= FRAME) else {
+            self.free_tx.push(addr);
+            return true; // nothing to send: not a lack of room
+        };
         self.tx.write(at, Desc { addr, len: len as u32, options: 0 });
         self.tx.produce(1);
         self.unkicked += 1;
