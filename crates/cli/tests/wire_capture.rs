@@ -2,8 +2,9 @@
 //! tshark on loopback, decode as clean RoCEv2 and carry the ICRC an rxe
 //! peer checks (computed here from the captured IP and UDP headers).
 //!
-//! GSO is switched off for the capture: on loopback a GRO receiver gets the
-//! unsegmented super-packet, and so does the capture tap; on a real wire the
+//! The local path (shared memory between contexts of one host) is switched
+//! off, since the packets must cross the kernel; and so is GSO: on loopback
+//! a GRO receiver gets the unsegmented super-packet, and so does the capture tap; on a real wire the
 //! kernel segments it and each segment carries the IP ID its ICRC assumed.
 
 use std::path::PathBuf;
@@ -52,6 +53,9 @@ fn captured_packets_are_clean_rocev2_with_good_icrc() {
     let demo = Command::new(env!("CARGO_BIN_EXE_uroce"))
         .args(["demo", "-n", "20", "--port", &port.to_string()])
         .env("UROCE_NO_GSO", "1")
+        // The packets must cross the kernel to be captured: not the local
+        // path's shared memory.
+        .env("UROCE_NO_SHM", "1")
         .output()
         .expect("run demo");
     assert!(demo.status.success(), "{}", String::from_utf8_lossy(&demo.stderr));

@@ -136,6 +136,17 @@ counters! {
     drop_qkey_violation,
     /// UD datagrams that found no receive WQE.
     drop_no_recv_wqe,
+    /// Packets sent through shared memory to a context on this host (the
+    /// `udp` backend's local path).
+    local_sent_pkts,
+    /// Packets received through shared memory.
+    local_rcvd_pkts,
+    /// Doorbell datagrams sent to wake a sleeping local receiver.
+    local_doorbells,
+    /// Packets a full shared-memory lane refused (resent by the transport).
+    local_lane_full,
+    /// Shared-memory lanes that broke the ring's rules (contents dropped).
+    local_lane_broken,
 }
 
 impl Stats {

@@ -132,6 +132,7 @@ impl Inner {
     fn snapshot(&self, all_qps: bool) -> crate::published::Snapshot {
         let e = self.lock();
         let mut total = e.ep.stats;
+        e.backend().add_counters(&mut total);
         let zero = uroce_transport::Stats::default();
         let mut qps: Vec<(u32, uroce_transport::Stats)> = Vec::new();
         for q in e.ep.qps() {
@@ -593,6 +594,10 @@ impl Driven for Inner {
 
     fn drain_bell(&self) {
         while self.bell.pop().is_ok() {}
+    }
+
+    fn prepare_sleep(&self) -> bool {
+        self.lock().prepare_sleep()
     }
 }
 

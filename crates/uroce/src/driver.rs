@@ -333,6 +333,11 @@ impl Driver {
         }
     }
 
+    /// See [`Backend::prepare_sleep`].
+    pub(crate) fn prepare_sleep(&mut self) -> bool {
+        self.backend.prepare_sleep()
+    }
+
     pub(crate) fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
     }

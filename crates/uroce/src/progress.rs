@@ -123,6 +123,9 @@ pub(crate) trait Driven {
     fn sleep_fds(&self) -> Vec<i32>;
     /// Empties the doorbell after a sleep.
     fn drain_bell(&self);
+    /// Tells the backend the thread is about to sleep; false if work came
+    /// meanwhile (see `Backend::prepare_sleep`).
+    fn prepare_sleep(&self) -> bool;
 }
 
 /// The background thread of one context: it runs progress while there is
@@ -180,7 +183,7 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
         // reference, so the context can close meanwhile. A post that
         // defers after this point sees SLEEPING and rings the doorbell.
         inner.activity().thread_state.store(SLEEPING, Ordering::SeqCst);
-        if inner.deferred() {
+        if inner.deferred() || !inner.prepare_sleep() {
             inner.activity().thread_state.store(RUNNING, Ordering::SeqCst);
             continue;
         }

@@ -3,6 +3,7 @@
 //! trait; what a backend is made of stays in its module.
 
 mod share;
+mod shm;
 
 pub(crate) use share::has_connection_lists;
 
@@ -116,6 +117,17 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
 
     /// Descriptors to sleep on while idle (none: the progress thread naps).
     fn raw_fds(&self) -> Vec<i32>;
+
+    /// The progress thread is about to sleep on [`Backend::raw_fds`]: a
+    /// backend whose packets can arrive without making them readable (the
+    /// local path's shared memory) asks its senders to wake it; false if
+    /// a packet came meanwhile and the thread must not sleep.
+    fn prepare_sleep(&mut self) -> bool {
+        true
+    }
+
+    /// Adds the backend's own counters to the device's.
+    fn add_counters(&self, _stats: &mut uroce_transport::Stats) {}
 
     /// The backend's own clock, if it has one (a simulated network's).
     fn clock(&self) -> Option<Instant> {

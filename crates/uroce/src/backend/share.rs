@@ -150,7 +150,7 @@ fn parse_answer(v: u64) -> Option<(u32, usize)> {
 
 /// The table's file: one per address, port and network namespace (the
 /// same address in two namespaces is two groups).
-fn path_of(addr: SocketAddr) -> PathBuf {
+pub(crate) fn path_of(addr: SocketAddr) -> PathBuf {
     use std::os::unix::fs::MetadataExt;
     let netns = std::fs::metadata("/proc/self/ns/net").map_or(0, |m| m.ino());
     crate::published::run_dir().join(format!("share-{netns}-{}-{}", addr.ip(), addr.port()))

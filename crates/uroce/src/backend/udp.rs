@@ -48,7 +48,16 @@ pub(crate) struct UdpBackend {
     /// The ports this context's CM listens on, published in every shared
     /// address's table (an address bound later publishes them too).
     listening: Vec<u16>,
+    /// Shared memory to the contexts on this host (see `shm`).
+    local_path: Option<super::shm::LocalPath>,
+    /// Packets taken from the local path in a row (the sockets get a turn
+    /// after `LOCAL_STREAK`).
+    local_streak: u32,
 }
+
+/// How many packets in a row `recv` takes from the local path before it
+/// looks at the sockets.
+const LOCAL_STREAK: u32 = 16;
 
 /// One bound unicast socket.
 #[derive(Debug)]
@@ -383,11 +392,26 @@ impl UdpBackend {
             None => (None, Port::bind(addr, 0, false)?),
         };
         let mut port = port;
-        port.sharing = registry.map(Sharing::new);
         let local = port.bound;
+        // Only a context with a slot has an inbox (senders find it by the
+        // slot their packet's QPN names); without one, all goes by UDP.
+        let local_path = registry
+            .as_ref()
+            .filter(|_| super::shm::enabled())
+            .and_then(|r| super::shm::LocalPath::new(local, r.slot()).ok());
+        port.sharing = registry.map(Sharing::new);
         let gso = std::env::var_os("UROCE_NO_GSO").is_none();
         let listening = Vec::new();
-        Ok(Self { ports: vec![port], local, gso, next_rx: 0, groups: Vec::new(), listening })
+        Ok(Self {
+            ports: vec![port],
+            local,
+            gso,
+            next_rx: 0,
+            groups: Vec::new(),
+            listening,
+            local_path,
+            local_streak: 0,
+        })
     }
 
     /// The configured address's part in its group, if it is shared.
@@ -510,10 +534,20 @@ impl UdpBackend {
     /// that a flood of datagrams that look like probes cannot hold it.
     fn recv_any(&mut self, buf: &mut [u8]) -> io::Result<Option<super::Received>> {
         const MAX_PROBES: usize = 2 * share::SLOTS;
+        let local_first = self.local_streak < LOCAL_STREAK;
+        if local_first && let Some(r) = self.recv_local(buf) {
+            self.local_streak += 1;
+            return Ok(Some(r));
+        }
+        self.local_streak = 0;
         for _ in 0..MAX_PROBES {
             let Some((i, r)) = self.recv_datagram(buf)? else {
-                return Ok(None);
+                return Ok(if local_first { None } else { self.recv_local(buf) });
             };
+            if super::shm::is_doorbell(&buf[..r.len]) {
+                // It woke us; the packets are in the inbox.
+                continue;
+            }
             let Some(sharing) = &mut self.ports[i].sharing else {
                 return Ok(Some(r));
             };
@@ -527,6 +561,12 @@ impl UdpBackend {
             return Ok(Some(r));
         }
         Ok(None)
+    }
+
+    /// The next packet of the local path.
+    fn recv_local(&mut self, buf: &mut [u8]) -> Option<super::Received> {
+        let (len, m) = self.local_path.as_mut()?.recv(buf)?;
+        Some(super::Received { len, seg: len, from: m.from, to: m.to, ip_id: Some(m.ip_id) })
     }
 
     /// The next datagram of any socket, taking them in turn, with the
@@ -565,6 +605,9 @@ impl super::Backend for UdpBackend {
     }
 
     fn tick(&mut self, now_ns: u64) {
+        if let Some(lp) = self.local_path.as_mut() {
+            lp.tick(now_ns);
+        }
         for p in &mut self.ports {
             if let Some(sharing) = &mut p.sharing {
                 sharing.tick(now_ns, &p.sock, p.bound);
@@ -632,6 +675,21 @@ impl super::Backend for UdpBackend {
                 self.ports.len() - 1
             }
         };
+        if let Some(lp) = self.local_path.as_mut() {
+            let from = SocketAddr::new(src, self.local.port());
+            match lp.send(from, dst, data, seg) {
+                super::shm::Sent::NotLocal => {}
+                super::shm::Sent::Written(wake) => {
+                    if let Some(qpn) = wake {
+                        // Best effort: a lost doorbell costs the receiver
+                        // its sleep's timeout, not the packets.
+                        let _ = self.ports[i].sock.send_to(&super::shm::doorbell(qpn), dst);
+                    }
+                    return Ok(());
+                }
+                super::shm::Sent::Full => return Err(io::ErrorKind::WouldBlock.into()),
+            }
+        }
         let port = &self.ports[i];
         let dst = match dst {
             // A link-local destination is reached through the interface
@@ -671,6 +729,20 @@ impl super::Backend for UdpBackend {
 
     fn raw_fds(&self) -> Vec<i32> {
         self.fds()
+    }
+
+    fn prepare_sleep(&mut self) -> bool {
+        self.local_path.as_mut().is_none_or(super::shm::LocalPath::prepare_sleep)
+    }
+
+    fn add_counters(&self, stats: &mut uroce_transport::Stats) {
+        if let Some(c) = self.local_path.as_ref().map(super::shm::LocalPath::counters) {
+            stats.local_sent_pkts += c.sent;
+            stats.local_rcvd_pkts += c.received;
+            stats.local_doorbells += c.doorbells;
+            stats.local_lane_full += c.full;
+            stats.local_lane_broken += c.broken;
+        }
     }
 
     fn bind_local(&mut self, ip: IpAddr) -> io::Result<()> {

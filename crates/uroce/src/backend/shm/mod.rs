@@ -1,0 +1,397 @@
+//! The local path: RoCE packets between uroce contexts of one host (one
+//! network namespace, one user) go through shared memory instead of the
+//! kernel's UDP, chosen per destination without configuration.
+//!
+//! Each context on a shared address (`share`: every `udp` context unless
+//! `UROCE_EXCLUSIVE`) owns an *inbox*, a file in `/dev/shm` named by its
+//! address and slot, whose first byte it holds an OFD lock on while it
+//! lives. A sender looks a destination up by the packet's address and the
+//! slot in its destination QPN's top bits (the slot that owns the QPN):
+//! if that inbox exists and its owner lives, the sender claims a lane in
+//! it (an OFD lock on the lane's byte: a lane has one writer at a time,
+//! and a dead writer's lane is free again) and writes packets there;
+//! otherwise the packet takes the kernel as before. The packets are the
+//! same RoCE packets, ICRC and all, and the receiver is told the addresses
+//! and IPv4 ID a UDP receiver would have seen, so the driver treats them
+//! like any other. Multicast, the CM's MADs (QPN 1) and the sharing
+//! group's probes stay on UDP.
+//!
+//! Waking a sleeping receiver: its progress thread raises a flag in the
+//! inbox before it sleeps on its sockets and looks at its lanes once more;
+//! a sender that finds the flag up after publishing clears it and sends a
+//! 16-byte doorbell datagram to the receiver's address (steered to its
+//! socket by the QPN it names), which the receiver's socket swallows. So
+//! a busy pair makes no system call per packet, and a sleeping one pays
+//! one datagram per wake-up.
+//!
+//! Routes are checked again every `RECHECK`: a receiver that died (its
+//! lock gone) or was replaced (another file at the name) is dropped, and
+//! its destinations go back to UDP until a live inbox is found.
+
+#![deny(unsafe_code)]
+
+#[allow(unsafe_code)]
+mod ring;
+
+use std::fs::{File, OpenOptions};
+use std::io;
+use std::net::{IpAddr, SocketAddr};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{Ordering, fence};
+
+use uroce_transport::fastmap::FastMap;
+
+use super::share;
+use crate::ofd_lock;
+use ring::{Consumer, Empty, LANES, Mapping, Meta, Producer};
+
+/// How often routes and lanes are checked for dead owners.
+const RECHECK_NS: u64 = 100_000_000;
+/// The byte whose lock the inbox's owner holds; lane `i`'s is `1 + i`.
+const OWNER_BYTE: u64 = 0;
+/// A doorbell: a BTH-shaped header (opcode 0xff, manufacturer specific;
+/// the destination QPN where the group's steering reads it) and a tag.
+const DOORBELL_LEN: usize = 16;
+const DOORBELL_TAG: [u8; 8] = *b"uroce-db";
+
+/// The doorbell datagram for the context that owns `qpn`.
+pub(crate) fn doorbell(qpn: u32) -> [u8; DOORBELL_LEN] {
+    let mut d = [0u8; DOORBELL_LEN];
+    d[0] = 0xff;
+    d[2..4].copy_from_slice(&0xffffu16.to_be_bytes());
+    d[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+    d[8..].copy_from_slice(&DOORBELL_TAG);
+    d
+}
+
+/// Whether a received datagram is a doorbell (it carries nothing).
+pub(crate) fn is_doorbell(d: &[u8]) -> bool {
+    d.len() == DOORBELL_LEN && d[0] == 0xff && d[8..] == DOORBELL_TAG
+}
+
+/// Whether the local path may be used (`UROCE_NO_SHM` turns it off, for
+/// captures and for measuring the kernel path).
+pub(crate) fn enabled() -> bool {
+    std::env::var_os("UROCE_NO_SHM").is_none()
+}
+
+/// Where inboxes live: tmpfs, so that their pages are memory only.
+fn inbox_dir() -> PathBuf {
+    let shm = Path::new("/dev/shm");
+    if shm.is_dir() { shm.to_path_buf() } else { crate::published::run_dir() }
+}
+
+/// The prefix of every inbox of this run directory (the user's, or the
+/// one `UROCE_RUN_DIR` names: contexts that do not share a run directory
+/// do not see each other's inboxes either).
+fn inbox_prefix() -> String {
+    let run = crate::published::run_dir();
+    let mut h: u32 = 0x811c_9dc5;
+    for b in run.as_os_str().as_encoded_bytes() {
+        h = (h ^ u32::from(*b)).wrapping_mul(0x0100_0193);
+    }
+    format!("uroce-{h:08x}-")
+}
+
+/// The inbox of the context holding slot `slot` of the device at `addr`.
+fn inbox_path(addr: SocketAddr, slot: usize) -> PathBuf {
+    let table = share::path_of(addr);
+    let name = table.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    inbox_dir().join(format!("{}{name}.{slot}", inbox_prefix()))
+}
+
+fn open_rw(path: &Path) -> io::Result<File> {
+    OpenOptions::new().read(true).write(true).open(path)
+}
+
+/// Whether `path` still names the open `file`.
+fn same_file(file: &File, path: &Path) -> bool {
+    use std::os::unix::fs::MetadataExt;
+    match (file.metadata(), std::fs::metadata(path)) {
+        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
+        _ => false,
+    }
+}
+
+/// Counters of the local path (`uroce stat`).
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Counters {
+    pub(crate) sent: u64,
+    pub(crate) received: u64,
+    pub(crate) doorbells: u64,
+    /// Packets a full lane refused (lost, and resent by the transport).
+    pub(crate) full: u64,
+    /// Lanes that broke the ring's rules (their packets dropped).
+    pub(crate) broken: u64,
+}
+
+/// What [`LocalPath::send`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Sent {
+    /// The destination has no live inbox here: use UDP.
+    NotLocal,
+    /// Written; `Some(qpn)`: the receiver sleeps, ring its doorbell.
+    Written(Option<u32>),
+    /// The lane is full: the packets are lost (the transport resends).
+    Full,
+}
+
+/// This context's inbox.
+#[derive(Debug)]
+struct Inbox {
+    /// Holds the owner lock.
+    file: File,
+    path: PathBuf,
+    map: Mapping,
+    lanes: [Consumer; LANES],
+    /// The local address packets must be sent to.
+    addr: IpAddr,
+}
+
+impl Inbox {
+    /// Creates the inbox of slot `slot` at `local` (replacing a dead
+    /// owner's), after removing the inboxes whose owners are gone.
+    fn create(local: SocketAddr, slot: usize) -> io::Result<Self> {
+        use std::os::unix::fs::OpenOptionsExt;
+        sweep();
+        let path = inbox_path(local, slot);
+        let tmp = crate::published::with_suffix(&path, &format!(".new{}", std::process::id()));
+        let file = OpenOptions::new()
+            .read(true)
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
+        let made = (|| {
+            ofd_lock::lock(&file, OWNER_BYTE)?;
+            file.set_len(ring::FILE_LEN)?;
+            let map = Mapping::map(&file)?;
+            map.init();
+            std::fs::rename(&tmp, &path)?;
+            Ok(map)
+        })();
+        let map = match made {
+            Ok(m) => m,
+            Err(e) => {
+                let _ = std::fs::remove_file(&tmp);
+                return Err(e);
+            }
+        };
+        let lanes = std::array::from_fn(|i| Consumer::open(&map, i));
+        Ok(Self { file, path, map, lanes, addr: local.ip() })
+    }
+}
+
+impl Drop for Inbox {
+    fn drop(&mut self) {
+        if same_file(&self.file, &self.path) {
+            let _ = std::fs::remove_file(&self.path);
+        }
+    }
+}
+
+/// Removes the inboxes (of this run directory) whose owners are gone: a
+/// SIGKILLed context leaves its file behind.
+fn sweep() {
+    let prefix = inbox_prefix();
+    let Ok(dir) = std::fs::read_dir(inbox_dir()) else { return };
+    for e in dir.flatten() {
+        let name = e.file_name();
+        if !name.to_string_lossy().starts_with(&prefix) {
+            continue;
+        }
+        if let Ok(f) = open_rw(&e.path())
+            && !ofd_lock::held_by_other(&f, OWNER_BYTE)
+            && same_file(&f, &e.path())
+        {
+            let _ = std::fs::remove_file(e.path());
+        }
+    }
+}
+
+/// A lane claimed in another context's inbox.
+#[derive(Debug)]
+struct Outbox {
+    /// Holds the lane's lock.
+    file: File,
+    path: PathBuf,
+    map: Mapping,
+    producer: Producer,
+}
+
+impl Outbox {
+    /// Claims a free lane of the live inbox at `path`, if there is one.
+    fn open(path: PathBuf) -> Option<Self> {
+        let file = open_rw(&path).ok()?;
+        let map = Mapping::map(&file).ok()?;
+        if !map.valid() || !ofd_lock::held_by_other(&file, OWNER_BYTE) {
+            return None;
+        }
+        let lane = (0..LANES).find(|l| ofd_lock::lock(&file, 1 + *l as u64).is_ok())?;
+        map.active().fetch_or(1 << lane, Ordering::SeqCst);
+        let producer = Producer::claim(&map, lane);
+        Some(Self { file, path, map, producer })
+    }
+
+    fn alive(&self) -> bool {
+        ofd_lock::held_by_other(&self.file, OWNER_BYTE) && same_file(&self.file, &self.path)
+    }
+}
+
+/// A destination (address, slot) and what reaches it.
+type RouteKey = (SocketAddr, u8);
+
+/// One context's local path: its inbox and its lanes in others'.
+#[derive(Debug)]
+pub(crate) struct LocalPath {
+    inbox: Inbox,
+    routes: FastMap<RouteKey, Option<Outbox>>,
+    checked_ns: u64,
+    /// The lane `recv` looks at first (no lane starves).
+    next_lane: usize,
+    /// The sleep flag is up (cleared by the next receive).
+    sleep_announced: bool,
+    counters: Counters,
+}
+
+impl LocalPath {
+    /// The local path of the context holding slot `slot` at `local`.
+    pub(crate) fn new(local: SocketAddr, slot: usize) -> io::Result<Self> {
+        Ok(Self {
+            inbox: Inbox::create(local, slot)?,
+            routes: FastMap::default(),
+            checked_ns: 0,
+            next_lane: 0,
+            sleep_announced: false,
+            counters: Counters::default(),
+        })
+    }
+
+    /// The counters so far.
+    pub(crate) fn counters(&self) -> Counters {
+        self.counters
+    }
+
+    /// Sends a packet, or a run of `seg`-byte packets, from `from` to `dst`
+    /// through memory if `dst` is a context on this host. Packet `i` of a
+    /// run is marked with IPv4 ID `i`, as the kernel's segmentation would.
+    pub(crate) fn send(
+        &mut self,
+        from: SocketAddr,
+        dst: SocketAddr,
+        data: &[u8],
+        seg: usize,
+    ) -> Sent {
+        let qpn = data.get(4..8).map_or(0, |b| u32::from_be_bytes([0, b[1], b[2], b[3]]));
+        if qpn <= 1 || dst.ip().is_multicast() {
+            return Sent::NotLocal;
+        }
+        let slot = (qpn >> share::QPN_SHIFT) as u8;
+        let out = self
+            .routes
+            .entry((dst, slot))
+            .or_insert_with(|| Outbox::open(inbox_path(dst, usize::from(slot))));
+        let Some(out) = out else { return Sent::NotLocal };
+        let mut written = 0;
+        for (i, pkt) in data.chunks(seg.max(1)).enumerate() {
+            let meta = Meta { from, to: dst.ip(), ip_id: i as u16 };
+            if !out.producer.push(&out.map, &meta, pkt) {
+                break;
+            }
+            written += 1;
+        }
+        if written == 0 {
+            self.counters.full += data.len().div_ceil(seg.max(1)) as u64;
+            return Sent::Full;
+        }
+        out.producer.publish(&out.map);
+        self.counters.sent += written;
+        // The tail's store before the flag's load (the receiver raises the
+        // flag, then looks at the tails: one of us sees the other).
+        fence(Ordering::SeqCst);
+        let sleeping = out.map.sleeping();
+        let wake = sleeping.load(Ordering::Relaxed) != 0 && sleeping.swap(0, Ordering::SeqCst) != 0;
+        if wake {
+            self.counters.doorbells += 1;
+        }
+        let total = data.len().div_ceil(seg.max(1)) as u64;
+        if written < total {
+            self.counters.full += total - written;
+        }
+        Sent::Written(wake.then_some(qpn))
+    }
+
+    /// The next packet in the inbox, copied into `buf`: `(len, meta)`.
+    pub(crate) fn recv(&mut self, buf: &mut [u8]) -> Option<(usize, Meta)> {
+        if self.sleep_announced {
+            self.sleep_announced = false;
+            self.inbox.map.sleeping().store(0, Ordering::Relaxed);
+        }
+        let active = self.inbox.map.active().load(Ordering::Acquire);
+        if active == 0 {
+            return None;
+        }
+        for k in 0..LANES {
+            let lane = (self.next_lane + k) % LANES;
+            if active & (1 << lane) == 0 {
+                continue;
+            }
+            match self.inbox.lanes[lane].pop(&self.inbox.map, lane, buf) {
+                Ok((len, meta)) if meta.to == self.inbox.addr => {
+                    self.next_lane = (lane + 1) % LANES;
+                    self.counters.received += 1;
+                    return Some((len, meta));
+                }
+                // Sent to an address not ours: a broken sender.
+                Ok(_) | Err(Empty::Broken) => self.counters.broken += 1,
+                Err(Empty::Idle) => {}
+            }
+        }
+        None
+    }
+
+    /// The progress thread is about to sleep on the sockets: raises the
+    /// flag that makes senders ring the doorbell; false (flag down again)
+    /// if a packet came meanwhile, so the thread must not sleep.
+    pub(crate) fn prepare_sleep(&mut self) -> bool {
+        let map = &self.inbox.map;
+        map.sleeping().store(1, Ordering::SeqCst);
+        fence(Ordering::SeqCst);
+        let active = map.active().load(Ordering::SeqCst);
+        let waiting = (0..LANES)
+            .filter(|l| active & (1 << l) != 0)
+            .any(|l| self.inbox.lanes[l].ready(map, l));
+        if waiting {
+            map.sleeping().store(0, Ordering::Relaxed);
+            return false;
+        }
+        self.sleep_announced = true;
+        true
+    }
+
+    /// Every `RECHECK_NS`: forgets routes to inboxes that are gone and
+    /// destinations that had none (they may have one now), and takes back
+    /// the lanes of senders that are gone and left nothing unread.
+    pub(crate) fn tick(&mut self, now_ns: u64) {
+        if now_ns.saturating_sub(self.checked_ns) < RECHECK_NS {
+            return;
+        }
+        self.checked_ns = now_ns;
+        self.routes.retain(|_, r| r.as_ref().is_some_and(Outbox::alive));
+        let map = &self.inbox.map;
+        let active = map.active().load(Ordering::Acquire);
+        for l in (0..LANES).filter(|l| active & (1 << l) != 0) {
+            if !self.inbox.lanes[l].ready(map, l)
+                && !ofd_lock::held_by_other(&self.inbox.file, 1 + l as u64)
+            {
+                map.active().fetch_and(!(1 << l), Ordering::SeqCst);
+                // A sender that claimed it just now set the bit before
+                // writing: set it again if the lane is held meanwhile.
+                if ofd_lock::held_by_other(&self.inbox.file, 1 + l as u64) {
+                    map.active().fetch_or(1 << l, Ordering::SeqCst);
+                }
+            }
+        }
+    }
+}
