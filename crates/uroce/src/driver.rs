@@ -40,6 +40,9 @@ enum IpId {
     /// Unknown (a UDP socket's datagram); the packet's index in its GRO
     /// run, which is the ID a uroce sender's GSO gave it.
     Index(u16),
+    /// No IP header at all: the packet came through memory (the local
+    /// path), without an ICRC to check.
+    Local,
 }
 
 /// How far ahead of the newest seen ID a counting peer's next ID may be.
@@ -578,7 +581,11 @@ impl Driver {
                 // (the last possibly shorter), the i-th sent with IP ID i.
                 for (i, pkt) in buf[..r.len].chunks(r.seg.max(1)).enumerate() {
                     n += 1;
-                    let id = r.ip_id.map_or(IpId::Index(i as u16), IpId::Seen);
+                    let id = match (r.local, r.ip_id) {
+                        (true, _) => IpId::Local,
+                        (false, Some(id)) => IpId::Seen(id),
+                        (false, None) => IpId::Index(i as u16),
+                    };
                     self.deliver(now, r.from, r.to, pkt, id);
                 }
             } else if let Some((len, from, group)) = self.backend.recv_group(&mut buf) {
@@ -709,6 +716,7 @@ impl Driver {
     ) -> Result<(), WireError> {
         let len = pkt.as_bytes().len();
         let index = match id {
+            IpId::Local => return Ok(()),
             IpId::Seen(ident) => {
                 // The backend saw the header: one CRC, nothing to recover.
                 let (ip, udp) = self.rx_headers(from, to, len, ident);
@@ -812,18 +820,25 @@ impl Driver {
                 run.dst = Some(dst);
                 run.qpn = qpn;
                 run.tos = t.traffic_class;
+                run.local = self.backend.is_local(dst, qpn);
             }
             let at = run.off;
-            let udp = UdpRepr {
-                src_port: self.backend.local().port(),
-                dst_port: t.dst_port,
-                payload_len: t.len,
-                checksum: 0,
-            };
-            let ip = LinuxIpHeader::new(src, t.dst, 8 + t.len, run.count as u16);
             let pkt = &mut batch[at..at + t.len];
-            let c = icrc::compute(ip.icrc(), &udp.to_bytes().unwrap_or([0; 8]), &pkt[..t.len - 4]);
-            pkt[t.len - 4..].copy_from_slice(&c.to_le_bytes());
+            if run.local {
+                // Through memory: no ICRC (see `backend::shm`).
+                pkt[t.len - 4..].fill(0);
+            } else {
+                let udp = UdpRepr {
+                    src_port: self.backend.local().port(),
+                    dst_port: t.dst_port,
+                    payload_len: t.len,
+                    checksum: 0,
+                };
+                let ip = LinuxIpHeader::new(src, t.dst, 8 + t.len, run.count as u16);
+                let udp = udp.to_bytes().unwrap_or([0; 8]);
+                let c = icrc::compute(ip.icrc(), &udp, &pkt[..t.len - 4]);
+                pkt[t.len - 4..].copy_from_slice(&c.to_le_bytes());
+            }
             run.off += t.len;
             run.count += 1;
             if t.len < run.seg || single {
@@ -852,6 +867,8 @@ struct Run {
     src: IpAddr,
     dst: Option<SocketAddr>,
     qpn: u32,
+    /// The destination is reached through memory (no ICRC).
+    local: bool,
     tos: u8,
     seg: usize,
     off: usize,
@@ -876,6 +893,7 @@ impl Default for Run {
             src: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
             dst: None,
             qpn: 0,
+            local: false,
             tos: 0,
             seg: 0,
             off: 0,

@@ -46,6 +46,9 @@ pub(crate) struct Received {
     /// Its IPv4 identification, when the backend sees the IP header (the
     /// ICRC covers it; a UDP socket must recover it, see the driver).
     pub(crate) ip_id: Option<u16>,
+    /// It came through memory, not a network (the `udp` backend's local
+    /// path): it has no ICRC to check.
+    pub(crate) local: bool,
 }
 
 /// One context's packet I/O.
@@ -89,6 +92,12 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
     /// of since the last call, for the driver to end with DREQs.
     fn take_leftovers(&mut self) -> Vec<Leftover> {
         Vec::new()
+    }
+
+    /// Whether packets to QPN `qpn` at `dst` go through memory rather
+    /// than a network: then the driver computes no ICRC for them.
+    fn is_local(&mut self, _dst: SocketAddr, _qpn: u32) -> bool {
+        false
     }
 
     /// How runs of equal-sized packets to one destination may leave

@@ -265,6 +265,7 @@ impl super::Backend for SimPort {
             from,
             to,
             ip_id: None,
+            local: false,
         }))
     }
 

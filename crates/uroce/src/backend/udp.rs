@@ -53,11 +53,21 @@ pub(crate) struct UdpBackend {
     /// Packets taken from the local path in a row (the sockets get a turn
     /// after `LOCAL_STREAK`).
     local_streak: u32,
+    /// Receive calls since the local path last delivered, and since the
+    /// sockets were last read (see `recv_any`).
+    since_local: u32,
+    since_socket: u32,
 }
 
 /// How many packets in a row `recv` takes from the local path before it
 /// looks at the sockets.
 const LOCAL_STREAK: u32 = 16;
+/// While the local path carries traffic (a packet within the last
+/// `LOCAL_HOT` receive calls), the sockets are read on one call in
+/// `SOCKET_EVERY` only: a `recvmsg` that finds nothing costs more than the
+/// round trip through memory it would delay.
+const LOCAL_HOT: u32 = 256;
+const SOCKET_EVERY: u32 = 8;
 
 /// One bound unicast socket.
 #[derive(Debug)]
@@ -411,6 +421,8 @@ impl UdpBackend {
             listening,
             local_path,
             local_streak: 0,
+            since_local: LOCAL_HOT,
+            since_socket: 0,
         })
     }
 
@@ -537,9 +549,16 @@ impl UdpBackend {
         let local_first = self.local_streak < LOCAL_STREAK;
         if local_first && let Some(r) = self.recv_local(buf) {
             self.local_streak += 1;
+            self.since_local = 0;
             return Ok(Some(r));
         }
         self.local_streak = 0;
+        self.since_local = self.since_local.saturating_add(1);
+        self.since_socket = self.since_socket.saturating_add(1);
+        if local_first && self.since_local < LOCAL_HOT && self.since_socket < SOCKET_EVERY {
+            return Ok(None);
+        }
+        self.since_socket = 0;
         for _ in 0..MAX_PROBES {
             let Some((i, r)) = self.recv_datagram(buf)? else {
                 return Ok(if local_first { None } else { self.recv_local(buf) });
@@ -566,7 +585,7 @@ impl UdpBackend {
     /// The next packet of the local path.
     fn recv_local(&mut self, buf: &mut [u8]) -> Option<super::Received> {
         let (len, m) = self.local_path.as_mut()?.recv(buf)?;
-        Some(super::Received { len, seg: len, from: m.from, to: m.to, ip_id: Some(m.ip_id) })
+        Some(super::Received { len, seg: len, from: m.from, to: m.to, ip_id: None, local: true })
     }
 
     /// The next datagram of any socket, taking them in turn, with the
@@ -579,7 +598,8 @@ impl UdpBackend {
             match port.recv(buf) {
                 Ok(Some((len, seg, from))) => {
                     self.next_rx = (i + 1) % n;
-                    let r = super::Received { len, seg, from, to: port.ip, ip_id: None };
+                    let r =
+                        super::Received { len, seg, from, to: port.ip, ip_id: None, local: false };
                     return Ok(Some((i, r)));
                 }
                 Ok(None) => {}
@@ -645,6 +665,10 @@ impl super::Backend for UdpBackend {
             Some(s) => s.registry.take_leftovers(),
             None => Vec::new(),
         }
+    }
+
+    fn is_local(&mut self, dst: SocketAddr, qpn: u32) -> bool {
+        self.local_path.as_mut().is_some_and(|lp| lp.reaches(dst, qpn))
     }
 
     fn batch(&self) -> super::SendBatch {

@@ -11,9 +11,12 @@
 //! it (an OFD lock on the lane's byte: a lane has one writer at a time,
 //! and a dead writer's lane is free again) and writes packets there;
 //! otherwise the packet takes the kernel as before. The packets are the
-//! same RoCE packets, ICRC and all, and the receiver is told the addresses
-//! and IPv4 ID a UDP receiver would have seen, so the driver treats them
-//! like any other. Multicast, the CM's MADs (QPN 1) and the sharing
+//! same RoCE packets, and the receiver is told the addresses a UDP
+//! receiver would have seen, so the driver treats them like any other,
+//! except for the ICRC: memory does not corrupt packets, so the sender
+//! computes none and the receiver checks none (a fifth of the CPU time of
+//! a bulk transfer; a local process that means harm could compute one
+//! anyway). Multicast, the CM's MADs (QPN 1) and the sharing
 //! group's probes stay on UDP.
 //!
 //! Waking a sleeping receiver: its progress thread raises a flag in the
@@ -242,6 +245,23 @@ impl Outbox {
 /// A destination (address, slot) and what reaches it.
 type RouteKey = (SocketAddr, u8);
 
+/// The lane to the context owning QPN `qpn` at `dst`, found (or found
+/// missing) on first use. Multicast and the CM's QP1 take UDP.
+fn route(
+    routes: &mut FastMap<RouteKey, Option<Outbox>>,
+    dst: SocketAddr,
+    qpn: u32,
+) -> Option<&mut Outbox> {
+    if qpn <= 1 || dst.ip().is_multicast() {
+        return None;
+    }
+    let slot = (qpn >> share::QPN_SHIFT) as u8;
+    routes
+        .entry((dst, slot))
+        .or_insert_with(|| Outbox::open(inbox_path(dst, usize::from(slot))))
+        .as_mut()
+}
+
 /// One context's local path: its inbox and its lanes in others'.
 #[derive(Debug)]
 pub(crate) struct LocalPath {
@@ -284,15 +304,7 @@ impl LocalPath {
         seg: usize,
     ) -> Sent {
         let qpn = data.get(4..8).map_or(0, |b| u32::from_be_bytes([0, b[1], b[2], b[3]]));
-        if qpn <= 1 || dst.ip().is_multicast() {
-            return Sent::NotLocal;
-        }
-        let slot = (qpn >> share::QPN_SHIFT) as u8;
-        let out = self
-            .routes
-            .entry((dst, slot))
-            .or_insert_with(|| Outbox::open(inbox_path(dst, usize::from(slot))));
-        let Some(out) = out else { return Sent::NotLocal };
+        let Some(out) = route(&mut self.routes, dst, qpn) else { return Sent::NotLocal };
         let mut written = 0;
         for (i, pkt) in data.chunks(seg.max(1)).enumerate() {
             let meta = Meta { from, to: dst.ip(), ip_id: i as u16 };
@@ -320,6 +332,12 @@ impl LocalPath {
             self.counters.full += total - written;
         }
         Sent::Written(wake.then_some(qpn))
+    }
+
+    /// Whether packets to QPN `qpn` at `dst` go through memory (then they
+    /// need no ICRC: nothing corrupts them on the way).
+    pub(crate) fn reaches(&mut self, dst: SocketAddr, qpn: u32) -> bool {
+        route(&mut self.routes, dst, qpn).is_some()
     }
 
     /// The next packet in the inbox, copied into `buf`: `(len, meta)`.

@@ -214,6 +214,7 @@ impl Backend for XdpBackend {
                     from: p.from,
                     to: p.to,
                     ip_id: p.from.is_ipv4().then_some(p.ip_id),
+                    local: false,
                 })
             });
             match got {
