@@ -195,7 +195,8 @@ fn every_operation(a: &End, b: &End) {
 /// A receiver that sleeps (its progress thread idle on its sockets, its
 /// application blocked on a completion channel) is woken by the local
 /// path's doorbell when a packet reaches its inbox, each time, instead of
-/// at its sleep's timeout (100 ms).
+/// at its sleep's timeout (100 ms), also after its application ran a pass
+/// of its own meanwhile (an empty poll).
 #[test]
 fn a_sleeping_receiver_is_woken_by_the_local_path() {
     if std::env::var_os("UROCE_NO_SHM").is_some() {
@@ -218,6 +219,11 @@ fn a_sleeping_receiver_is_woken_by_the_local_path() {
         b.cq.req_notify(false).unwrap();
         // Long enough for both progress threads to go to sleep.
         std::thread::sleep(Duration::from_millis(30));
+        // A poll that finds nothing runs a pass on the application's
+        // thread: it does not wake the sleeping progress thread, so the
+        // next packet must still ring the doorbell.
+        let mut none = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 1];
+        assert_eq!(b.cq.poll(&mut none).unwrap(), 0);
         let sgl = [a.mr.sge(0, 64).unwrap()];
         let t = Instant::now();
         a.qp.post_send(&[SendWr { wr_id: round, sgl: &sgl, ..SendWr::default() }]).unwrap();

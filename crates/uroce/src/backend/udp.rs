@@ -756,6 +756,9 @@ impl super::Backend for UdpBackend {
     }
 
     fn prepare_sleep(&mut self) -> bool {
+        // What wakes the thread is on a socket (a doorbell, a remote
+        // packet): the next receive reads them first.
+        self.since_socket = SOCKET_EVERY;
         self.local_path.as_mut().is_none_or(super::shm::LocalPath::prepare_sleep)
     }
 

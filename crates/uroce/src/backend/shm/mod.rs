@@ -270,8 +270,6 @@ pub(crate) struct LocalPath {
     checked_ns: u64,
     /// The lane `recv` looks at first (no lane starves).
     next_lane: usize,
-    /// The sleep flag is up (cleared by the next receive).
-    sleep_announced: bool,
     counters: Counters,
 }
 
@@ -283,7 +281,6 @@ impl LocalPath {
             routes: FastMap::default(),
             checked_ns: 0,
             next_lane: 0,
-            sleep_announced: false,
             counters: Counters::default(),
         })
     }
@@ -342,10 +339,6 @@ impl LocalPath {
 
     /// The next packet in the inbox, copied into `buf`: `(len, meta)`.
     pub(crate) fn recv(&mut self, buf: &mut [u8]) -> Option<(usize, Meta)> {
-        if self.sleep_announced {
-            self.sleep_announced = false;
-            self.inbox.map.sleeping().store(0, Ordering::Relaxed);
-        }
         let active = self.inbox.map.active().load(Ordering::Acquire);
         if active == 0 {
             return None;
@@ -384,7 +377,10 @@ impl LocalPath {
             map.sleeping().store(0, Ordering::Relaxed);
             return false;
         }
-        self.sleep_announced = true;
+        // The flag stays up until a sender takes it down: a receive by
+        // another thread's pass (an application's poll) does not mean the
+        // progress thread is awake. One that woke by its timeout costs the
+        // next sender a doorbell it did not need.
         true
     }
 
