@@ -116,7 +116,7 @@ pub(crate) struct Registry {
 }
 
 /// Whether `path` still names the open `file` (not removed or replaced).
-fn same_file(file: &File, path: &PathBuf) -> bool {
+pub(crate) fn same_file(file: &File, path: &Path) -> bool {
     use std::os::unix::fs::MetadataExt;
     match (file.metadata(), std::fs::metadata(path)) {
         (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),

@@ -460,6 +460,11 @@ impl UdpBackend {
         let port = match joined {
             Some(Ok(bound)) => {
                 let (registry, mut port) = bound?;
+                if let Some(lp) = self.local_path.as_mut() {
+                    // Best effort: without it, packets to this address
+                    // take UDP.
+                    let _ = lp.add_address(addr, registry.slot());
+                }
                 let mut sharing = Sharing::new(registry);
                 if !self.listening.is_empty() {
                     sharing.set_listening(&self.listening, &port.sock);
@@ -478,6 +483,9 @@ impl UdpBackend {
     /// configured one).
     fn unbind_local_addr(&mut self, ip: IpAddr) {
         if let Some(i) = self.ports.iter().skip(1).position(|p| p.ip == ip) {
+            if let Some(lp) = self.local_path.as_mut() {
+                lp.remove_address(ip);
+            }
             self.ports.remove(i + 1).close();
             self.next_rx = 0;
         }

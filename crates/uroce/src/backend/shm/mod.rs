@@ -44,7 +44,7 @@ use std::sync::atomic::{Ordering, fence};
 
 use uroce_transport::fastmap::FastMap;
 
-use super::share;
+use super::share::{self, same_file};
 use crate::ofd_lock;
 use ring::{Consumer, Empty, LANES, Mapping, Meta, Producer};
 
@@ -107,15 +107,6 @@ fn open_rw(path: &Path) -> io::Result<File> {
     OpenOptions::new().read(true).write(true).open(path)
 }
 
-/// Whether `path` still names the open `file`.
-fn same_file(file: &File, path: &Path) -> bool {
-    use std::os::unix::fs::MetadataExt;
-    match (file.metadata(), std::fs::metadata(path)) {
-        (Ok(a), Ok(b)) => a.dev() == b.dev() && a.ino() == b.ino(),
-        _ => false,
-    }
-}
-
 /// Counters of the local path (`uroce stat`).
 #[derive(Debug, Default, Clone, Copy)]
 pub(crate) struct Counters {
@@ -147,8 +138,10 @@ struct Inbox {
     path: PathBuf,
     map: Mapping,
     lanes: [Consumer; LANES],
-    /// The local address packets must be sent to.
+    /// The local addresses packets may be sent to, and the other names
+    /// (links) of the file: one per secondary address in use.
     addr: IpAddr,
+    aliases: Vec<(IpAddr, PathBuf)>,
 }
 
 impl Inbox {
@@ -182,14 +175,23 @@ impl Inbox {
             }
         };
         let lanes = std::array::from_fn(|i| Consumer::open(&map, i));
-        Ok(Self { file, path, map, lanes, addr: local.ip() })
+        Ok(Self { file, path, map, lanes, addr: local.ip(), aliases: Vec::new() })
+    }
+}
+
+impl Inbox {
+    fn takes(&self, to: IpAddr) -> bool {
+        to == self.addr || self.aliases.iter().any(|(a, _)| *a == to)
     }
 }
 
 impl Drop for Inbox {
     fn drop(&mut self) {
-        if same_file(&self.file, &self.path) {
-            let _ = std::fs::remove_file(&self.path);
+        let names = std::iter::once(&self.path).chain(self.aliases.iter().map(|(_, p)| p));
+        for p in names {
+            if same_file(&self.file, p) {
+                let _ = std::fs::remove_file(p);
+            }
         }
     }
 }
@@ -285,6 +287,35 @@ impl LocalPath {
         })
     }
 
+    /// Receives at another local address too (a secondary GID the
+    /// context bound, holding slot `slot` of its group): the inbox gets a
+    /// second name there, replacing a dead owner's file.
+    pub(crate) fn add_address(&mut self, addr: SocketAddr, slot: usize) -> io::Result<()> {
+        if self.inbox.takes(addr.ip()) {
+            return Ok(());
+        }
+        let name = inbox_path(addr, slot);
+        let tmp = crate::published::with_suffix(&name, &format!(".new{}", std::process::id()));
+        let _ = std::fs::remove_file(&tmp);
+        std::fs::hard_link(&self.inbox.path, &tmp)?;
+        if let Err(e) = std::fs::rename(&tmp, &name) {
+            let _ = std::fs::remove_file(&tmp);
+            return Err(e);
+        }
+        self.inbox.aliases.push((addr.ip(), name));
+        Ok(())
+    }
+
+    /// Stops receiving at a secondary address.
+    pub(crate) fn remove_address(&mut self, ip: IpAddr) {
+        if let Some(i) = self.inbox.aliases.iter().position(|(a, _)| *a == ip) {
+            let (_, name) = self.inbox.aliases.swap_remove(i);
+            if same_file(&self.inbox.file, &name) {
+                let _ = std::fs::remove_file(name);
+            }
+        }
+    }
+
     /// The counters so far.
     pub(crate) fn counters(&self) -> Counters {
         self.counters
@@ -349,7 +380,7 @@ impl LocalPath {
                 continue;
             }
             match self.inbox.lanes[lane].pop(&self.inbox.map, lane, buf) {
-                Ok((len, meta)) if meta.to == self.inbox.addr => {
+                Ok((len, meta)) if self.inbox.takes(meta.to) => {
                     self.next_lane = (lane + 1) % LANES;
                     self.counters.received += 1;
                     return Some((len, meta));
@@ -463,16 +494,26 @@ mod tests {
         assert!(!rx.prepare_sleep(), "packets wait: no sleep");
         assert_eq!(rx.recv(&mut buf).map(|(n, _)| (n, buf[10])), Some((64, 4)));
         assert_eq!(rx.recv(&mut buf).map(|(n, _)| (n, buf[10])), Some((64, 5)));
+        // A secondary address of the receiver: a second name of its inbox,
+        // until it stops using the address.
+        let second = SocketAddr::new("127.0.0.3".parse().unwrap(), at.port());
+        rx.add_address(second, 3).unwrap();
+        assert_eq!(tx.send(from, second, &packet(qpn, 8, 64), 64), Sent::Written(None));
+        assert_eq!(rx.recv(&mut buf).map(|(_, m)| (buf[10], m.to)), Some((8, second.ip())));
+        rx.remove_address(second.ip());
+        assert!(!inbox_path(second, 3).exists());
+        tx.tick(RECHECK_NS / 2 * 3);
+        assert_eq!(tx.send(from, second, &packet(qpn, 8, 64), 64), Sent::NotLocal);
         // The owner goes: the route is dropped at the next check, and a
         // new owner of the slot is found.
         drop(rx);
-        tx.tick(RECHECK_NS);
+        tx.tick(3 * RECHECK_NS);
         assert_eq!(tx.send(from, at, &packet(qpn, 6, 64), 64), Sent::NotLocal);
         let mut rx = LocalPath::new(at, 3).unwrap();
-        tx.tick(2 * RECHECK_NS);
+        tx.tick(4 * RECHECK_NS);
         assert_eq!(tx.send(from, at, &packet(qpn, 7, 64), 64), Sent::Written(None));
         assert_eq!(rx.recv(&mut buf).map(|(n, _)| (n, buf[10])), Some((64, 7)));
-        assert_eq!(tx.counters().sent, 6);
+        assert_eq!(tx.counters().sent, 7);
     }
 
     /// A local process that writes garbage into an inbox (headers, lane
