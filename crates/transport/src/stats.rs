@@ -147,6 +147,8 @@ counters! {
     local_lane_full,
     /// Shared-memory lanes that broke the ring's rules (contents dropped).
     local_lane_broken,
+    /// Shared-memory lanes whose senders went, their memory given back.
+    local_lane_released,
 }
 
 impl Stats {

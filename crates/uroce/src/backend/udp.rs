@@ -777,6 +777,7 @@ impl super::Backend for UdpBackend {
             stats.local_doorbells += c.doorbells;
             stats.local_lane_full += c.full;
             stats.local_lane_broken += c.broken;
+            stats.local_lane_released += c.released;
         }
     }
 

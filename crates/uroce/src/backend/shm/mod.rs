@@ -117,6 +117,8 @@ pub(crate) struct Counters {
     pub(crate) full: u64,
     /// Lanes that broke the ring's rules (their packets dropped).
     pub(crate) broken: u64,
+    /// Lanes whose senders went and whose memory was given back.
+    pub(crate) released: u64,
 }
 
 /// What [`LocalPath::send`] did.
@@ -437,11 +439,15 @@ impl LocalPath {
                 continue;
             }
             if !held && !self.inbox.lanes[l].ready(map, l) {
-                map.active().fetch_and(!(1 << l), Ordering::SeqCst);
-                // A sender that claimed it just now set the bit before
-                // writing: set it again if the lane is held meanwhile.
-                if ofd_lock::held_by_other(&self.inbox.file, 1 + l as u64) {
-                    map.active().fetch_or(1 << l, Ordering::SeqCst);
+                // Its sender is gone and left nothing unread. Holding the
+                // lane's lock meanwhile (no sender can claim it), its pages
+                // go back to the system: up to `RING` bytes of memory.
+                if ofd_lock::lock(&self.inbox.file, 1 + l as u64).is_ok() {
+                    map.active().fetch_and(!(1 << l), Ordering::SeqCst);
+                    if ring::release_ring(&self.inbox.file, l).is_ok() {
+                        self.counters.released += 1;
+                    }
+                    let _ = ofd_lock::unlock(&self.inbox.file, 1 + l as u64);
                 }
             }
         }
@@ -514,6 +520,37 @@ mod tests {
         assert_eq!(tx.send(from, at, &packet(qpn, 7, 64), 64), Sent::Written(None));
         assert_eq!(rx.recv(&mut buf).map(|(n, _)| (n, buf[10])), Some((64, 7)));
         assert_eq!(tx.counters().sent, 7);
+    }
+
+    /// A sender that goes leaves its lane's pages behind in the tmpfs
+    /// file; the owner's check gives them back once the lane is read.
+    #[test]
+    fn a_gone_senders_lane_gives_its_memory_back() {
+        use std::os::unix::fs::MetadataExt;
+        let at = addr();
+        let from = SocketAddr::new("127.0.0.2".parse().unwrap(), at.port());
+        let mut rx = LocalPath::new(at, 2).unwrap();
+        let qpn = (2 << share::QPN_SHIFT) | 0x11;
+        let blocks = || std::fs::metadata(inbox_path(at, 2)).unwrap().blocks();
+        let before = blocks();
+        let mut tx = LocalPath::new(from, 0).unwrap();
+        let mut buf = vec![0u8; 9000];
+        for _ in 0..512 {
+            assert_eq!(tx.send(from, at, &packet(qpn, 1, 4096), 4096), Sent::Written(None));
+            assert!(rx.recv(&mut buf).is_some());
+        }
+        let used = blocks();
+        assert!(used >= before + 4096, "{before} → {used} blocks");
+        rx.tick(RECHECK_NS);
+        assert_eq!(rx.counters().released, 0, "its sender is alive");
+        drop(tx);
+        rx.tick(2 * RECHECK_NS);
+        assert_eq!(rx.counters().released, 1);
+        assert!(blocks() <= before + 8, "{before} → {used} → {} blocks", blocks());
+        // The lane serves a new sender.
+        let mut tx = LocalPath::new(from, 0).unwrap();
+        assert_eq!(tx.send(from, at, &packet(qpn, 2, 64), 64), Sent::Written(None));
+        assert_eq!(rx.recv(&mut buf).map(|(n, _)| (n, buf[10])), Some((64, 2)));
     }
 
     /// A local process that writes garbage into an inbox (headers, lane

@@ -174,6 +174,24 @@ impl Drop for Mapping {
     }
 }
 
+/// Gives a lane's ring pages back to the system (a tmpfs file keeps every
+/// page a sender ever wrote); the ring reads as zeros after. Only for a
+/// lane nobody writes: the caller holds the lane's lock.
+pub(crate) fn release_ring(file: &File, lane: usize) -> io::Result<()> {
+    let off = ring_off(lane, 0);
+    // SAFETY: `fallocate` on an open descriptor, over a range inside the
+    // file; it changes only the file's contents.
+    let r = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
+            off as libc::off_t,
+            RING as libc::off_t,
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
 fn lane_base(lane: usize) -> u64 {
     assert!(lane < LANES);
     HEADER + lane as u64 * LANE
