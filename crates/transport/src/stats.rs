@@ -149,6 +149,9 @@ counters! {
     local_lane_broken,
     /// Shared-memory lanes whose senders went, their memory given back.
     local_lane_released,
+    /// Times a shared-memory lane could not grow (a full tmpfs): the
+    /// destination took UDP until the next check.
+    local_no_memory,
 }
 
 impl Stats {

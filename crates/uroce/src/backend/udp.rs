@@ -778,6 +778,7 @@ impl super::Backend for UdpBackend {
             stats.local_lane_full += c.full;
             stats.local_lane_broken += c.broken;
             stats.local_lane_released += c.released;
+            stats.local_no_memory += c.no_memory;
         }
     }
 

@@ -46,7 +46,7 @@ use uroce_transport::fastmap::FastMap;
 
 use super::share::{self, same_file};
 use crate::ofd_lock;
-use ring::{Consumer, Empty, LANES, Mapping, Meta, Producer};
+use ring::{Consumer, Empty, LANES, Mapping, Meta, Producer, Push};
 
 /// How often routes and lanes are checked for dead owners.
 const RECHECK_NS: u64 = 100_000_000;
@@ -97,10 +97,10 @@ fn inbox_prefix() -> String {
 }
 
 /// The inbox of the context holding slot `slot` of the device at `addr`.
-fn inbox_path(addr: SocketAddr, slot: usize) -> PathBuf {
+fn inbox_path(dir: &Path, addr: SocketAddr, slot: usize) -> PathBuf {
     let table = share::path_of(addr);
     let name = table.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    inbox_dir().join(format!("{}{name}.{slot}", inbox_prefix()))
+    dir.join(format!("{}{name}.{slot}", inbox_prefix()))
 }
 
 fn open_rw(path: &Path) -> io::Result<File> {
@@ -119,6 +119,8 @@ pub(crate) struct Counters {
     pub(crate) broken: u64,
     /// Lanes whose senders went and whose memory was given back.
     pub(crate) released: u64,
+    /// Times a lane could not grow (a full tmpfs): UDP took over.
+    pub(crate) no_memory: u64,
 }
 
 /// What [`LocalPath::send`] did.
@@ -149,10 +151,10 @@ struct Inbox {
 impl Inbox {
     /// Creates the inbox of slot `slot` at `local` (replacing a dead
     /// owner's), after removing the inboxes whose owners are gone.
-    fn create(local: SocketAddr, slot: usize) -> io::Result<Self> {
+    fn create(dir: &Path, local: SocketAddr, slot: usize) -> io::Result<Self> {
         use std::os::unix::fs::OpenOptionsExt;
-        sweep();
-        let path = inbox_path(local, slot);
+        sweep(dir);
+        let path = inbox_path(dir, local, slot);
         let tmp = crate::published::with_suffix(&path, &format!(".new{}", std::process::id()));
         let file = OpenOptions::new()
             .read(true)
@@ -164,6 +166,7 @@ impl Inbox {
         let made = (|| {
             ofd_lock::lock(&file, OWNER_BYTE)?;
             file.set_len(ring::FILE_LEN)?;
+            ring::reserve_header(&file)?;
             let map = Mapping::map(&file)?;
             map.init();
             std::fs::rename(&tmp, &path)?;
@@ -200,9 +203,9 @@ impl Drop for Inbox {
 
 /// Removes the inboxes (of this run directory) whose owners are gone: a
 /// SIGKILLed context leaves its file behind.
-fn sweep() {
+fn sweep(dir: &Path) {
     let prefix = inbox_prefix();
-    let Ok(dir) = std::fs::read_dir(inbox_dir()) else { return };
+    let Ok(dir) = std::fs::read_dir(dir) else { return };
     for e in dir.flatten() {
         let name = e.file_name();
         if !name.to_string_lossy().starts_with(&prefix) {
@@ -251,24 +254,27 @@ type RouteKey = (SocketAddr, u8);
 
 /// The lane to the context owning QPN `qpn` at `dst`, found (or found
 /// missing) on first use. Multicast and the CM's QP1 take UDP.
-fn route(
-    routes: &mut FastMap<RouteKey, Option<Outbox>>,
+fn route<'a>(
+    dir: &Path,
+    routes: &'a mut FastMap<RouteKey, Option<Outbox>>,
     dst: SocketAddr,
     qpn: u32,
-) -> Option<&mut Outbox> {
+) -> Option<&'a mut Outbox> {
     if qpn <= 1 || dst.ip().is_multicast() {
         return None;
     }
     let slot = (qpn >> share::QPN_SHIFT) as u8;
     routes
         .entry((dst, slot))
-        .or_insert_with(|| Outbox::open(inbox_path(dst, usize::from(slot))))
+        .or_insert_with(|| Outbox::open(inbox_path(dir, dst, usize::from(slot))))
         .as_mut()
 }
 
 /// One context's local path: its inbox and its lanes in others'.
 #[derive(Debug)]
 pub(crate) struct LocalPath {
+    /// Where inboxes are (`/dev/shm`).
+    dir: PathBuf,
     inbox: Inbox,
     routes: FastMap<RouteKey, Option<Outbox>>,
     checked_ns: u64,
@@ -280,8 +286,14 @@ pub(crate) struct LocalPath {
 impl LocalPath {
     /// The local path of the context holding slot `slot` at `local`.
     pub(crate) fn new(local: SocketAddr, slot: usize) -> io::Result<Self> {
+        Self::new_in(inbox_dir(), local, slot)
+    }
+
+    /// [`LocalPath::new`] with the inboxes in `dir`.
+    fn new_in(dir: PathBuf, local: SocketAddr, slot: usize) -> io::Result<Self> {
         Ok(Self {
-            inbox: Inbox::create(local, slot)?,
+            inbox: Inbox::create(&dir, local, slot)?,
+            dir,
             routes: FastMap::default(),
             checked_ns: 0,
             next_lane: 0,
@@ -296,7 +308,7 @@ impl LocalPath {
         if self.inbox.takes(addr.ip()) {
             return Ok(());
         }
-        let name = inbox_path(addr, slot);
+        let name = inbox_path(&self.dir, addr, slot);
         let tmp = crate::published::with_suffix(&name, &format!(".new{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
         std::fs::hard_link(&self.inbox.path, &tmp)?;
@@ -334,14 +346,31 @@ impl LocalPath {
         seg: usize,
     ) -> Sent {
         let qpn = data.get(4..8).map_or(0, |b| u32::from_be_bytes([0, b[1], b[2], b[3]]));
-        let Some(out) = route(&mut self.routes, dst, qpn) else { return Sent::NotLocal };
+        let Some(out) = route(&self.dir, &mut self.routes, dst, qpn) else { return Sent::NotLocal };
         let mut written = 0;
+        let mut no_memory = false;
         for (i, pkt) in data.chunks(seg.max(1)).enumerate() {
             let meta = Meta { from, to: dst.ip(), ip_id: i as u16 };
-            if !out.producer.push(&out.map, &meta, pkt) {
-                break;
+            match out.producer.push(&out.file, &out.map, &meta, pkt) {
+                Push::Written => written += 1,
+                Push::Full => break,
+                Push::NoMemory => {
+                    no_memory = true;
+                    break;
+                }
             }
-            written += 1;
+        }
+        if no_memory {
+            // The tmpfs is full: this destination takes UDP until the next
+            // check. (These packets were built without an ICRC, so the
+            // receiver drops them and the transport resends them.)
+            self.counters.no_memory += 1;
+            if written > 0 {
+                out.producer.publish(&out.map);
+                self.counters.sent += written;
+            }
+            self.routes.insert((dst, (qpn >> share::QPN_SHIFT) as u8), None);
+            return if written > 0 { Sent::Written(None) } else { Sent::NotLocal };
         }
         if written == 0 {
             self.counters.full += data.len().div_ceil(seg.max(1)) as u64;
@@ -367,7 +396,7 @@ impl LocalPath {
     /// Whether packets to QPN `qpn` at `dst` go through memory (then they
     /// need no ICRC: nothing corrupts them on the way).
     pub(crate) fn reaches(&mut self, dst: SocketAddr, qpn: u32) -> bool {
-        route(&mut self.routes, dst, qpn).is_some()
+        route(&self.dir, &mut self.routes, dst, qpn).is_some()
     }
 
     /// The next packet in the inbox, copied into `buf`: `(len, meta)`.
@@ -507,7 +536,7 @@ mod tests {
         assert_eq!(tx.send(from, second, &packet(qpn, 8, 64), 64), Sent::Written(None));
         assert_eq!(rx.recv(&mut buf).map(|(_, m)| (buf[10], m.to)), Some((8, second.ip())));
         rx.remove_address(second.ip());
-        assert!(!inbox_path(second, 3).exists());
+        assert!(!inbox_path(&rx.dir, second, 3).exists());
         tx.tick(RECHECK_NS / 2 * 3);
         assert_eq!(tx.send(from, second, &packet(qpn, 8, 64), 64), Sent::NotLocal);
         // The owner goes: the route is dropped at the next check, and a
@@ -531,7 +560,8 @@ mod tests {
         let from = SocketAddr::new("127.0.0.2".parse().unwrap(), at.port());
         let mut rx = LocalPath::new(at, 2).unwrap();
         let qpn = (2 << share::QPN_SHIFT) | 0x11;
-        let blocks = || std::fs::metadata(inbox_path(at, 2)).unwrap().blocks();
+        let path = inbox_path(&rx.dir, at, 2);
+        let blocks = || std::fs::metadata(&path).unwrap().blocks();
         let before = blocks();
         let mut tx = LocalPath::new(from, 0).unwrap();
         let mut buf = vec![0u8; 9000];
@@ -553,6 +583,59 @@ mod tests {
         assert_eq!(rx.recv(&mut buf).map(|(n, _)| (n, buf[10])), Some((64, 2)));
     }
 
+    /// A tmpfs that fills up (a container's 64 MiB `/dev/shm`) stops a
+    /// lane from growing: the sender is told before it writes (no SIGBUS),
+    /// what it wrote arrives, and the destination takes UDP.
+    #[test]
+    fn a_full_tmpfs_sends_the_destination_back_to_udp() {
+        let dir = std::env::temp_dir().join(format!("uroce-shm-full-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let mounted = std::process::Command::new("mount")
+            .args(["-t", "tmpfs", "-o", "size=1m", "tmpfs"])
+            .arg(&dir)
+            .status()
+            .is_ok_and(|s| s.success());
+        if !mounted {
+            assert!(std::env::var_os("CI").is_none(), "mounting a tmpfs needs root under CI");
+            eprintln!("cannot mount a tmpfs here: skipped");
+            return;
+        }
+        struct Unmount(PathBuf);
+        impl Drop for Unmount {
+            fn drop(&mut self) {
+                let _ = std::process::Command::new("umount").arg(&self.0).status();
+                let _ = std::fs::remove_dir(&self.0);
+            }
+        }
+        let _unmount = Unmount(dir.clone());
+        let at = addr();
+        let from = SocketAddr::new("127.0.0.2".parse().unwrap(), at.port());
+        let mut rx = LocalPath::new_in(dir.clone(), at, 4).unwrap();
+        let mut tx = LocalPath::new_in(dir.clone(), from, 0).unwrap();
+        let qpn = (4 << share::QPN_SHIFT) | 0x11;
+        let mut buf = vec![0u8; 9000];
+        let (mut sent, mut got) = (0u32, 0u32);
+        loop {
+            let mut p = packet(qpn, 3, 4096);
+            p[100..104].copy_from_slice(&sent.to_le_bytes());
+            match tx.send(from, at, &p, 4096) {
+                Sent::Written(_) => sent += 1,
+                Sent::NotLocal => break,
+                Sent::Full => panic!("the ring cannot be full: it is read"),
+            }
+            while let Some((n, _)) = rx.recv(&mut buf) {
+                assert_eq!((n, &buf[100..104]), (4096, &got.to_le_bytes()[..]));
+                got += 1;
+            }
+            assert!(sent < 2000, "1 MiB of tmpfs never ran out");
+        }
+        assert!(sent > 10, "{sent}");
+        assert_eq!(got, sent, "what was written arrived");
+        assert_eq!(tx.counters().no_memory, 1);
+        // Until the next check, the destination stays on UDP.
+        assert_eq!(tx.send(from, at, &packet(qpn, 3, 64), 64), Sent::NotLocal);
+    }
+
     /// A local process that writes garbage into an inbox (headers, lane
     /// counters, entries) costs the owner those lanes' packets, counted,
     /// and nothing else: no panic, and a sender that keeps the rules still
@@ -564,7 +647,7 @@ mod tests {
         let mut rx = LocalPath::new(at, 5).unwrap();
         let mut tx = LocalPath::new(from, 1).unwrap();
         let qpn = (5 << share::QPN_SHIFT) | 0x11;
-        let evil = open_rw(&inbox_path(at, 5)).unwrap();
+        let evil = open_rw(&inbox_path(&rx.dir, at, 5)).unwrap();
         let mut buf = vec![0u8; 9000];
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut next = || {

@@ -174,6 +174,33 @@ impl Drop for Mapping {
     }
 }
 
+/// The granularity at which a producer reserves ring memory.
+const CHUNK: u64 = 256 << 10;
+
+/// Backs `len` bytes at `off` with memory now (`fallocate`), so that a
+/// write through the mapping cannot meet a full tmpfs, which would be a
+/// SIGBUS instead of an error.
+pub(crate) fn reserve(file: &File, off: u64, len: u64) -> io::Result<()> {
+    // SAFETY: `fallocate` on an open descriptor; it changes only the
+    // file's allocation (the range is inside the file's size: KEEP_SIZE).
+    let r = unsafe {
+        libc::fallocate(
+            file.as_raw_fd(),
+            libc::FALLOC_FL_KEEP_SIZE,
+            off as libc::off_t,
+            len as libc::off_t,
+        )
+    };
+    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+}
+
+/// Reserves what an inbox's owner writes or a consumer reads before any
+/// sender came: the header and every lane's counters.
+pub(crate) fn reserve_header(file: &File) -> io::Result<()> {
+    reserve(file, 0, HEADER)?;
+    (0..LANES).try_for_each(|l| reserve(file, lane_base(l), LANE_HEADER))
+}
+
 /// Gives a lane's ring pages back to the system (a tmpfs file keeps every
 /// page a sender ever wrote); the ring reads as zeros after. Only for a
 /// lane nobody writes: the caller holds the lane's lock.
@@ -257,13 +284,25 @@ pub(crate) struct Producer {
     tail: u64,
     /// The consumer's head as last read.
     head: u64,
+    /// The ring's `CHUNK`s we reserved (a bit each).
+    reserved: u32,
+}
+
+/// What [`Producer::push`] did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Push {
+    Written,
+    /// No room until the consumer reads on.
+    Full,
+    /// The tmpfs is full: this lane cannot grow (nothing was written).
+    NoMemory,
 }
 
 impl Producer {
     /// Continues lane `lane` where its last producer stopped.
     pub(crate) fn claim(map: &Mapping, lane: usize) -> Self {
         let tail = map.tail(lane).load(Ordering::Acquire);
-        Self { lane, tail, head: map.head(lane).load(Ordering::Acquire) }
+        Self { lane, tail, head: map.head(lane).load(Ordering::Acquire), reserved: 0 }
     }
 
     /// Free ring bytes, as far as we know (none if the consumer's head
@@ -275,10 +314,26 @@ impl Producer {
         }
     }
 
-    /// Writes one entry (unpublished); false if the ring is full.
-    pub(crate) fn push(&mut self, map: &Mapping, meta: &Meta, packet: &[u8]) -> bool {
+    /// Reserves the chunks under ring bytes `pos .. pos + len` (one pass
+    /// over the ring reserves them all; later passes cost nothing).
+    fn reserve(&mut self, file: &File, pos: u64, len: u64) -> bool {
+        let (first, last) = ((pos % RING) / CHUNK, (pos % RING + len - 1) / CHUNK);
+        for c in first..=last {
+            if self.reserved & (1 << c) == 0 {
+                if reserve(file, ring_off(self.lane, c * CHUNK), CHUNK).is_err() {
+                    return false;
+                }
+                self.reserved |= 1 << c;
+            }
+        }
+        true
+    }
+
+    /// Writes one entry (unpublished); `Full` if the ring has no room,
+    /// `NoMemory` if the memory under it cannot be had.
+    pub(crate) fn push(&mut self, file: &File, map: &Mapping, meta: &Meta, packet: &[u8]) -> Push {
         if packet.len() > MAX_PACKET {
-            return false;
+            return Push::Full;
         }
         let need = entry_len(packet.len());
         let to_end = RING - self.tail % RING;
@@ -286,8 +341,11 @@ impl Producer {
         if self.room() < skip + need {
             self.head = map.head(self.lane).load(Ordering::Acquire);
             if self.room() < skip + need {
-                return false;
+                return Push::Full;
             }
+        }
+        if !self.reserve(file, self.tail, 4) || !self.reserve(file, self.tail + skip, need) {
+            return Push::NoMemory;
         }
         if skip > 0 {
             map.write(ring_off(self.lane, self.tail), &WRAP.to_le_bytes());
@@ -297,7 +355,7 @@ impl Producer {
         map.write(at, &encode(meta, packet.len()));
         map.write(at + ENTRY_HEADER as u64, packet);
         self.tail += need;
-        true
+        Push::Written
     }
 
     /// Makes the written entries visible to the consumer.
@@ -433,7 +491,7 @@ mod tests {
         for round in 0..4000u32 {
             let len = 40 + (round as usize * 977) % 4200;
             let pkt: Vec<u8> = (0..len).map(|k| (k as u32 ^ sent) as u8).collect();
-            if p.push(&m, &meta(sent as u16), &pkt) {
+            if p.push(&f, &m, &meta(sent as u16), &pkt) == Push::Written {
                 sent += 1;
             } else {
                 assert!(p.room() < entry_len(len) * 2, "refused with room");
@@ -462,7 +520,7 @@ mod tests {
         let mut p = Producer::claim(&m, 0);
         let mut c = Consumer::open(&m, 0);
         let mut buf = vec![0u8; 64];
-        assert!(p.push(&m, &meta(1), &[7u8; 100]));
+        assert_eq!(p.push(&f, &m, &meta(1), &[7u8; 100]), Push::Written);
         p.publish(&m);
         // Bigger than the reader's buffer: skipped, not truncated.
         assert_eq!(c.pop(&m, 0, &mut buf), Err(Empty::Broken));
@@ -473,7 +531,7 @@ mod tests {
         // A head ahead of the tail: the producer sees no room.
         m.head(0).store(u64::MAX, Ordering::Release);
         let mut p = Producer::claim(&m, 0);
-        assert!(!p.push(&m, &meta(2), &[1u8; 8]));
+        assert_eq!(p.push(&f, &m, &meta(2), &[1u8; 8]), Push::Full);
         // A garbage header.
         let mut p = Producer::claim(&m, 1);
         let mut c = Consumer::open(&m, 1);
@@ -508,7 +566,7 @@ mod tests {
         let mut i = 0u32;
         while i < n {
             pkt[..4].copy_from_slice(&i.to_le_bytes());
-            if p.push(&m, &meta(i as u16), &pkt[..8 + (i as usize % 64)]) {
+            if p.push(&f, &m, &meta(i as u16), &pkt[..8 + (i as usize % 64)]) == Push::Written {
                 i += 1;
                 if i.is_multiple_of(16) {
                     p.publish(&m);
