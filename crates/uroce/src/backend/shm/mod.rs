@@ -208,7 +208,16 @@ fn sweep(dir: &Path) {
     let Ok(dir) = std::fs::read_dir(dir) else { return };
     for e in dir.flatten() {
         let name = e.file_name();
-        if !name.to_string_lossy().starts_with(&prefix) {
+        let name = name.to_string_lossy();
+        if !name.starts_with(&prefix) {
+            continue;
+        }
+        // An inbox being made is locked only a moment after its file
+        // appears: a fresh one is left to its maker.
+        let fresh = e.metadata().ok().and_then(|m| m.modified().ok()).is_some_and(|t| {
+            t.elapsed().map_or(true, |age| age < std::time::Duration::from_secs(60))
+        });
+        if name.contains(".new") && fresh {
             continue;
         }
         if let Ok(f) = open_rw(&e.path())
