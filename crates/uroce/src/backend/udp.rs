@@ -634,7 +634,10 @@ impl super::Backend for UdpBackend {
 
     fn tick(&mut self, now_ns: u64) {
         if let Some(lp) = self.local_path.as_mut() {
-            lp.tick(now_ns);
+            let sock = &self.ports[0].sock;
+            lp.tick(now_ns, &mut |dst, qpn| {
+                let _ = sock.send_to(&super::shm::doorbell(qpn), dst);
+            });
         }
         for p in &mut self.ports {
             if let Some(sharing) = &mut p.sharing {

@@ -50,6 +50,11 @@ use ring::{Consumer, Empty, LANES, Mapping, Meta, Producer, Push};
 
 /// How often routes and lanes are checked for dead owners.
 const RECHECK_NS: u64 = 100_000_000;
+/// The most packet bytes a sender keeps behind one full lane.
+const MAX_BACKLOG: usize = 16 << 20;
+/// A backlog that has not moved for this long (its receiver stopped
+/// reading) is dropped: the transport resends what needs resending.
+const BACKLOG_STUCK_NS: u64 = 1_000_000_000;
 /// The byte whose lock the inbox's owner holds; lane `i`'s is `1 + i`.
 const OWNER_BYTE: u64 = 0;
 /// A doorbell: a BTH-shaped header (opcode 0xff, manufacturer specific;
@@ -113,7 +118,8 @@ pub(crate) struct Counters {
     pub(crate) sent: u64,
     pub(crate) received: u64,
     pub(crate) doorbells: u64,
-    /// Packets a full lane refused (lost, and resent by the transport).
+    /// Packets lost to a full lane: a backlog at its bound, or dropped
+    /// when its receiver stopped reading (resent by the transport).
     pub(crate) full: u64,
     /// Lanes that broke the ring's rules (their packets dropped).
     pub(crate) broken: u64,
@@ -128,9 +134,11 @@ pub(crate) struct Counters {
 pub(crate) enum Sent {
     /// The destination has no live inbox here: use UDP.
     NotLocal,
-    /// Written; `Some(qpn)`: the receiver sleeps, ring its doorbell.
+    /// Written, or queued behind a full lane; `Some(qpn)`: the receiver
+    /// sleeps, ring its doorbell.
     Written(Option<u32>),
-    /// The lane is full: the packets are lost (the transport resends).
+    /// The lane is full and its backlog at its bound: the packets are
+    /// lost (the transport resends).
     Full,
 }
 
@@ -237,6 +245,25 @@ struct Outbox {
     path: PathBuf,
     map: Mapping,
     producer: Producer,
+    /// Packets the full lane could not take yet, in order (their bytes in
+    /// `backlog_bytes`): memory is a lossless link, as RoCE expects of its
+    /// fabric, so a receiver that falls behind slows its sender instead of
+    /// losing packets (UC, UD and RC alike). Bounded by `MAX_BACKLOG`.
+    backlog: std::collections::VecDeque<(Meta, std::ops::Range<usize>)>,
+    backlog_bytes: Vec<u8>,
+    /// When the backlog last moved (or began), for a receiver that stopped.
+    backlog_moved_ns: Option<u64>,
+}
+
+/// What [`Outbox::drain`] met.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Drained {
+    /// The backlog is empty.
+    All,
+    /// The lane filled again.
+    Partly,
+    /// The tmpfs is full.
+    NoMemory,
 }
 
 impl Outbox {
@@ -250,7 +277,57 @@ impl Outbox {
         let lane = (0..LANES).find(|l| ofd_lock::lock(&file, 1 + *l as u64).is_ok())?;
         map.active().fetch_or(1 << lane, Ordering::SeqCst);
         let producer = Producer::claim(&map, lane);
-        Some(Self { file, path, map, producer })
+        Some(Self {
+            file,
+            path,
+            map,
+            producer,
+            backlog: std::collections::VecDeque::new(),
+            backlog_bytes: Vec::new(),
+            backlog_moved_ns: None,
+        })
+    }
+
+    /// Writes what waits in the backlog while the lane has room: how many
+    /// packets it wrote, and what stopped it.
+    fn drain(&mut self) -> (u64, Drained) {
+        let mut written = 0;
+        while let Some((meta, r)) = self.backlog.front() {
+            let pkt = &self.backlog_bytes[r.clone()];
+            match self.producer.push(&self.file, &self.map, meta, pkt) {
+                Push::Written => {
+                    written += 1;
+                    self.backlog.pop_front();
+                }
+                Push::Full => return (written, Drained::Partly),
+                Push::NoMemory => return (written, Drained::NoMemory),
+            }
+        }
+        self.backlog_bytes.clear();
+        (written, Drained::All)
+    }
+
+    /// Queues a packet behind the full lane; false if the backlog is at
+    /// its bound (the packet is lost, as a full switch buffer loses it).
+    fn queue(&mut self, meta: Meta, pkt: &[u8]) -> bool {
+        if self.backlog_bytes.len() + pkt.len() > MAX_BACKLOG {
+            return false;
+        }
+        let at = self.backlog_bytes.len();
+        self.backlog_bytes.extend_from_slice(pkt);
+        self.backlog.push_back((meta, at..at + pkt.len()));
+        true
+    }
+
+    /// Tells the receiver about what was written; whether it sleeps and
+    /// must be woken (its flag taken down).
+    fn publish(&self) -> bool {
+        self.producer.publish(&self.map);
+        // The tail's store before the flag's load (the receiver raises the
+        // flag, then looks at the tails: one of us sees the other).
+        fence(Ordering::SeqCst);
+        let sleeping = self.map.sleeping();
+        sleeping.load(Ordering::Relaxed) != 0 && sleeping.swap(0, Ordering::SeqCst) != 0
     }
 
     fn alive(&self) -> bool {
@@ -289,6 +366,8 @@ pub(crate) struct LocalPath {
     checked_ns: u64,
     /// The lane `recv` looks at first (no lane starves).
     next_lane: usize,
+    /// Some route has a backlog (see `Outbox::backlog`).
+    backlogged: bool,
     counters: Counters,
 }
 
@@ -306,6 +385,7 @@ impl LocalPath {
             routes: FastMap::default(),
             checked_ns: 0,
             next_lane: 0,
+            backlogged: false,
             counters: Counters::default(),
         })
     }
@@ -358,48 +438,95 @@ impl LocalPath {
         let Some(out) = route(&self.dir, &mut self.routes, dst, qpn) else { return Sent::NotLocal };
         let mut written = 0;
         let mut no_memory = false;
+        // Packets queued behind a full lane go first: order is kept.
+        if !out.backlog.is_empty() {
+            let (w, d) = out.drain();
+            written += w;
+            no_memory = d == Drained::NoMemory;
+        }
+        let (mut queued, mut dropped) = (0u64, 0u64);
         for (i, pkt) in data.chunks(seg.max(1)).enumerate() {
             let meta = Meta { from, to: dst.ip(), ip_id: i as u16 };
-            match out.producer.push(&out.file, &out.map, &meta, pkt) {
-                Push::Written => written += 1,
-                Push::Full => break,
-                Push::NoMemory => {
-                    no_memory = true;
-                    break;
+            if no_memory {
+                break;
+            }
+            if out.backlog.is_empty() {
+                match out.producer.push(&out.file, &out.map, &meta, pkt) {
+                    Push::Written => {
+                        written += 1;
+                        continue;
+                    }
+                    Push::Full => {}
+                    Push::NoMemory => {
+                        no_memory = true;
+                        break;
+                    }
                 }
             }
+            if out.queue(meta, pkt) {
+                queued += 1;
+            } else {
+                dropped += 1;
+            }
         }
+        let wake = written > 0 && out.publish();
+        if queued > 0 && !self.backlogged {
+            self.backlogged = true;
+        }
+        self.counters.sent += written;
+        self.counters.full += dropped;
         if no_memory {
             // The tmpfs is full: this destination takes UDP until the next
-            // check. (These packets were built without an ICRC, so the
-            // receiver drops them and the transport resends them.)
+            // check, and what waited for the lane is lost. (These packets
+            // were built without an ICRC, so the receiver drops them and
+            // the transport resends them.)
             self.counters.no_memory += 1;
-            if written > 0 {
-                out.producer.publish(&out.map);
-                self.counters.sent += written;
-            }
+            self.counters.full += out.backlog.len() as u64;
             self.routes.insert((dst, (qpn >> share::QPN_SHIFT) as u8), None);
             return if written > 0 { Sent::Written(None) } else { Sent::NotLocal };
         }
-        if written == 0 {
-            self.counters.full += data.len().div_ceil(seg.max(1)) as u64;
-            return Sent::Full;
-        }
-        out.producer.publish(&out.map);
-        self.counters.sent += written;
-        // The tail's store before the flag's load (the receiver raises the
-        // flag, then looks at the tails: one of us sees the other).
-        fence(Ordering::SeqCst);
-        let sleeping = out.map.sleeping();
-        let wake = sleeping.load(Ordering::Relaxed) != 0 && sleeping.swap(0, Ordering::SeqCst) != 0;
         if wake {
             self.counters.doorbells += 1;
         }
-        let total = data.len().div_ceil(seg.max(1)) as u64;
-        if written < total {
-            self.counters.full += total - written;
+        if written == 0 && queued == 0 {
+            return Sent::Full;
         }
         Sent::Written(wake.then_some(qpn))
+    }
+
+    /// Moves the senders' backlogs into their lanes as the receivers read
+    /// on (every progress pass, while any waits); `wake` is called for a
+    /// receiver that sleeps. A backlog that has not moved for
+    /// `BACKLOG_STUCK_NS` is dropped.
+    fn drain_backlogs(&mut self, now_ns: u64, wake: &mut dyn FnMut(SocketAddr, u32)) {
+        let mut left = false;
+        let mut lost = 0;
+        for ((dst, slot), out) in self.routes.iter_mut() {
+            let Some(out) = out.as_mut().filter(|o| !o.backlog.is_empty()) else { continue };
+            let (written, d) = out.drain();
+            self.counters.sent += written;
+            if written > 0 && out.publish() {
+                self.counters.doorbells += 1;
+                wake(*dst, u32::from(*slot) << share::QPN_SHIFT);
+            }
+            let since = *out.backlog_moved_ns.get_or_insert(now_ns);
+            if written > 0 {
+                out.backlog_moved_ns = Some(now_ns);
+            }
+            let stuck = now_ns.saturating_sub(since) > BACKLOG_STUCK_NS;
+            if d == Drained::NoMemory || stuck {
+                lost += out.backlog.len() as u64;
+                out.backlog.clear();
+                out.backlog_bytes.clear();
+            }
+            if out.backlog.is_empty() {
+                out.backlog_moved_ns = None;
+            } else {
+                left = true;
+            }
+        }
+        self.counters.full += lost;
+        self.backlogged = left;
     }
 
     /// Whether packets to QPN `qpn` at `dst` go through memory (then they
@@ -437,6 +564,12 @@ impl LocalPath {
     /// flag that makes senders ring the doorbell; false (flag down again)
     /// if a packet came meanwhile, so the thread must not sleep.
     pub(crate) fn prepare_sleep(&mut self) -> bool {
+        if self.backlogged {
+            // Packets wait for a receiver to read on: keep passing (a
+            // receiver that stopped has its backlog dropped after
+            // `BACKLOG_STUCK_NS`).
+            return false;
+        }
         let map = &self.inbox.map;
         map.sleeping().store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
@@ -458,7 +591,10 @@ impl LocalPath {
     /// Every `RECHECK_NS`: forgets routes to inboxes that are gone and
     /// destinations that had none (they may have one now), and takes back
     /// the lanes of senders that are gone and left nothing unread.
-    pub(crate) fn tick(&mut self, now_ns: u64) {
+    pub(crate) fn tick(&mut self, now_ns: u64, wake: &mut dyn FnMut(SocketAddr, u32)) {
+        if self.backlogged {
+            self.drain_backlogs(now_ns, wake);
+        }
         if now_ns.saturating_sub(self.checked_ns) < RECHECK_NS {
             return;
         }
@@ -546,18 +682,68 @@ mod tests {
         assert_eq!(rx.recv(&mut buf).map(|(_, m)| (buf[10], m.to)), Some((8, second.ip())));
         rx.remove_address(second.ip());
         assert!(!inbox_path(&rx.dir, second, 3).exists());
-        tx.tick(RECHECK_NS / 2 * 3);
+        tx.tick(RECHECK_NS / 2 * 3, &mut |_, _| {});
         assert_eq!(tx.send(from, second, &packet(qpn, 8, 64), 64), Sent::NotLocal);
         // The owner goes: the route is dropped at the next check, and a
         // new owner of the slot is found.
         drop(rx);
-        tx.tick(3 * RECHECK_NS);
+        tx.tick(3 * RECHECK_NS, &mut |_, _| {});
         assert_eq!(tx.send(from, at, &packet(qpn, 6, 64), 64), Sent::NotLocal);
         let mut rx = LocalPath::new(at, 3).unwrap();
-        tx.tick(4 * RECHECK_NS);
+        tx.tick(4 * RECHECK_NS, &mut |_, _| {});
         assert_eq!(tx.send(from, at, &packet(qpn, 7, 64), 64), Sent::Written(None));
         assert_eq!(rx.recv(&mut buf).map(|(n, _)| (n, buf[10])), Some((64, 7)));
         assert_eq!(tx.counters().sent, 7);
+    }
+
+    /// A receiver that falls behind slows its sender instead of losing
+    /// packets: what a full lane cannot take waits in the sender's
+    /// backlog, in order, and moves as the receiver reads on (each pass);
+    /// a receiver that stops reading has the backlog dropped after
+    /// `BACKLOG_STUCK_NS`.
+    #[test]
+    fn a_full_lane_queues_in_order_and_a_stopped_receiver_is_given_up() {
+        let at = addr();
+        let from = SocketAddr::new("127.0.0.2".parse().unwrap(), at.port());
+        let mut rx = LocalPath::new(at, 6).unwrap();
+        let mut tx = LocalPath::new(from, 0).unwrap();
+        let qpn = (6 << share::QPN_SHIFT) | 0x11;
+        let mut buf = vec![0u8; 9000];
+        let mut wakes = 0;
+        let n = 3 * (ring::RING as u32 / 4160);
+        for i in 0..n {
+            let mut p = packet(qpn, 1, 4096);
+            p[100..104].copy_from_slice(&i.to_le_bytes());
+            assert!(matches!(tx.send(from, at, &p, 4096), Sent::Written(_)), "packet {i}");
+        }
+        assert!(tx.backlogged);
+        let mut got = 0u32;
+        let mut now = 0;
+        while got < n {
+            while let Some((len, _)) = rx.recv(&mut buf) {
+                assert_eq!((len, &buf[100..104]), (4096, &got.to_le_bytes()[..]), "in order");
+                got += 1;
+            }
+            now += 1000;
+            tx.tick(now, &mut |d, q| {
+                assert_eq!((d, q >> share::QPN_SHIFT), (at, 6));
+                wakes += 1;
+            });
+            assert!(now < 1_000_000, "the backlog never drained");
+        }
+        assert!(!tx.backlogged && tx.prepare_sleep());
+        assert_eq!((tx.counters().sent, tx.counters().full), (u64::from(n), 0));
+        // A receiver that stops: after a second without progress the
+        // backlog goes (counted), and the sender may sleep again.
+        for _ in 0..2 * (ring::RING / 4160) {
+            let _ = tx.send(from, at, &packet(qpn, 1, 4096), 4096);
+        }
+        assert!(tx.backlogged && !tx.prepare_sleep());
+        tx.tick(now + 1, &mut |_, _| {});
+        tx.tick(now + 2 + BACKLOG_STUCK_NS, &mut |_, _| {});
+        assert!(!tx.backlogged);
+        assert!(tx.counters().full > 0, "{:?}", tx.counters());
+        let _ = wakes;
     }
 
     /// A sender that goes leaves its lane's pages behind in the tmpfs
@@ -580,10 +766,10 @@ mod tests {
         }
         let used = blocks();
         assert!(used >= before + 4096, "{before} → {used} blocks");
-        rx.tick(RECHECK_NS);
+        rx.tick(RECHECK_NS, &mut |_, _| {});
         assert_eq!(rx.counters().released, 0, "its sender is alive");
         drop(tx);
-        rx.tick(2 * RECHECK_NS);
+        rx.tick(2 * RECHECK_NS, &mut |_, _| {});
         assert_eq!(rx.counters().released, 1);
         assert!(blocks() <= before + 8, "{before} → {used} → {} blocks", blocks());
         // The lane serves a new sender.
@@ -691,12 +877,12 @@ mod tests {
             if round % 100 == 0 {
                 // The owner's periodic check also restores the mask bits
                 // of lanes a live sender holds.
-                rx.tick((round / 100 + 1) * RECHECK_NS);
+                rx.tick((round / 100 + 1) * RECHECK_NS, &mut |_, _| {});
                 assert_eq!(tx.send(from, at, &packet(qpn, 9, 200), 200), Sent::Written(None));
                 sent += 1;
             }
         }
-        rx.tick(1000 * RECHECK_NS);
+        rx.tick(1000 * RECHECK_NS, &mut |_, _| {});
         drain(&mut rx, &mut buf);
         assert!(rx.counters().broken > 0, "{:?}", rx.counters());
         assert_eq!(good, sent, "every honest packet arrives");
