@@ -638,6 +638,14 @@ mod tests {
         SocketAddr::new("127.0.0.1".parse().unwrap(), crate::testing::free_port())
     }
 
+    /// A receiver's address, a sender's on the same port, and a QPN of
+    /// the receiver's slot `slot`.
+    fn ends(slot: u32) -> (SocketAddr, SocketAddr, u32) {
+        let at = addr();
+        let from = SocketAddr::new("127.0.0.2".parse().unwrap(), at.port());
+        (at, from, (slot << share::QPN_SHIFT) | 0x11)
+    }
+
     /// A packet for QPN `qpn` (slot in its top bits).
     fn packet(qpn: u32, fill: u8, len: usize) -> Vec<u8> {
         let mut p = vec![fill; len];
@@ -648,13 +656,11 @@ mod tests {
 
     #[test]
     fn packets_reach_the_owner_of_the_qpn_and_a_gone_owner_is_dropped() {
-        let at = addr();
-        let from = SocketAddr::new("127.0.0.2".parse().unwrap(), at.port());
+        let (at, from, qpn) = ends(3);
         let mut rx = LocalPath::new(at, 3).unwrap();
         let mut tx = LocalPath::new(from, 0).unwrap();
         let mut buf = vec![0u8; 9000];
         // Slot 3's QPN: through memory, a run split in packets.
-        let qpn = (3 << share::QPN_SHIFT) | 0x11;
         let run = [packet(qpn, 1, 100), packet(qpn, 2, 100), packet(qpn, 3, 60)].concat();
         assert_eq!(tx.send(from, at, &run, 100), Sent::Written(None));
         for (fill, len) in [(1u8, 100), (2, 100), (3, 60)] {
@@ -703,11 +709,9 @@ mod tests {
     /// `BACKLOG_STUCK_NS`.
     #[test]
     fn a_full_lane_queues_in_order_and_a_stopped_receiver_is_given_up() {
-        let at = addr();
-        let from = SocketAddr::new("127.0.0.2".parse().unwrap(), at.port());
+        let (at, from, qpn) = ends(6);
         let mut rx = LocalPath::new(at, 6).unwrap();
         let mut tx = LocalPath::new(from, 0).unwrap();
-        let qpn = (6 << share::QPN_SHIFT) | 0x11;
         let mut buf = vec![0u8; 9000];
         let mut wakes = 0;
         let n = 3 * (ring::RING as u32 / 4160);
@@ -751,10 +755,8 @@ mod tests {
     #[test]
     fn a_gone_senders_lane_gives_its_memory_back() {
         use std::os::unix::fs::MetadataExt;
-        let at = addr();
-        let from = SocketAddr::new("127.0.0.2".parse().unwrap(), at.port());
+        let (at, from, qpn) = ends(2);
         let mut rx = LocalPath::new(at, 2).unwrap();
-        let qpn = (2 << share::QPN_SHIFT) | 0x11;
         let path = inbox_path(&rx.dir, at, 2);
         let blocks = || std::fs::metadata(&path).unwrap().blocks();
         let before = blocks();
@@ -803,11 +805,9 @@ mod tests {
             }
         }
         let _unmount = Unmount(dir.clone());
-        let at = addr();
-        let from = SocketAddr::new("127.0.0.2".parse().unwrap(), at.port());
+        let (at, from, qpn) = ends(4);
         let mut rx = LocalPath::new_in(dir.clone(), at, 4).unwrap();
         let mut tx = LocalPath::new_in(dir.clone(), from, 0).unwrap();
-        let qpn = (4 << share::QPN_SHIFT) | 0x11;
         let mut buf = vec![0u8; 9000];
         let (mut sent, mut got) = (0u32, 0u32);
         loop {
@@ -837,11 +837,9 @@ mod tests {
     /// gets through.
     #[test]
     fn garbage_written_into_an_inbox_is_counted_and_survived() {
-        let at = addr();
-        let from = SocketAddr::new("127.0.0.2".parse().unwrap(), at.port());
+        let (at, from, qpn) = ends(5);
         let mut rx = LocalPath::new(at, 5).unwrap();
         let mut tx = LocalPath::new(from, 1).unwrap();
-        let qpn = (5 << share::QPN_SHIFT) | 0x11;
         let evil = open_rw(&inbox_path(&rx.dir, at, 5)).unwrap();
         let mut buf = vec![0u8; 9000];
         let mut seed = 0x2545_f491_4f6c_dd1du64;
