@@ -799,7 +799,7 @@ impl Driver {
             let single = limits.segments <= 1 || t.dst.is_multicast();
             // A run goes to one QP: on a shared address the receiving
             // kernel steers a GSO run whole, by its first packet's QPN.
-            let qpn = dest_qpn(&batch[run.off..run.off + t.len]);
+            let qpn = crate::backend::dest_qpn(&batch[run.off..run.off + t.len]);
             let joins = run.count > 0
                 && !single
                 && run.src == src
@@ -855,11 +855,6 @@ impl Driver {
         self.txbuf = batch;
         sent
     }
-}
-
-/// The destination QPN of a packet (BTH bytes 5..8).
-fn dest_qpn(pkt: &[u8]) -> u32 {
-    pkt.get(4..8).map_or(0, |b| u32::from_be_bytes([0, b[1], b[2], b[3]]))
 }
 
 /// Packets gathered for one (GSO) send.

@@ -22,6 +22,11 @@ use std::time::Duration;
 use uroce_transport::Instant;
 use uroce_transport::cm::Leftover;
 
+/// The destination QPN of a packet (BTH bytes 5..8; 0 if it has no BTH).
+pub(crate) fn dest_qpn(pkt: &[u8]) -> u32 {
+    pkt.get(4..8).map_or(0, |b| u32::from_be_bytes([0, b[1], b[2], b[3]]))
+}
+
 /// How many packets, and bytes, one batched send may carry.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct SendBatch {

@@ -434,7 +434,7 @@ impl LocalPath {
         data: &[u8],
         seg: usize,
     ) -> Sent {
-        let qpn = data.get(4..8).map_or(0, |b| u32::from_be_bytes([0, b[1], b[2], b[3]]));
+        let qpn = super::dest_qpn(data);
         let Some(out) = route(&self.dir, &mut self.routes, dst, qpn) else { return Sent::NotLocal };
         let mut written = 0;
         let mut no_memory = false;

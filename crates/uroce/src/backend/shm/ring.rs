@@ -181,16 +181,15 @@ const CHUNK: u64 = 256 << 10;
 /// write through the mapping cannot meet a full tmpfs, which would be a
 /// SIGBUS instead of an error.
 pub(crate) fn reserve(file: &File, off: u64, len: u64) -> io::Result<()> {
+    fallocate(file, libc::FALLOC_FL_KEEP_SIZE, off, len)
+}
+
+/// `fallocate(2)` over `len` bytes at `off`, keeping the file's size.
+fn fallocate(file: &File, mode: libc::c_int, off: u64, len: u64) -> io::Result<()> {
     // SAFETY: `fallocate` on an open descriptor; it changes only the
-    // file's allocation (the range is inside the file's size: KEEP_SIZE).
-    let r = unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_KEEP_SIZE,
-            off as libc::off_t,
-            len as libc::off_t,
-        )
-    };
+    // file's allocation or contents (every mode passed keeps its size).
+    let r =
+        unsafe { libc::fallocate(file.as_raw_fd(), mode, off as libc::off_t, len as libc::off_t) };
     if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
@@ -205,18 +204,8 @@ pub(crate) fn reserve_header(file: &File) -> io::Result<()> {
 /// page a sender ever wrote); the ring reads as zeros after. Only for a
 /// lane nobody writes: the caller holds the lane's lock.
 pub(crate) fn release_ring(file: &File, lane: usize) -> io::Result<()> {
-    let off = ring_off(lane, 0);
-    // SAFETY: `fallocate` on an open descriptor, over a range inside the
-    // file; it changes only the file's contents.
-    let r = unsafe {
-        libc::fallocate(
-            file.as_raw_fd(),
-            libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE,
-            off as libc::off_t,
-            RING as libc::off_t,
-        )
-    };
-    if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
+    let mode = libc::FALLOC_FL_PUNCH_HOLE | libc::FALLOC_FL_KEEP_SIZE;
+    fallocate(file, mode, ring_off(lane, 0), RING)
 }
 
 fn lane_base(lane: usize) -> u64 {
