@@ -101,6 +101,16 @@ fn inbox_prefix() -> String {
     format!("uroce-{h:08x}-")
 }
 
+/// Whether `name` is an inbox's (of any run directory): `uroce-`, the
+/// 8-digit hash, `-share-`.
+fn is_inbox_name(name: &str) -> bool {
+    name.strip_prefix("uroce-").is_some_and(|rest| {
+        rest.len() > 8
+            && rest.as_bytes()[..8].iter().all(u8::is_ascii_hexdigit)
+            && rest[8..].starts_with("-share-")
+    })
+}
+
 /// The inbox of the context holding slot `slot` of the device at `addr`.
 fn inbox_path(dir: &Path, addr: SocketAddr, slot: usize) -> PathBuf {
     let table = share::path_of(addr);
@@ -209,15 +219,17 @@ impl Drop for Inbox {
     }
 }
 
-/// Removes the inboxes (of this run directory) whose owners are gone: a
-/// SIGKILLed context leaves its file behind.
+/// Removes the inboxes whose owners are gone: a SIGKILLed context leaves
+/// its file behind. Every run directory's, not only this one's: a test or
+/// a tool with a run directory of its own may never make an inbox again,
+/// and an inbox nobody holds the owner lock of is dead whoever made it
+/// (other users' inboxes are 0600: not opened, left alone).
 fn sweep(dir: &Path) {
-    let prefix = inbox_prefix();
     let Ok(dir) = std::fs::read_dir(dir) else { return };
     for e in dir.flatten() {
         let name = e.file_name();
         let name = name.to_string_lossy();
-        if !name.starts_with(&prefix) {
+        if !is_inbox_name(&name) {
             continue;
         }
         // An inbox being made is locked only a moment after its file
@@ -829,6 +841,34 @@ mod tests {
         assert_eq!(tx.counters().no_memory, 1);
         // Until the next check, the destination stays on UDP.
         assert_eq!(tx.send(from, at, &packet(qpn, 3, 64), 64), Sent::NotLocal);
+    }
+
+    /// A dead inbox of any run directory is swept (the one of a test
+    /// with a run directory of its own would otherwise stay forever); a
+    /// live one, a fresh one being made and other files stay.
+    #[test]
+    fn dead_inboxes_of_every_run_directory_are_swept() {
+        let dir = std::env::temp_dir().join(format!("uroce-shm-sweep-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = |name: &str| {
+            let p = dir.join(name);
+            std::fs::write(&p, b"x").unwrap();
+            p
+        };
+        let dead = file("uroce-0badf00d-share-4026531840-127.0.0.1-4791.0");
+        let making = file("uroce-0badf00d-share-4026531840-127.0.0.1-4791.1.new77");
+        let other = file("uroce-0badf00d-table");
+        let live = file("uroce-12345678-share-4026531840-127.0.0.1-4791.2");
+        let held = open_rw(&live).unwrap();
+        ofd_lock::lock(&held, OWNER_BYTE).unwrap();
+        sweep(&dir);
+        assert!(!dead.exists(), "a dead inbox of another run directory is removed");
+        assert!(making.exists() && other.exists() && live.exists());
+        drop(held);
+        sweep(&dir);
+        assert!(!live.exists(), "its owner gone, the inbox goes too");
+        std::fs::remove_dir_all(&dir).unwrap();
+        assert!(is_inbox_name(&inbox_path(&dir, addr(), 3).file_name().unwrap().to_string_lossy()));
     }
 
     /// A local process that writes garbage into an inbox (headers, lane
