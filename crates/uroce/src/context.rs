@@ -570,8 +570,7 @@ impl Driven for Inner {
     }
 
     fn publish(&self) {
-        // Best effort: a full or read-only disk costs only `uroce stat`.
-        let _ = self.published.write(&self.snapshot(false));
+        self.published.offer(self.snapshot(false));
     }
 
     fn pass(&self) -> (bool, Option<Duration>) {

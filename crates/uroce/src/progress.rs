@@ -100,6 +100,13 @@ const SLEEPING: u8 = 2;
 const SPIN_MIN: Duration = Duration::from_micros(5);
 const SPIN_MAX: Duration = Duration::from_millis(1);
 
+/// A sleep that work ends sooner than this was a mistake: the window
+/// grows. Not a multiple of the window alone: waking a thread takes tens
+/// of microseconds on a busy small machine (measured here: 25–110 µs), so
+/// a window at its minimum would never see a sleep short enough to grow
+/// it again, and a steady stream of bursts would pay a wake-up each.
+const SOON_AFTER: Duration = Duration::from_micros(500);
+
 /// The scheduler slice the progress thread asks for (see `sched`).
 const PROGRESS_SLICE_NS: u64 = 100_000;
 
@@ -199,7 +206,7 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
             i.activity().thread_state.store(RUNNING, Ordering::SeqCst);
             i.drain_bell();
         }
-        spin = if slept.elapsed() < spin * 4 {
+        spin = if slept.elapsed() < (spin * 4).max(SOON_AFTER) {
             (spin * 2).min(SPIN_MAX)
         } else {
             (spin / 2).max(SPIN_MIN)
