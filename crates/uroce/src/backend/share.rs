@@ -353,8 +353,9 @@ impl Registry {
     pub(crate) fn live_slots(&mut self) -> Vec<usize> {
         let mut live = Vec::new();
         let mut dead = Vec::new();
+        let pids = slot_pids(&self.file);
         for s in 0..SLOTS {
-            if slot_owner(&self.file, s).pid == 0 {
+            if pids[s] == 0 {
                 continue;
             }
             if s == self.slot || slot_alive(&self.file, s) {
@@ -665,6 +666,21 @@ fn append(file: &File, s: usize) {
         table.push((s, table.len() as u32));
         write_table(file, &table);
     }
+}
+
+/// Every slot's owner pid (0: free), in one read: the periodic check
+/// runs on the progress thread, where 64 `pread`s cost a quarter of a
+/// millisecond.
+fn slot_pids(file: &File) -> [u32; SLOTS] {
+    let mut b = [0u8; SLOTS * 16];
+    let mut pids = [0u32; SLOTS];
+    if file.read_exact_at(&mut b, W_SLOTS * 8).is_ok() {
+        for (s, pid) in pids.iter_mut().enumerate() {
+            let w = &b[s * 16..s * 16 + 8];
+            *pid = u64::from_le_bytes(w.try_into().unwrap_or_default()) as u32;
+        }
+    }
+    pids
 }
 
 fn slot_owner(file: &File, s: usize) -> Owner {
