@@ -353,9 +353,8 @@ impl Registry {
     pub(crate) fn live_slots(&mut self) -> Vec<usize> {
         let mut live = Vec::new();
         let mut dead = Vec::new();
-        let pids = slot_pids(&self.file);
-        for s in 0..SLOTS {
-            if pids[s] == 0 {
+        for (s, pid) in slot_pids(&self.file).into_iter().enumerate() {
+            if pid == 0 {
                 continue;
             }
             if s == self.slot || slot_alive(&self.file, s) {
