@@ -341,6 +341,12 @@ impl Driver {
         self.backend.prepare_sleep()
     }
 
+    /// Whether packets to `qpn` at `dst` go through memory (see
+    /// `Backend::is_local`).
+    pub(crate) fn is_local(&mut self, dst: std::net::SocketAddr, qpn: u32) -> bool {
+        self.backend.is_local(dst, qpn)
+    }
+
     pub(crate) fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
     }

@@ -972,6 +972,19 @@ impl Qp {
         let now = e.now();
         let qp = e.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
         qp.modify(now, attr, mask)?;
+        let a = qp.attr();
+        if matches!(
+            a.state,
+            uroce_transport::QpState::ReadyToReceive | uroce_transport::QpState::ReadyToSend
+        ) && let Some(p) = a.path
+        {
+            // Through memory nothing is lost: a late ACK is a late peer.
+            let to = std::net::SocketAddr::new(p.dst, p.dst_port);
+            let lossless = e.is_local(to, a.dest_qpn);
+            if let Some(qp) = e.ep.qp_mut(self.qpn) {
+                qp.set_lossless_path(lossless);
+            }
+        }
         Ok(())
     }
 

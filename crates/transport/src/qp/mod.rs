@@ -276,6 +276,13 @@ pub(crate) struct ReqState {
     pub(crate) acked_psn: Psn,
     /// Go-backs caused by NAKs or response gaps since the last progress.
     pub(crate) nak_streak: u32,
+    /// The PSN a tail probe resends: it may leave past the window.
+    pub(crate) probe: Option<Psn>,
+    /// The I/O layer says this QP's packets travel a path that loses none
+    /// (memory between processes of one host): a probe timeout then means
+    /// a late peer, and the first probe of a run resends one packet, not
+    /// the window (see `Qp::tail_probe`).
+    pub(crate) lossless: bool,
     /// Ask for an ACK on the next packet (the first one after a go-back), so
     /// that recovery does not wait for the end of a long message.
     pub(crate) ack_next: bool,
@@ -389,6 +396,8 @@ impl Qp {
                 retry_at: None,
                 retry_left: 0,
                 rnr_left: 0,
+                probe: None,
+                lossless: false,
                 ack_next: false,
                 unsignaled_run: 0,
                 awaited_post: false,
@@ -432,6 +441,14 @@ impl Qp {
     /// Current state.
     pub fn state(&self) -> QpState {
         self.state
+    }
+
+    /// Tells the requester whether its packets now travel a path that
+    /// loses none (the I/O layer knows: memory between processes of one
+    /// host). A wrong "true" costs one probe timeout per loss, no more:
+    /// a tail probe that draws no answer is followed by a go-back.
+    pub fn set_lossless_path(&mut self, lossless: bool) {
+        self.req.lossless = lossless;
     }
 
     /// Current attributes (`ibv_query_qp`).

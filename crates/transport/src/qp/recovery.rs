@@ -136,6 +136,15 @@ impl Recovery {
         self.backoff = (self.backoff + 1).min(16);
     }
 
+    /// A probe resent only the newest packet (see `Qp::tail_probe`): the
+    /// window stays (nothing says a packet was lost; a NAK that says so
+    /// halves it), the timeout doubles, and the sample in flight can no
+    /// longer be attributed.
+    pub(crate) fn on_tail_probe(&mut self) {
+        self.sample = None;
+        self.backoff = (self.backoff + 1).min(16);
+    }
+
     /// A go-back resends PSNs: the sample in flight can no longer be
     /// attributed (Karn's rule).
     pub(crate) fn on_retransmit(&mut self) {

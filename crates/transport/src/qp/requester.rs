@@ -93,11 +93,13 @@ impl Qp {
         // fits, unless it is the oldest outstanding request.
         let end = if wqe.opcode == WrOpcode::RdmaRead { wqe.last_psn() } else { psn };
         if psn != self.comp.psn
+            && self.req.probe != Some(psn)
             && end.diff(self.comp.psn) >= self.req.rec.cwnd().clamp(1, 1 << 22) as i32
         {
             return None;
         }
         let len = self.build_request(now, idx, pkt, mem, buf)?;
+        self.req.probe = None;
         if wqe.opcode.is_read_or_atomic() || pkt + 1 >= wqe.npsn {
             self.sq.tx += 1;
             self.sq.tx_pkt = 0;
@@ -399,6 +401,44 @@ impl Qp {
         self.fail(AsyncEvent::QpFatal);
     }
 
+    /// A probe on a path that loses nothing (see `ReqState::lossless`):
+    /// resend only the newest packet sent, asking for an ACK (past the
+    /// window). The peer has everything, or will once it reads on (it was
+    /// descheduled: on a busy host of two cores, several milliseconds),
+    /// and answers this duplicate with one ACK for the whole window. A
+    /// go-back would resend up to 128 packets it already has, and halve
+    /// the window, per scheduler hiccup. Were a packet lost after all
+    /// (the path changed), the probe arrives out of sequence and the
+    /// peer's PSN sequence NAK starts the go-back; failing that, the Local
+    /// ACK Timeout's retry does. False if nothing can be resent alone (no
+    /// packet sent, or a READ or atomic last).
+    fn tail_probe(&mut self) -> bool {
+        let (tx, tx_pkt) = (self.sq.tx, self.sq.tx_pkt);
+        let (idx, pkt) = if tx_pkt > 0 {
+            (tx, tx_pkt - 1)
+        } else if tx > self.sq.comp {
+            let w = self.sq.get(tx - 1);
+            let last = if w.opcode.is_read_or_atomic() { 0 } else { w.npsn.saturating_sub(1) };
+            (tx - 1, last)
+        } else {
+            return false;
+        };
+        let w = *self.sq.get(idx);
+        if !w.assigned || w.opcode.is_read_or_atomic() {
+            // A READ or atomic: the responder answers its resend from the
+            // replay cache in full, and a partly answered READ resumes
+            // where its responses stopped: the go-back's job.
+            return false;
+        }
+        self.sq.tx = idx;
+        self.sq.tx_pkt = pkt;
+        self.req.probe = Some(w.first_psn.add(pkt));
+        self.req.ack_next = true;
+        self.req.rec.on_retransmit();
+        self.stats.retransmits += 1;
+        true
+    }
+
     /// Go-back-N: resend from the oldest unacknowledged PSN.
     pub(crate) fn go_back(&mut self) {
         let idx = self.sq.comp;
@@ -413,6 +453,7 @@ impl Qp {
             0
         };
         self.req.ack_next = true;
+        self.req.probe = None;
         self.req.rec.on_retransmit();
         self.stats.retransmits += 1;
     }
@@ -434,6 +475,9 @@ impl Qp {
             self.stats.local_ack_timeout_err += 1;
             self.req.retry_at = None;
             self.retry_or_fail(now);
+        } else if self.req.lossless && self.tail_probe() {
+            self.req.rec.on_tail_probe();
+            self.stats.rto_probes += 1;
         } else {
             self.req.rec.on_probe();
             self.stats.rto_probes += 1;
