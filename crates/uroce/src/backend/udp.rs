@@ -374,12 +374,18 @@ impl UdpBackend {
     /// `UROCE_EXCLUSIVE` is set or the run directory cannot hold the slot
     /// table; then the bind fails if another context has the address.
     pub(crate) fn bind(addr: SocketAddr) -> io::Result<Self> {
-        Self::bind_with_sharing(addr, std::env::var_os("UROCE_EXCLUSIVE").is_none())
+        Self::bind_with(addr, std::env::var_os("UROCE_EXCLUSIVE").is_none(), true)
     }
 
     /// [`UdpBackend::bind`], sharing the address with other contexts only
-    /// if `share` (a second exclusive bind fails with `EADDRINUSE`).
+    /// if `share` (a second exclusive bind fails with `EADDRINUSE`), and
+    /// without an inbox for the local path: for a backend that reads its
+    /// packets elsewhere and keeps this one for what the kernel brings.
     pub(crate) fn bind_with_sharing(addr: SocketAddr, share: bool) -> io::Result<Self> {
+        Self::bind_with(addr, share, false)
+    }
+
+    fn bind_with(addr: SocketAddr, share: bool, inbox: bool) -> io::Result<Self> {
         let table = if share && addr.port() != 0 {
             // Bound while the table is locked (see `Registry::join`).
             share::Registry::join(
@@ -403,12 +409,12 @@ impl UdpBackend {
         };
         let mut port = port;
         let local = port.bound;
-        // Only a context with a slot has an inbox (senders find it by the
-        // slot their packet's QPN names); without one, all goes by UDP.
-        let local_path = registry
-            .as_ref()
-            .filter(|_| super::shm::enabled())
-            .and_then(|r| super::shm::LocalPath::new(local, r.slot()).ok());
+        // Senders find an inbox by the slot their packet's QPN names; a
+        // context alone on its address (exclusive, or no slot table) numbers
+        // its QPs from the start of slot 0's range, and owns that inbox.
+        let local_path = (inbox && super::shm::enabled())
+            .then(|| super::shm::LocalPath::new(local, registry.as_ref().map_or(0, |r| r.slot())))
+            .and_then(Result::ok);
         port.sharing = registry.map(Sharing::new);
         let gso = std::env::var_os("UROCE_NO_GSO").is_none();
         let listening = Vec::new();
@@ -1066,4 +1072,48 @@ pub(crate) fn wait_readable(fds: &[i32], timeout: Option<Duration>) {
     // SAFETY: `pfds` holds `len` valid pollfds; `tp` is null or points to
     // a timespec alive across the call; no signal mask is passed.
     unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, tp, std::ptr::null()) };
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::Backend;
+    use super::*;
+
+    /// Two contexts each alone on its address (`UROCE_EXCLUSIVE`) own slot
+    /// 0's inboxes, and their packets go through memory: no ICRC, and
+    /// counted by the local path.
+    #[test]
+    fn exclusive_contexts_have_inboxes_too() {
+        if !super::super::shm::enabled() {
+            return;
+        }
+        let port = crate::testing::free_port();
+        let at = SocketAddr::new("127.0.0.1".parse().unwrap(), port);
+        let from = SocketAddr::new("127.0.0.2".parse().unwrap(), port);
+        let mut rx = UdpBackend::bind_with(at, false, true).unwrap();
+        let mut tx = UdpBackend::bind_with(from, false, true).unwrap();
+        assert!(rx.sharing().is_none() && tx.sharing().is_none(), "exclusive binds");
+        let qpn = 0x11u32;
+        assert!(tx.is_local(at, qpn), "slot 0's inbox found");
+        let mut pkt = vec![0u8; 64];
+        pkt[4..8].copy_from_slice(&qpn.to_be_bytes());
+        tx.send(from.ip(), at, &pkt, pkt.len(), 0).unwrap();
+        let mut buf = vec![0u8; 4096];
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+        let got = loop {
+            if let Some(r) = rx.recv(&mut buf).unwrap() {
+                break r;
+            }
+            assert!(std::time::Instant::now() < deadline, "nothing arrived");
+        };
+        assert!(got.local && got.len == 64 && got.from == from && got.to == at.ip());
+        let mut stats = uroce_transport::Stats::default();
+        rx.add_counters(&mut stats);
+        assert_eq!(stats.local_rcvd_pkts, 1);
+        // The bind that shares nothing and reads elsewhere (AF_XDP's) has
+        // no inbox.
+        let other = SocketAddr::new("127.0.0.1".parse().unwrap(), crate::testing::free_port());
+        let mut xdp_side = UdpBackend::bind_with_sharing(other, false).unwrap();
+        assert!(!tx.is_local(other, qpn) && !xdp_side.is_local(at, qpn));
+    }
 }

@@ -2,9 +2,9 @@
 //! network namespace, one user) go through shared memory instead of the
 //! kernel's UDP, chosen per destination without configuration.
 //!
-//! Each context on a shared address (`share`: every `udp` context unless
-//! `UROCE_EXCLUSIVE`) owns an *inbox*, a file in `/dev/shm` named by its
-//! address and slot, whose first byte it holds an OFD lock on while it
+//! Each `udp` context owns an *inbox*, a file in `/dev/shm` named by its
+//! address and slot (`share`; a context alone on its address, as with
+//! `UROCE_EXCLUSIVE`, has slot 0's), whose first byte it holds an OFD lock on while it
 //! lives. A sender looks a destination up by the packet's address and the
 //! slot in its destination QPN's top bits (the slot that owns the QPN):
 //! if that inbox exists and its owner lives, the sender claims a lane in
