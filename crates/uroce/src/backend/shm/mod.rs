@@ -841,6 +841,18 @@ mod tests {
         assert_eq!(tx.counters().no_memory, 1);
         // Until the next check, the destination stays on UDP.
         assert_eq!(tx.send(from, at, &packet(qpn, 3, 64), 64), Sent::NotLocal);
+        // A local process that publishes a tail over ring memory nobody
+        // reserved, with the tmpfs full: reading a tmpfs hole takes no
+        // memory (Linux 6.18: zeros, no SIGBUS), and the zeros are no
+        // entry: the lane is skipped, counted.
+        let f = open_rw(&inbox_path(&dir, at, 4)).unwrap();
+        let hostile = Mapping::map(&f).unwrap();
+        let lane = LANES - 1;
+        hostile.tail(lane).store(ring::RING / 2, Ordering::Release);
+        hostile.active().fetch_or(1 << lane, Ordering::SeqCst);
+        let broken = rx.counters().broken;
+        assert!(rx.recv(&mut buf).is_none());
+        assert_eq!(rx.counters().broken, broken + 1);
     }
 
     /// A dead inbox of any run directory is swept (the one of a test

@@ -157,7 +157,7 @@ impl Mapping {
         self.u64_at(H_ACTIVE)
     }
 
-    fn tail(&self, lane: usize) -> &AtomicU64 {
+    pub(crate) fn tail(&self, lane: usize) -> &AtomicU64 {
         self.u64_at(lane_base(lane))
     }
 
