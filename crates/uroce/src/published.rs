@@ -2,7 +2,7 @@
 //! sit in `/sys/class/infiniband/<dev>/ports/1/hw_counters`: each open
 //! context's progress thread takes a snapshot of its device totals and
 //! per-QP counters about ten times a second, and a writer thread of the
-//! process (not the progress thread: see [`Publication`]) writes it to
+//! process (not the progress thread: a rename can block for milliseconds) writes it to
 //! `<run dir>/<device>/<pid>.<context>.<pid namespace>`, whole files only
 //! (written beside and renamed), and removes it on close. Beside it,
 //! `<name>.live` carries an OFD lock for as long as the context lives, so
