@@ -152,6 +152,31 @@ counters! {
     /// Times a shared-memory lane could not grow (a full tmpfs): the
     /// destination took UDP until the next check.
     local_no_memory,
+    /// Frames the AF_XDP backend took from its sockets as RoCE datagrams.
+    xdp_rcvd_frames,
+    /// Frames the AF_XDP backend handed to its transmit ring.
+    xdp_sent_frames,
+    /// Frames an AF_XDP socket received that were no whole UDP datagram to
+    /// the device's port (truncated, lengths that disagree): dropped.
+    xdp_rx_malformed,
+    /// Frames with an IPv4 header or UDP checksum that does not verify:
+    /// dropped.
+    xdp_rx_bad_checksum,
+    /// Frames that found no AF_XDP transmit buffer (dropped; RC resends).
+    xdp_tx_full,
+    /// Datagrams the XDP program passed to the kernel (IPv4 options,
+    /// fragments, queues without a socket) that the device's UDP socket
+    /// received.
+    xdp_via_kernel,
+    /// Frames the kernel dropped before an AF_XDP socket (larger than a
+    /// chunk, no room): its `rx_dropped`.
+    xdp_rx_dropped,
+    /// The kernel's `rx_invalid_descs` of the AF_XDP sockets.
+    xdp_rx_invalid,
+    /// The kernel's `rx_ring_full` (frames lost to a full receive ring).
+    xdp_rx_ring_full,
+    /// The kernel's `rx_fill_ring_empty_descs` (no buffer to receive into).
+    xdp_fill_empty,
 }
 
 impl Stats {

@@ -152,7 +152,9 @@ fn server(addr: IpAddr, peer: IpAddr) {
     // noise).
     let st = s.ctx.stats();
     let dropped = st.drop_malformed + st.icrc_errors + st.drop_unknown_qpn;
-    line(&mut std::io::stdout(), &format!("SERVER OK {checked} dropped {dropped}"));
+    let xdp =
+        format!("xdp {} {} {}", st.xdp_rcvd_frames, st.xdp_rx_bad_checksum, st.xdp_rx_malformed);
+    line(&mut std::io::stdout(), &format!("SERVER OK {checked} {xdp} dropped {dropped}"));
 }
 
 struct Client {
@@ -593,6 +595,7 @@ fn is_root() -> bool {
 fn noise() {
     let sock = std::net::UdpSocket::bind("10.231.0.1:0").unwrap();
     assert_eq!(stdin_line(), "GO");
+    send_raw_frames(&bad_frames());
     let mut x: u64 = 0x9e37_79b9_7f4a_7c15;
     let mut next = || {
         x ^= x << 13;
@@ -616,6 +619,95 @@ fn noise() {
         }
     }
     line(&mut std::io::stdout(), "NOISE DONE");
+}
+
+/// Frames of each kind the noise sends raw (`bad_frames`).
+const BAD_EACH: usize = 40;
+
+/// IPv4/UDP frames to the server's RoCE port that no kernel socket would
+/// send, `BAD_EACH` of each: a wrong UDP checksum (neither a full sum nor
+/// the pseudo-header sum an offload would complete), a wrong IPv4 header
+/// checksum, and an IP length longer than the frame. The AF_XDP side
+/// counts the first two as `xdp_rx_bad_checksum` and the third as
+/// `xdp_rx_malformed`, and drops them.
+fn bad_frames() -> Vec<Vec<u8>> {
+    let csum = |data: &[u8], mut acc: u32| {
+        for c in data.chunks(2) {
+            acc += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
+        }
+        while acc > 0xffff {
+            acc = (acc & 0xffff) + (acc >> 16);
+        }
+        acc as u16
+    };
+    let (src, dst) = ([10u8, 231, 0, 1], [10u8, 231, 0, 2]);
+    let frame = |kind: usize, i: usize| {
+        let payload: Vec<u8> = (0..64).map(|k| (k * 7 + i) as u8).collect();
+        let udp_len = 8 + payload.len();
+        let mut f = vec![0xff; 6];
+        f.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x00]);
+        let ip_len = 20 + udp_len + if kind == 2 { 100 } else { 0 };
+        let mut ip = vec![0x45, 0, (ip_len >> 8) as u8, ip_len as u8, 0, i as u8, 0x40, 0, 64, 17];
+        ip.extend_from_slice(&[0, 0]);
+        ip.extend_from_slice(&src);
+        ip.extend_from_slice(&dst);
+        let ip_sum = !csum(&ip, 0) ^ if kind == 1 { 0x0101 } else { 0 };
+        ip[10..12].copy_from_slice(&ip_sum.to_be_bytes());
+        let mut udp = vec![0x9c, 0x40, 0x12, 0xb7, (udp_len >> 8) as u8, udp_len as u8, 0, 0];
+        udp.extend_from_slice(&payload);
+        let pseudo = u32::from(csum(&dst, u32::from(csum(&src, 0)))) + udp_len as u32 + 17;
+        let offload = csum(&[], pseudo);
+        let full = !csum(&udp, pseudo);
+        // Wrong for kind 0; right (a full sum) for the others.
+        let mut check = if kind == 0 { full ^ 0x0f0f } else { full };
+        if kind == 0 && (check == offload || check == 0) {
+            check ^= 0x1010;
+        }
+        udp[6..8].copy_from_slice(&check.to_be_bytes());
+        f.extend_from_slice(&ip);
+        f.extend_from_slice(&udp);
+        f
+    };
+    (0..3).flat_map(|kind| (0..BAD_EACH).map(move |i| frame(kind, i))).collect()
+}
+
+/// Sends `frames` as they are on the namespace's one interface (AF_PACKET).
+#[allow(unsafe_code)]
+fn send_raw_frames(frames: &[Vec<u8>]) {
+    let iface = std::fs::read_dir("/sys/class/net")
+        .unwrap()
+        .flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .find(|n| n != "lo")
+        .expect("the veth end");
+    let ifindex: i32 = std::fs::read_to_string(format!("/sys/class/net/{iface}/ifindex"))
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    // SAFETY: socket calls on a descriptor this function owns and closes;
+    // `addr` and each frame are live buffers of the lengths passed.
+    unsafe {
+        let fd = libc::socket(libc::AF_PACKET, libc::SOCK_RAW, 0);
+        assert!(fd >= 0, "AF_PACKET socket");
+        let mut addr: libc::sockaddr_ll = std::mem::zeroed();
+        addr.sll_family = libc::AF_PACKET as u16;
+        addr.sll_ifindex = ifindex;
+        addr.sll_halen = 6;
+        addr.sll_addr[..6].copy_from_slice(&[0xff; 6]);
+        for f in frames {
+            let n = libc::sendto(
+                fd,
+                f.as_ptr().cast(),
+                f.len(),
+                0,
+                (&raw const addr).cast(),
+                size_of::<libc::sockaddr_ll>() as u32,
+            );
+            assert_eq!(n, f.len() as isize, "raw frame sent");
+        }
+        libc::close(fd);
+    }
 }
 
 /// UD datagrams between the namespaces: the client sends `UD_ROUNDS`
@@ -857,6 +949,12 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
     assert!(noise.wait().unwrap().success(), "the noise sender");
     let dropped: u64 = done.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
     assert!(dropped > 100, "the noise was not seen dropped: {done}");
+    // "SERVER OK <checked> xdp <frames> <bad checksum> <malformed> dropped …"
+    let xdp: Vec<u64> = done.split(' ').skip(4).take(3).map(|n| n.parse().unwrap()).collect();
+    assert!(xdp[0] > 1000, "frames through the XSKs: {done}");
+    // The raw frames, and not one of the kernel's: its UDP sockets' frames
+    // on veth carry the sum left for offload, and the noise's too.
+    assert_eq!((xdp[1], xdp[2]), (2 * BAD_EACH as u64, BAD_EACH as u64), "{done}");
     assert_eq!(t.len(), STREAMS.len(), "{t:?}");
     // The noise's datagrams go through the socket too (3000).
     let through_kernel = kernel_udp_in(&net.b) - before;

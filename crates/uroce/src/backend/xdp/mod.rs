@@ -59,8 +59,22 @@ pub(crate) struct XdpBackend {
     src_mac: [u8; 6],
     port: u16,
     neigh: neigh::Neighbours,
-    /// Frames the socket received that were not ours (counted, dropped).
-    foreign: u64,
+    counters: Counters,
+}
+
+/// What the AF_XDP backend counts (`uroce stat`'s `xdp_*`).
+#[derive(Debug, Default, Clone, Copy)]
+struct Counters {
+    /// Frames taken from the sockets as RoCE datagrams.
+    rcvd: u64,
+    /// Frames handed to the transmit ring.
+    sent: u64,
+    /// Frames the sockets received that were no whole UDP datagram to
+    /// the device's port (dropped).
+    malformed: u64,
+    /// Frames with an IPv4 header or UDP checksum that does not verify
+    /// (dropped).
+    bad_checksum: u64,
     /// Frames that found no transmit buffer (dropped; RC resends).
     tx_full: u64,
     /// Datagrams that came through the kernel (passed on by the program).
@@ -135,9 +149,7 @@ impl XdpBackend {
             src_mac: mac,
             port,
             neigh: neigh::Neighbours::new(&iface, ifindex),
-            foreign: 0,
-            tx_full: 0,
-            via_kernel: 0,
+            counters: Counters::default(),
         })
     }
 }
@@ -184,10 +196,14 @@ impl Backend for XdpBackend {
         for (i, p) in data.chunks(seg.max(1)).enumerate() {
             let put = |x: &mut xsk::Xsk| x.send(|buf| frame::build(buf, &path, p, i as u16, tos));
             let tx = &mut self.xsks[0];
-            if !put(tx) {
+            if put(tx) {
+                self.counters.sent += 1;
+            } else {
                 tx.kick();
-                if !put(tx) {
-                    self.tx_full += 1;
+                if put(tx) {
+                    self.counters.sent += 1;
+                } else {
+                    self.counters.tx_full += 1;
                 }
             }
         }
@@ -206,9 +222,10 @@ impl Backend for XdpBackend {
             let got = self.xsks[self.next_rx].recv(|f| {
                 let p = frame::parse(f, port)?;
                 let n = p.payload.len();
-                let dst = buf.get_mut(..n)?;
+                // Larger than any chunk's payload: cannot happen.
+                let dst = buf.get_mut(..n).ok_or(frame::Refused::Malformed)?;
                 dst.copy_from_slice(p.payload);
-                Some(Received {
+                Ok(Received {
                     len: n,
                     seg: n,
                     from: p.from,
@@ -218,8 +235,12 @@ impl Backend for XdpBackend {
                 })
             });
             match got {
-                Some(Some(r)) => return Ok(Some(r)),
-                Some(None) => self.foreign += 1,
+                Some(Ok(r)) => {
+                    self.counters.rcvd += 1;
+                    return Ok(Some(r));
+                }
+                Some(Err(frame::Refused::Malformed)) => self.counters.malformed += 1,
+                Some(Err(frame::Refused::BadChecksum)) => self.counters.bad_checksum += 1,
                 None => {
                     idle += 1;
                     self.next_rx = (self.next_rx + 1) % n;
@@ -228,9 +249,27 @@ impl Backend for XdpBackend {
         }
         let r = self.udp.recv(buf);
         if let Ok(Some(_)) = r {
-            self.via_kernel += 1;
+            self.counters.via_kernel += 1;
         }
         r
+    }
+
+    fn add_counters(&self, stats: &mut uroce_transport::Stats) {
+        self.udp.add_counters(stats);
+        let c = &self.counters;
+        stats.xdp_rcvd_frames += c.rcvd;
+        stats.xdp_sent_frames += c.sent;
+        stats.xdp_rx_malformed += c.malformed;
+        stats.xdp_rx_bad_checksum += c.bad_checksum;
+        stats.xdp_tx_full += c.tx_full;
+        stats.xdp_via_kernel += c.via_kernel;
+        // The kernel's own counts (`struct xdp_statistics`), every socket.
+        for st in self.xsks.iter().map(xsk::Xsk::statistics) {
+            stats.xdp_rx_dropped += st[0];
+            stats.xdp_rx_invalid += st[1];
+            stats.xdp_rx_ring_full += st[3];
+            stats.xdp_fill_empty += st[4];
+        }
     }
 
     fn raw_fds(&self) -> Vec<i32> {
@@ -269,8 +308,8 @@ impl Drop for XdpBackend {
         if std::env::var_os("UROCE_XDP_STATS").is_some() {
             let st: Vec<[u64; 6]> = self.xsks.iter().map(xsk::Xsk::statistics).collect();
             eprintln!(
-                "uroce xdp: via kernel {} foreign {} tx_full {} sockets (dropped, rx invalid, tx invalid, rx ring full, fill empty, tx empty) {st:?}",
-                self.via_kernel, self.foreign, self.tx_full
+                "uroce xdp: {:?} sockets (dropped, rx invalid, tx invalid, rx ring full, fill empty, tx empty) {st:?}",
+                self.counters
             );
         }
     }
