@@ -841,18 +841,21 @@ mod tests {
         assert_eq!(tx.counters().no_memory, 1);
         // Until the next check, the destination stays on UDP.
         assert_eq!(tx.send(from, at, &packet(qpn, 3, 64), 64), Sent::NotLocal);
-        // A local process that publishes a tail over ring memory nobody
-        // reserved, with the tmpfs full: reading a tmpfs hole takes no
-        // memory (Linux 6.18: zeros, no SIGBUS), and the zeros are no
-        // entry: the lane is skipped, counted.
+        // A local process that publishes an entry over ring memory nobody
+        // reserved (its header on the lane's first page, which the inbox
+        // reserved, its 4000 bytes running into the next, a hole), with
+        // the tmpfs full: the owner's read of the hole takes no memory
+        // (Linux 6.18: zeros, no SIGBUS), and the zeros go on to the
+        // transport, which drops them as it drops any malformed packet.
         let f = open_rw(&inbox_path(&dir, at, 4)).unwrap();
         let hostile = Mapping::map(&f).unwrap();
         let lane = LANES - 1;
-        hostile.tail(lane).store(ring::RING / 2, Ordering::Release);
+        let m = Meta { from, to: at.ip(), ip_id: 0 };
+        ring::forge_entry(&hostile, lane, &m, 4000);
         hostile.active().fetch_or(1 << lane, Ordering::SeqCst);
-        let broken = rx.counters().broken;
-        assert!(rx.recv(&mut buf).is_none());
-        assert_eq!(rx.counters().broken, broken + 1);
+        buf[..4000].fill(0xee);
+        assert_eq!(rx.recv(&mut buf), Some((4000, m)));
+        assert!(buf[..4000].iter().all(|b| *b == 0), "the hole reads as zeros");
     }
 
     /// A dead inbox of any run directory is swept (the one of a test

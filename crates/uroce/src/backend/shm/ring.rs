@@ -166,6 +166,15 @@ impl Mapping {
     }
 }
 
+/// Writes only the header of an entry of `len` bytes at the start of
+/// `lane`'s ring and publishes it: what a hostile process can do, claiming
+/// bytes it never wrote (on a full tmpfs it could not have).
+#[cfg(test)]
+pub(crate) fn forge_entry(map: &Mapping, lane: usize, meta: &Meta, len: usize) {
+    map.write(ring_off(lane, 0), &encode(meta, len));
+    map.tail(lane).store(entry_len(len), Ordering::Release);
+}
+
 impl Drop for Mapping {
     fn drop(&mut self) {
         // SAFETY: our mapping of `FILE_LEN` bytes, unmapped once; no
