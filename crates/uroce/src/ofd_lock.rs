@@ -62,6 +62,39 @@ pub(crate) fn held_by_other(file: &File, offset: u64) -> bool {
     fcntl_lock(file, libc::F_OFD_GETLK, &mut f).is_err() || i32::from(f.l_type) != libc::F_UNLCK
 }
 
+/// Which of the `n` (at most 64) bytes from `first` on another open file
+/// description holds a lock on, a bit each (bit `i`: byte `first + i`):
+/// one `F_OFD_GETLK` per lock found, plus one. An error reads as "held",
+/// as in [`held_by_other`].
+pub(crate) fn held_bits(file: &File, first: u64, n: u32) -> u64 {
+    let n = u64::from(n.min(64));
+    if n == 0 {
+        return 0;
+    }
+    let end = first + n;
+    let mut bits = 0u64;
+    let mut at = first;
+    while at < end {
+        let mut f = flock_at(libc::F_WRLCK, at);
+        f.l_len = (end - at) as libc::off_t;
+        if fcntl_lock(file, libc::F_OFD_GETLK, &mut f).is_err() {
+            return bits | (!0u64 >> (64 - n)) & !((1u64 << (at - first)) - 1);
+        }
+        if i32::from(f.l_type) == libc::F_UNLCK {
+            break;
+        }
+        // The lock found: mark its bytes inside the range, go past it (a
+        // length of 0 means "to the end of the file").
+        let start = (f.l_start.max(0) as u64).max(at);
+        let stop = if f.l_len == 0 { end } else { (f.l_start as u64 + f.l_len as u64).min(end) };
+        for b in start..stop.max(start + 1).min(end) {
+            bits |= 1 << (b - first);
+        }
+        at = stop.max(start + 1);
+    }
+    bits
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -80,8 +113,15 @@ mod tests {
         unlock(&a, 7).unwrap();
         assert!(!held_by_other(&b, 7));
         lock(&a, 7).unwrap();
+        lock(&a, 9).unwrap();
+        lock(&a, 64).unwrap();
+        lock(&a, 70).unwrap();
+        assert_eq!(held_bits(&b, 1, 64), (1 << 6) | (1 << 8) | (1 << 63), "bytes 7, 9, 64");
+        assert_eq!(held_bits(&b, 8, 2), 1 << 1, "byte 9 of 8..10");
+        assert_eq!(held_bits(&a, 1, 64), 0, "not its own");
         drop(a);
         assert!(!held_by_other(&b, 7), "gone with the file");
+        assert_eq!(held_bits(&b, 1, 64), 0);
         let _ = std::fs::remove_file(&path);
     }
 }

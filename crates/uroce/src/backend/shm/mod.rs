@@ -111,6 +111,11 @@ fn is_inbox_name(name: &str) -> bool {
     })
 }
 
+/// The lanes whose bits `mask` has, in order.
+fn lanes_in(mask: u64) -> impl Iterator<Item = usize> {
+    (0..LANES).filter(move |l| mask & (1 << l) != 0)
+}
+
 /// The inbox of the context holding slot `slot` of the device at `addr`.
 fn inbox_path(dir: &Path, addr: SocketAddr, slot: usize) -> PathBuf {
     let table = share::path_of(addr);
@@ -287,6 +292,10 @@ impl Outbox {
             return None;
         }
         let lane = (0..LANES).find(|l| ofd_lock::lock(&file, 1 + *l as u64).is_ok())?;
+        if ring::reserve_lane_header(&file, lane).is_err() {
+            // A full tmpfs: UDP it is (the lock goes with the file).
+            return None;
+        }
         map.active().fetch_or(1 << lane, Ordering::SeqCst);
         let producer = Producer::claim(&map, lane);
         Some(Self {
@@ -553,11 +562,11 @@ impl LocalPath {
         if active == 0 {
             return None;
         }
-        for k in 0..LANES {
-            let lane = (self.next_lane + k) % LANES;
-            if active & (1 << lane) == 0 {
-                continue;
-            }
+        // The claimed lanes, starting after the last one read.
+        let mut bits = active.rotate_right(self.next_lane as u32);
+        while bits != 0 {
+            let lane = (self.next_lane + bits.trailing_zeros() as usize) % LANES;
+            bits &= bits - 1;
             match self.inbox.lanes[lane].pop(&self.inbox.map, lane, buf) {
                 Ok((len, meta)) if self.inbox.takes(meta.to) => {
                     self.next_lane = (lane + 1) % LANES;
@@ -586,9 +595,7 @@ impl LocalPath {
         map.sleeping().store(1, Ordering::SeqCst);
         fence(Ordering::SeqCst);
         let active = map.active().load(Ordering::SeqCst);
-        let waiting = (0..LANES)
-            .filter(|l| active & (1 << l) != 0)
-            .any(|l| self.inbox.lanes[l].ready(map, l));
+        let waiting = lanes_in(active).any(|l| self.inbox.lanes[l].ready(map, l));
         if waiting {
             map.sleeping().store(0, Ordering::Relaxed);
             return false;
@@ -614,8 +621,10 @@ impl LocalPath {
         self.routes.retain(|_, r| r.as_ref().is_some_and(Outbox::alive));
         let map = &self.inbox.map;
         let active = map.active().load(Ordering::Acquire);
+        // One lock query per held lane, not one per lane.
+        let holders = ofd_lock::held_bits(&self.inbox.file, 1, LANES as u32);
         for l in 0..LANES {
-            let held = ofd_lock::held_by_other(&self.inbox.file, 1 + l as u64);
+            let held = holders & (1 << l) != 0;
             if active & (1 << l) == 0 {
                 // The mask is in shared memory: a lane a sender holds is
                 // read again even if its bit was lost.
@@ -856,6 +865,33 @@ mod tests {
         buf[..4000].fill(0xee);
         assert_eq!(rx.recv(&mut buf), Some((4000, m)));
         assert!(buf[..4000].iter().all(|b| *b == 0), "the hole reads as zeros");
+    }
+
+    /// More senders than the 16 lanes of old: 40 processes' worth of
+    /// senders (each its own open file, so its own lane) reach one inbox
+    /// through memory, every packet in order per sender.
+    #[test]
+    fn forty_senders_each_get_a_lane() {
+        let (at, from, qpn) = ends(7);
+        let mut rx = LocalPath::new(at, 7).unwrap();
+        let mut txs: Vec<LocalPath> =
+            (0..40).map(|k| LocalPath::new(from, 20 + k).unwrap()).collect();
+        let mut buf = vec![0u8; 9000];
+        for round in 0..3u8 {
+            for (k, tx) in txs.iter_mut().enumerate() {
+                let mut p = packet(qpn, round, 64);
+                p[10] = k as u8;
+                assert!(matches!(tx.send(from, at, &p, 64), Sent::Written(_)), "sender {k}");
+            }
+        }
+        let mut seen = [0u8; 40];
+        while let Some((n, _)) = rx.recv(&mut buf) {
+            let k = usize::from(buf[10]);
+            assert_eq!((n, buf[20]), (64, seen[k]), "sender {k}'s packets in order");
+            seen[k] += 1;
+        }
+        assert_eq!(seen, [3u8; 40]);
+        assert_eq!(rx.counters().received, 120);
     }
 
     /// A dead inbox of any run directory is swept (the one of a test

@@ -26,8 +26,10 @@ use std::ptr::NonNull;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 /// Lanes per inbox: how many sender processes one context takes packets
-/// from through memory (more fall back to the kernel's UDP).
-pub(crate) const LANES: usize = 16;
+/// from through memory (more fall back to the kernel's UDP). One bit each
+/// in the header's active mask; a lane costs nothing until a sender claims
+/// it (its header reserved then, its ring as it fills).
+pub(crate) const LANES: usize = 64;
 /// Ring bytes per lane (sparse: a tmpfs file holds only touched pages).
 pub(crate) const RING: u64 = 4 << 20;
 /// The largest packet an entry holds (a UDP payload; RoCE's largest is
@@ -202,11 +204,17 @@ fn fallocate(file: &File, mode: libc::c_int, off: u64, len: u64) -> io::Result<(
     if r == 0 { Ok(()) } else { Err(io::Error::last_os_error()) }
 }
 
-/// Reserves what an inbox's owner writes or a consumer reads before any
-/// sender came: the header and every lane's counters.
+/// Reserves what an inbox's owner writes before any sender came: the
+/// header. (A lane's counters are reserved by the sender that claims it,
+/// before anyone writes them; reading a tmpfs hole takes no memory.)
 pub(crate) fn reserve_header(file: &File) -> io::Result<()> {
-    reserve(file, 0, HEADER)?;
-    (0..LANES).try_for_each(|l| reserve(file, lane_base(l), LANE_HEADER))
+    reserve(file, 0, HEADER)
+}
+
+/// Reserves lane `lane`'s counters, which its producer and its consumer
+/// write (the claiming sender's first step).
+pub(crate) fn reserve_lane_header(file: &File, lane: usize) -> io::Result<()> {
+    reserve(file, lane_base(lane), LANE_HEADER)
 }
 
 /// Gives a lane's ring pages back to the system (a tmpfs file keeps every
