@@ -19,8 +19,13 @@ const SIZE: usize = 64;
 /// measures the round trip, with B's ACKs taking `ack_delay` from the
 /// first of them on; returns A's counters.
 fn run(seed: u64, lossless: bool, loss: f64, ack_delay: Duration) -> Stats {
+    run_with(seed, lossless, loss, ack_delay, 14)
+}
+
+/// [`run`] with the QP's Local ACK Timeout exponent (0: none).
+fn run_with(seed: u64, lossless: bool, loss: f64, ack_delay: Duration, timeout: u8) -> Stats {
     let link = LinkConfig { loss, delay: Duration::from_micros(5), ..LinkConfig::default() };
-    let cfg = PairConfig { max_unacked_psns: 128, ..PairConfig::default() };
+    let cfg = PairConfig { max_unacked_psns: 128, timeout, ..PairConfig::default() };
     let mut p = RcPair::new(seed, link, cfg);
     p.a.qp_mut().set_lossless_path(lossless);
     let (abuf, lk, _) = p.a.mem.register(PD, SIZE * MSGS, ALL);
@@ -77,6 +82,10 @@ fn a_late_peer_on_a_lossless_path_costs_one_packet_per_probe() {
         // Not marked lossless: each probe goes back over the window.
         let s = run(seed, false, 0.0, Duration::from_millis(20));
         assert!(s.retransmitted_pkts >= MSGS as u64, "seed {seed}: {s:?}");
+        // A stall past four tail probes (15 ms): the fifth goes back.
+        let s = run(seed, true, 0.0, Duration::from_millis(60));
+        assert!(s.rto_probes >= 5, "seed {seed}: {} probes", s.rto_probes);
+        assert!(s.retransmitted_pkts >= 4 + MSGS as u64, "seed {seed}: {s:?}");
     }
 }
 
@@ -86,5 +95,8 @@ fn a_lossless_path_that_loses_packets_still_delivers_everything() {
     for seed in 0..seeds {
         run(seed, true, 0.05, Duration::from_micros(5));
         run(seed, true, 0.05, Duration::from_millis(3));
+        // No Local ACK Timeout: only probes resend, and after four tail
+        // probes one goes back, so a lost NAK cannot stall the QP.
+        run_with(seed, true, 0.05, Duration::from_micros(5), 0);
     }
 }

@@ -136,6 +136,11 @@ impl Recovery {
         self.backoff = (self.backoff + 1).min(16);
     }
 
+    /// Probe timeouts in a row without progress.
+    pub(crate) fn timeouts_in_run(&self) -> u32 {
+        self.backoff
+    }
+
     /// A probe resent only the newest packet (see `Qp::tail_probe`): the
     /// window stays (nothing says a packet was lost; a NAK that says so
     /// halves it), the timeout doubles, and the sample in flight can no

@@ -16,6 +16,13 @@ pub(crate) fn packets(len: u32, mtu: u32) -> u32 {
     len.div_ceil(mtu).max(1)
 }
 
+/// Tail probes in a row (1, 3, 7 and 15 ms after the last progress, at
+/// the shortest timeout) before a probe goes back over the window anyway:
+/// the safety net should the path have lost packets after all and the
+/// peer's NAK been lost too (with no Local ACK Timeout, nothing else
+/// would resend them).
+const TAIL_PROBES: u32 = 4;
+
 impl Qp {
     /// Builds the next request packet into `buf`.
     pub(super) fn requester_poll(
@@ -409,9 +416,9 @@ impl Qp {
     /// go-back would resend up to 128 packets it already has, and halve
     /// the window, per scheduler hiccup. Were a packet lost after all
     /// (the path changed), the probe arrives out of sequence and the
-    /// peer's PSN sequence NAK starts the go-back; failing that, the Local
-    /// ACK Timeout's retry does. False if nothing can be resent alone (no
-    /// packet sent, or a READ or atomic last).
+    /// peer's PSN sequence NAK starts the go-back; failing that, the probe
+    /// after [`TAIL_PROBES`] of them does. False if nothing can be resent
+    /// alone (no packet sent, or a READ or atomic last).
     fn tail_probe(&mut self) -> bool {
         let (tx, tx_pkt) = (self.sq.tx, self.sq.tx_pkt);
         let (idx, pkt) = if tx_pkt > 0 {
@@ -475,7 +482,10 @@ impl Qp {
             self.stats.local_ack_timeout_err += 1;
             self.req.retry_at = None;
             self.retry_or_fail(now);
-        } else if self.req.lossless && self.tail_probe() {
+        } else if self.req.lossless
+            && self.req.rec.timeouts_in_run() < TAIL_PROBES
+            && self.tail_probe()
+        {
             self.req.rec.on_tail_probe();
             self.stats.rto_probes += 1;
         } else {
