@@ -67,30 +67,29 @@ pub(crate) fn held_by_other(file: &File, offset: u64) -> bool {
 /// one `F_OFD_GETLK` per lock found, plus one. An error reads as "held",
 /// as in [`held_by_other`].
 pub(crate) fn held_bits(file: &File, first: u64, n: u32) -> u64 {
-    let n = u64::from(n.min(64));
-    if n == 0 {
-        return 0;
-    }
-    let end = first + n;
+    let end = first + u64::from(n.min(64));
     let mut bits = 0u64;
     let mut at = first;
     while at < end {
         let mut f = flock_at(libc::F_WRLCK, at);
         f.l_len = (end - at) as libc::off_t;
-        if fcntl_lock(file, libc::F_OFD_GETLK, &mut f).is_err() {
-            return bits | (!0u64 >> (64 - n)) & !((1u64 << (at - first)) - 1);
-        }
-        if i32::from(f.l_type) == libc::F_UNLCK {
+        let failed = fcntl_lock(file, libc::F_OFD_GETLK, &mut f).is_err();
+        if !failed && i32::from(f.l_type) == libc::F_UNLCK {
             break;
         }
-        // The lock found: mark its bytes inside the range, go past it (a
-        // length of 0 means "to the end of the file").
-        let start = (f.l_start.max(0) as u64).max(at);
-        let stop = if f.l_len == 0 { end } else { (f.l_start as u64 + f.l_len as u64).min(end) };
-        for b in start..stop.max(start + 1).min(end) {
+        // The lock found (all the rest on an error): its bytes inside the
+        // range are marked, and the search goes on past it (a length of 0
+        // means "to the end of the file").
+        let start = if failed { at } else { (f.l_start.max(0) as u64).max(at) };
+        let stop = if failed || f.l_len == 0 {
+            end
+        } else {
+            (f.l_start as u64).saturating_add(f.l_len as u64).clamp(start + 1, end)
+        };
+        for b in start..stop {
             bits |= 1 << (b - first);
         }
-        at = stop.max(start + 1);
+        at = stop;
     }
     bits
 }

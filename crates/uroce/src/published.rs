@@ -132,11 +132,9 @@ impl Publication {
     /// Hands `s` to the writer thread (replacing one not yet written);
     /// never waits for a write under way (the snapshot is then skipped).
     pub(crate) fn offer(&self, s: Snapshot) {
-        if let Ok(mut p) = self.shared.pending.try_lock() {
-            p.snapshot = Some(s);
-        } else {
-            return;
-        }
+        let Ok(mut p) = self.shared.pending.try_lock() else { return };
+        p.snapshot = Some(s);
+        drop(p);
         writer::enlist(&self.shared);
     }
 

@@ -631,15 +631,9 @@ const BAD_EACH: usize = 40;
 /// counts the first two as `xdp_rx_bad_checksum` and the third as
 /// `xdp_rx_malformed`, and drops them.
 fn bad_frames() -> Vec<Vec<u8>> {
-    let csum = |data: &[u8], mut acc: u32| {
-        for c in data.chunks(2) {
-            acc += u32::from(u16::from_be_bytes([c[0], *c.get(1).unwrap_or(&0)]));
-        }
-        while acc > 0xffff {
-            acc = (acc & 0xffff) + (acc >> 16);
-        }
-        acc as u16
-    };
+    use uroce_transport::wire::checksum::{finish, sum};
+    // The folded sum (not inverted).
+    let csum = |data: &[u8], acc: u32| !finish(sum(data, acc));
     let (src, dst) = ([10u8, 231, 0, 1], [10u8, 231, 0, 2]);
     let frame = |kind: usize, i: usize| {
         let payload: Vec<u8> = (0..64).map(|k| (k * 7 + i) as u8).collect();

@@ -111,9 +111,13 @@ fn is_inbox_name(name: &str) -> bool {
     })
 }
 
-/// The lanes whose bits `mask` has, in order.
-fn lanes_in(mask: u64) -> impl Iterator<Item = usize> {
-    (0..LANES).filter(move |l| mask & (1 << l) != 0)
+/// The lanes whose bits `mask` has, in order (one step per set bit).
+fn lanes_in(mut mask: u64) -> impl Iterator<Item = usize> {
+    std::iter::from_fn(move || {
+        let lane = (mask != 0).then(|| mask.trailing_zeros() as usize)?;
+        mask &= mask - 1;
+        Some(lane)
+    })
 }
 
 /// The inbox of the context holding slot `slot` of the device at `addr`.
@@ -563,10 +567,8 @@ impl LocalPath {
             return None;
         }
         // The claimed lanes, starting after the last one read.
-        let mut bits = active.rotate_right(self.next_lane as u32);
-        while bits != 0 {
-            let lane = (self.next_lane + bits.trailing_zeros() as usize) % LANES;
-            bits &= bits - 1;
+        let next = self.next_lane;
+        for lane in lanes_in(active.rotate_right(next as u32)).map(|k| (next + k) % LANES) {
             match self.inbox.lanes[lane].pop(&self.inbox.map, lane, buf) {
                 Ok((len, meta)) if self.inbox.takes(meta.to) => {
                     self.next_lane = (lane + 1) % LANES;

@@ -140,9 +140,8 @@ pub(crate) fn parse(frame: &[u8], port: u16) -> Result<Parsed<'_>, Refused> {
     use Refused::{BadChecksum, Malformed};
     let eth = EthernetFrame::new_checked(frame).map_err(|_| Malformed)?;
     let at = eth.header_len();
-    // (sender, receiver, IP ID, where the UDP header starts and ends, the
-    // pseudo-header's sum)
-    let (from_ip, to, ip_id, l4, pseudo) = match eth.ethertype() {
+    // (sender, receiver, IP ID, where the UDP header starts and ends)
+    let (from_ip, to, ip_id, l4) = match eth.ethertype() {
         ETHERTYPE_IPV4 => {
             let ip = Ipv4Packet::new_checked(eth.payload()).map_err(|_| Malformed)?;
             if ip.more_frags() || ip.frag_offset() != 0 || ip.protocol() != IPPROTO_UDP {
@@ -152,8 +151,7 @@ pub(crate) fn parse(frame: &[u8], port: u16) -> Result<Parsed<'_>, Refused> {
                 return Err(BadChecksum);
             }
             let l4 = at + ip.header_len()..at + ip.total_len();
-            let pseudo = checksum::sum(&ip.dst().octets(), checksum::sum(&ip.src().octets(), 0));
-            (IpAddr::V4(ip.src()), IpAddr::V4(ip.dst()), ip.ident(), l4, pseudo)
+            (IpAddr::V4(ip.src()), IpAddr::V4(ip.dst()), ip.ident(), l4)
         }
         ETHERTYPE_IPV6 => {
             let ip = Ipv6Packet::new_checked(eth.payload()).map_err(|_| Malformed)?;
@@ -161,8 +159,7 @@ pub(crate) fn parse(frame: &[u8], port: u16) -> Result<Parsed<'_>, Refused> {
                 return Err(Malformed);
             }
             let l4 = at + IPV6_HEADER_LEN..at + IPV6_HEADER_LEN + ip.payload_len();
-            let pseudo = checksum::sum(&ip.dst().octets(), checksum::sum(&ip.src().octets(), 0));
-            (IpAddr::V6(ip.src()), IpAddr::V6(ip.dst()), 0, l4, pseudo)
+            (IpAddr::V6(ip.src()), IpAddr::V6(ip.dst()), 0, l4)
         }
         _ => return Err(Malformed),
     };
@@ -172,7 +169,11 @@ pub(crate) fn parse(frame: &[u8], port: u16) -> Result<Parsed<'_>, Refused> {
         return Err(Malformed);
     }
     let datagram = l4.get(..udp.len()).filter(|d| d.len() >= UDP_HEADER_LEN).ok_or(Malformed)?;
-    let pseudo = pseudo + datagram.len() as u32 + u32::from(IPPROTO_UDP);
+    let octets = |ip: IpAddr| match ip {
+        IpAddr::V4(a) => checksum::sum(&a.octets(), 0),
+        IpAddr::V6(a) => checksum::sum(&a.octets(), 0),
+    };
+    let pseudo = octets(from_ip) + octets(to) + datagram.len() as u32 + u32::from(IPPROTO_UDP);
     if !udp_checksum_ok(datagram, pseudo, from_ip.is_ipv4()) {
         return Err(BadChecksum);
     }
