@@ -108,7 +108,24 @@ fn pair(server: (&Path, &[&str]), client: (&Path, &[&str]), limit: Duration) -> 
     let p = Pair { label, server: text(&so), client: text(&co) };
     assert!(!ct && !st, "timed out after {limit:?}: {p}");
     assert!(so.status.success() && co.status.success(), "failed: {p}");
+    let left = files_of_port(udp);
+    assert!(left.is_empty(), "files left behind by {}: {left:?}", p.label);
     p
+}
+
+/// The files of the device at UDP port `udp` in the run directory and in
+/// `/dev/shm`: shared addresses' tables and the local path's inboxes. A
+/// program that ends normally leaves none, though the drop-in keeps its
+/// devices open to the end (the exit hook removes them).
+fn files_of_port(udp: u16) -> Vec<String> {
+    let of_port = |n: &str| n.ends_with(&format!("-{udp}")) || n.contains(&format!("-{udp}."));
+    [uroce::published::run_dir(), PathBuf::from("/dev/shm")]
+        .iter()
+        .filter_map(|d| std::fs::read_dir(d).ok())
+        .flat_map(|d| d.flatten())
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| (n.starts_with("share-") || n.starts_with("uroce-")) && of_port(n))
+        .collect()
 }
 
 /// The same tool on both sides.

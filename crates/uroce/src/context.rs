@@ -494,7 +494,10 @@ fn live_contexts_add(inner: &Arc<Inner>) {
 /// disconnected, as the kernel does for a process's ids: a program that
 /// returns from `main` right after its last completion, without closing
 /// the device, must not leave its peer retrying a message it received or
-/// waiting for a DREQ. A lock held elsewhere (a
+/// waiting for a DREQ. Then the backend removes its files (its inbox, its
+/// slot in a shared address's table): the drop-in keeps a device open
+/// after its last `ibv_close_device`, so perftest and the like always
+/// end here. A lock held elsewhere (a
 /// thread stopped in the middle of a verb) is waited for briefly, never
 /// for ever.
 extern "C" fn send_held_acks_at_exit() {
@@ -506,6 +509,7 @@ extern "C" fn send_held_acks_at_exit() {
                 driver.flush_posts();
                 driver.send_held_acks(None);
                 driver.cm_disconnect_all();
+                driver.at_exit();
             }
         }
     });

@@ -347,6 +347,11 @@ impl Driver {
         self.backend.is_local(dst, qpn)
     }
 
+    /// See [`Backend::at_exit`].
+    pub(crate) fn at_exit(&mut self) {
+        self.backend.at_exit();
+    }
+
     pub(crate) fn backend(&self) -> &dyn Backend {
         self.backend.as_ref()
     }

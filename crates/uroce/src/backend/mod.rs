@@ -140,6 +140,13 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
         true
     }
 
+    /// The process exits with the context open (nothing drops it): removes
+    /// what would outlive the process in the file system — the local
+    /// path's inbox, this member's slot in a shared address's table, or
+    /// the whole table if it is the last — and keeps the sockets, which
+    /// the progress thread may still use until the process ends.
+    fn at_exit(&mut self) {}
+
     /// Adds the backend's own counters to the device's.
     fn add_counters(&self, _stats: &mut uroce_transport::Stats) {}
 

@@ -212,6 +212,7 @@ impl Registry {
     ) -> io::Result<io::Result<(Self, T)>> {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir)?;
+            sweep_once(dir, &path);
         }
         // The last member to leave removes the file: a file locked after
         // that is not the table any more, and is opened again.
@@ -617,6 +618,71 @@ impl Drop for Registry {
             self.leave_locked();
             let _ = self.file.unlock();
         }
+    }
+}
+
+/// Whether `name` is a table's (not its round lock, connection lists or
+/// a list being written).
+fn is_table_name(name: &str) -> bool {
+    name.starts_with("share-")
+        && !name.ends_with(".round")
+        && !name.contains(".conns-")
+        && !name.contains(".new")
+}
+
+/// How long the connection lists of a group whose members all died are
+/// kept for a member that may take a slot back and end them.
+const LEFTOVERS_KEPT: std::time::Duration = std::time::Duration::from_secs(3600);
+
+/// [`sweep`]s `dir` on the first join there of this process: a process
+/// joining many groups (tests, many contexts) pays for one pass.
+fn sweep_once(dir: &Path, keep: &Path) {
+    static SWEPT: std::sync::Mutex<Vec<PathBuf>> = std::sync::Mutex::new(Vec::new());
+    let mut swept = SWEPT.lock().unwrap_or_else(|e| e.into_inner());
+    if !swept.iter().any(|d| d == dir) {
+        swept.push(dir.to_path_buf());
+        drop(swept);
+        sweep(dir, keep);
+    }
+}
+
+/// Removes the tables (and round locks) of groups whose members are all
+/// gone: the last member to leave removes its group's files, but one
+/// that was killed, or whose process ended without closing the device,
+/// leaves them, and every network namespace's link-local address makes
+/// a group of its own, never joined again. A group with connection lists
+/// younger than [`LEFTOVERS_KEPT`] is kept (a member that takes its slot
+/// back ends those connections: a server restarted after a crash), and
+/// so is one whose table lock is held (a join or leave under way; the
+/// next pass looks again). Removed under the table's lock, as the last
+/// leaver does, so a context opening it at the same time starts anew.
+fn sweep(dir: &Path, keep: &Path) {
+    let Ok(entries) = std::fs::read_dir(dir) else { return };
+    for e in entries.flatten() {
+        let path = e.path();
+        if path == keep || !is_table_name(&e.file_name().to_string_lossy()) {
+            continue;
+        }
+        let recent = |s| {
+            std::fs::metadata(connections_path(&path, s))
+                .and_then(|m| m.modified())
+                .is_ok_and(|t| t.elapsed().map_or(true, |age| age < LEFTOVERS_KEPT))
+        };
+        if (0..SLOTS).any(recent) {
+            continue;
+        }
+        let Ok(file) = OpenOptions::new().read(true).write(true).open(&path) else { continue };
+        if file.try_lock().is_err() {
+            continue;
+        }
+        if same_file(&file, &path) && !(0..SLOTS).any(|s| slot_alive(&file, s)) {
+            for s in 0..SLOTS {
+                let _ = std::fs::remove_file(connections_path(&path, s));
+            }
+            let _ = std::fs::remove_file(round_path(&path));
+            let _ = std::fs::remove_file(&path);
+        }
+        let _ = file.unlock();
     }
 }
 
@@ -1089,6 +1155,40 @@ mod tests {
         a.publish_connections(&conns).unwrap();
         a.publish_connections(&[]).unwrap();
         assert!(!has_connection_lists_at(&path), "no list for no connections");
+        drop(a);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A group whose members all died is swept with its round lock; a
+    /// live group, and a dead one whose connections a later member must
+    /// end, are kept, the latter for an hour.
+    #[test]
+    fn dead_groups_are_swept() {
+        let (dir, live) = table_in_fresh_dir("sweep");
+        let a = join(&live);
+        let died = |name: &str| {
+            let path = dir.join(name);
+            let mut m = join(&path);
+            m.left = true; // killed: its files close, its words stay
+            (m.slot(), path)
+        };
+        let (_, dead) = died("share-dead");
+        let (slot, with_conns) = died("share-with-conns");
+        let list = connections_path(&with_conns, slot);
+        std::fs::write(&list, "10.0.0.2 1 2 3 4\n").unwrap();
+        assert!(dead.exists() && round_path(&dead).exists());
+        sweep(&dir, &dir.join("share-none"));
+        assert!(!dead.exists() && !round_path(&dead).exists(), "a dead group is swept");
+        assert!(live.exists(), "a live group is kept");
+        assert!(with_conns.exists() && list.exists(), "a group with connection lists is kept");
+        let old = std::time::SystemTime::now() - LEFTOVERS_KEPT - std::time::Duration::from_secs(1);
+        File::options().write(true).open(&list).unwrap().set_modified(old).unwrap();
+        sweep(&dir, &dir.join("share-none"));
+        assert!(!with_conns.exists() && !list.exists(), "unless the lists are old");
+        assert!(live.exists());
+        assert!(!is_table_name("share-1-10.0.0.1-4791.round"));
+        assert!(!is_table_name("share-1-10.0.0.1-4791.conns-3"));
+        assert!(is_table_name("share-1-fe80::1-4791"));
         drop(a);
         let _ = std::fs::remove_dir_all(&dir);
     }

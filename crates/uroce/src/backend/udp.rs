@@ -779,6 +779,13 @@ impl super::Backend for UdpBackend {
         self.local_path.as_mut().is_none_or(super::shm::LocalPath::prepare_sleep)
     }
 
+    fn at_exit(&mut self) {
+        self.local_path = None;
+        for port in self.ports.iter_mut().rev() {
+            port.leave_group();
+        }
+    }
+
     fn add_counters(&self, stats: &mut uroce_transport::Stats) {
         if let Some(c) = self.local_path.as_ref().map(super::shm::LocalPath::counters) {
             stats.local_sent_pkts += c.sent;
@@ -875,6 +882,17 @@ impl Port {
         let bound = sock.local_addr()?;
         let errors = std::cell::Cell::new(false);
         Ok(Self { sock, ip: addr.ip(), bound, sharing: None, scope, gro, errors })
+    }
+
+    /// Leaves the address's group (as [`Port::close`] does) but keeps the
+    /// socket: for the exit hook, whose process may still send and
+    /// receive until it ends.
+    fn leave_group(&mut self) {
+        if let Some(s) = self.sharing.take() {
+            s.registry.leave(|prog| {
+                let _ = attach_steering(&self.sock, prog);
+            });
+        }
     }
 
     /// Closes the socket; a shared address's under its table's lock, after

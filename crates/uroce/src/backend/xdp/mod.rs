@@ -254,6 +254,10 @@ impl Backend for XdpBackend {
         r
     }
 
+    fn at_exit(&mut self) {
+        self.udp.at_exit();
+    }
+
     fn add_counters(&self, stats: &mut uroce_transport::Stats) {
         self.udp.add_counters(stats);
         let c = &self.counters;
