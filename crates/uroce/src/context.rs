@@ -110,9 +110,13 @@ impl Inner {
     /// Called by application polls: run progress inline, and tell the
     /// background thread to keep out of the way for a while.
     pub(crate) fn app_progress(&self, driver: &mut Driver) {
-        let (wall_ns, now) = self.clock(driver);
+        self.app_progress_at(driver, self.activity.wall_ns());
+    }
+
+    /// [`Inner::app_progress`] with the context's clock read at `wall_ns`.
+    pub(crate) fn app_progress_at(&self, driver: &mut Driver, wall_ns: u64) {
         self.activity.touch_at(wall_ns);
-        driver.progress_at(now);
+        driver.progress_at(driver.now_at(wall_ns));
     }
 
     /// One clock read for a post or poll: nanoseconds on the context's

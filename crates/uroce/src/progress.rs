@@ -26,6 +26,12 @@ pub(crate) struct Activity {
     /// until the call returns). Closing waits for both to end.
     thread_mark: AtomicU8,
     pub(crate) progress_thread: std::sync::OnceLock<std::thread::Thread>,
+    /// When the application's polls began to find nothing, ns since
+    /// `origin` (0: the last one found something).
+    empty_since_ns: AtomicU64,
+    /// How long polls find nothing before one yields the CPU (see
+    /// [`Activity::after_poll`]).
+    yield_after_ns: AtomicU64,
 }
 
 impl Activity {
@@ -38,7 +44,48 @@ impl Activity {
             thread_state: AtomicU8::new(RUNNING),
             thread_mark: AtomicU8::new(FREE),
             progress_thread: std::sync::OnceLock::new(),
+            empty_since_ns: AtomicU64::new(0),
+            yield_after_ns: AtomicU64::new(YIELD_AFTER_START.as_nanos() as u64),
         }
+    }
+
+    /// An application poll at `wall_ns` found `found` completions. Polls
+    /// that keep finding nothing yield the CPU now and then: the work they
+    /// wait for may be the peer's progress thread's (a WRITE's responder
+    /// is nothing else), and on a small machine that thread may be queued
+    /// behind this one on its CPU — the scheduler puts a thread woken by
+    /// a datagram on the sender's CPU, and does not move it away while it
+    /// runs now and then. There a busy-polling application keeps it off
+    /// the CPU for the rest of its time slice (0.7–2.5 ms measured), and
+    /// its yield gives it back at once. A yield that returns at once says
+    /// the CPU is this thread's alone: the next wait yields later (up to
+    /// `YIELD_AFTER_MAX`), so a ping-pong on an idle machine rarely pays
+    /// one; one that returns late (another thread ran) makes the next
+    /// waits yield after `YIELD_AFTER_MIN`.
+    pub(crate) fn after_poll(&self, wall_ns: u64, found: usize) {
+        if found > 0 {
+            self.empty_since_ns.store(0, Ordering::Relaxed);
+            return;
+        }
+        let since = self.empty_since_ns.load(Ordering::Relaxed);
+        if since == 0 {
+            self.empty_since_ns.store(wall_ns.max(1), Ordering::Relaxed);
+            return;
+        }
+        let after = self.yield_after_ns.load(Ordering::Relaxed);
+        if wall_ns.saturating_sub(since) < after {
+            return;
+        }
+        let yielded = StdInstant::now();
+        std::thread::yield_now();
+        let next = if yielded.elapsed() > CROWDED {
+            YIELD_AFTER_MIN.as_nanos() as u64
+        } else {
+            // Alone: count the next wait from now.
+            self.empty_since_ns.store(self.wall_ns(), Ordering::Relaxed);
+            (after * 2).min(YIELD_AFTER_MAX.as_nanos() as u64)
+        };
+        self.yield_after_ns.store(next, Ordering::Relaxed);
     }
 
     /// Nanoseconds since the context's origin (one clock read, which the
@@ -78,6 +125,14 @@ impl Activity {
         }
     }
 }
+
+/// Bounds and start of the empty-poll time before a yield
+/// (`Activity::after_poll`).
+const YIELD_AFTER_MIN: Duration = Duration::from_micros(2);
+const YIELD_AFTER_MAX: Duration = Duration::from_micros(100);
+const YIELD_AFTER_START: Duration = Duration::from_micros(20);
+/// A yield that took longer than this let another thread run.
+const CROWDED: Duration = Duration::from_micros(10);
 
 /// How often the progress thread publishes the counters.
 const PUBLISH_EVERY: Duration = Duration::from_millis(100);
@@ -313,6 +368,34 @@ mod tests {
     /// sent (a preempted test thread can make one gap look isolated).
     fn any_queued(a: &Activity, n: usize) -> Option<Post> {
         (0..n).map(|_| a.on_post(a.wall_ns(), 0, false)).find(|p| *p != Post::Send)
+    }
+
+    /// Empty polls yield only after `yield_after_ns` of finding nothing; a
+    /// yield that returns at once doubles the wait (up to the maximum) and
+    /// counts it from then; a poll that finds something starts over.
+    #[test]
+    fn empty_polls_yield_later_while_the_cpu_is_theirs() {
+        let a = Activity::new(StdInstant::now());
+        let start = YIELD_AFTER_START.as_nanos() as u64;
+        let after = |a: &Activity| a.yield_after_ns.load(Ordering::Relaxed);
+        a.after_poll(1_000, 0);
+        assert_eq!(a.empty_since_ns.load(Ordering::Relaxed), 1_000);
+        a.after_poll(1_000 + start - 1, 0);
+        assert_eq!(after(&a), start, "not yet");
+        // Alone on its CPU (a test thread's yield returns at once, or is
+        // counted crowded on a loaded machine: then the minimum).
+        a.after_poll(1_000 + start, 0);
+        assert!(
+            [2 * start, YIELD_AFTER_MIN.as_nanos() as u64].contains(&after(&a)),
+            "{}",
+            after(&a)
+        );
+        a.after_poll(5_000_000, 3);
+        assert_eq!(a.empty_since_ns.load(Ordering::Relaxed), 0, "found: starts over");
+        a.yield_after_ns.store(YIELD_AFTER_MAX.as_nanos() as u64, Ordering::Relaxed);
+        a.after_poll(6_000_000, 0);
+        a.after_poll(6_000_000 + YIELD_AFTER_MAX.as_nanos() as u64, 0);
+        assert!(after(&a) <= YIELD_AFTER_MAX.as_nanos() as u64, "capped");
     }
 
     #[test]

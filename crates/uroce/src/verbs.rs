@@ -854,15 +854,16 @@ impl Cq {
     /// As [`Cq::poll`].
     pub fn poll_with(&self, max: usize, mut sink: impl FnMut(&Completion)) -> Result<usize> {
         let ctx = &self.inner.ctx;
+        let wall_ns = ctx.activity.wall_ns();
         // A ring that can fill the caller's array needs no progress pass
         // (and its receive system call) first.
         let enough = self.inner.ring.lock().len() >= max;
         match (!enough).then(|| ctx.try_lock()).flatten() {
-            Some(mut e) => ctx.app_progress(&mut e),
+            Some(mut e) => ctx.app_progress_at(&mut e, wall_ns),
             // Enough already, or a pass is under way elsewhere: what it
             // completes is on the ring for this poll or the next. The
             // mark still tells the progress thread an application polls.
-            None => ctx.activity.touch_at(ctx.activity.wall_ns()),
+            None => ctx.activity.touch_at(wall_ns),
         }
         let mut cq = self.inner.ring.lock();
         if cq.overflowed() {
@@ -874,6 +875,8 @@ impl Cq {
             sink(&c);
             n += 1;
         }
+        drop(cq);
+        ctx.activity.after_poll(wall_ns, n);
         Ok(n)
     }
 }
