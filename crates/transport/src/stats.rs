@@ -156,6 +156,11 @@ counters! {
     xdp_rcvd_frames,
     /// Frames the AF_XDP backend handed to its transmit ring.
     xdp_sent_frames,
+    /// Of those received, frames that spanned several chunks (RoCE MTU
+    /// 4096: multi-buffer sockets).
+    xdp_rx_multi_chunk,
+    /// Of those sent, frames cut into several chunks.
+    xdp_tx_multi_chunk,
     /// Frames an AF_XDP socket received that were no whole UDP datagram to
     /// the device's port (truncated, lengths that disagree): dropped.
     xdp_rx_malformed,
@@ -169,7 +174,7 @@ counters! {
     /// received.
     xdp_via_kernel,
     /// Frames the kernel dropped before an AF_XDP socket (larger than a
-    /// chunk, no room): its `rx_dropped`.
+    /// chunk on a socket without multi-buffer, no room): its `rx_dropped`.
     xdp_rx_dropped,
     /// The kernel's `rx_invalid_descs` of the AF_XDP sockets.
     xdp_rx_invalid,

@@ -205,7 +205,7 @@ impl Device {
     pub fn port_attr(&self) -> PortAttr {
         let mut link_mtu = link_mtu(self.cfg.addr);
         if self.net.is_none() && crate::backend::xdp::selected() {
-            link_mtu = link_mtu.min(crate::backend::xdp::MAX_IP_PACKET);
+            link_mtu = link_mtu.min(crate::backend::xdp::max_ip_packet());
         }
         let over = if self.cfg.addr.is_ipv4() { 20 } else { 40 } + 8 + 12 + 28 + 4;
         PortAttr {

@@ -195,6 +195,25 @@ pub fn connect(
     peer_psn: u32,
     access: Access,
 ) -> Result<()> {
+    let mtu = if peer.is_loopback() { Mtu::Mtu4096 } else { Mtu::Mtu1024 };
+    connect_with_mtu(qp, peer, peer_port, peer_qpn, my_psn, peer_psn, access, mtu)
+}
+
+/// [`connect`] with path MTU `mtu`.
+///
+/// # Errors
+/// As [`Qp::modify`] (an MTU above the port's active one included).
+#[allow(clippy::too_many_arguments)] // the fields of the three modifies
+pub fn connect_with_mtu(
+    qp: &Qp,
+    peer: std::net::IpAddr,
+    peer_port: u16,
+    peer_qpn: u32,
+    my_psn: u32,
+    peer_psn: u32,
+    access: Access,
+    mtu: Mtu,
+) -> Result<()> {
     let t = qp.qp_type();
     let mut attr = QpAttr { state: QpState::Init, access, ..QpAttr::default() };
     qp.modify(
@@ -210,7 +229,7 @@ pub fn connect(
         hop_limit: 64,
         traffic_class: 0,
     });
-    attr.path_mtu = if peer.is_loopback() { Mtu::Mtu4096 } else { Mtu::Mtu1024 };
+    attr.path_mtu = mtu;
     attr.dest_qpn = peer_qpn;
     attr.rq_psn = Psn::new(peer_psn);
     attr.max_dest_rd_atomic = 16;

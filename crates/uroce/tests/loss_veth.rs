@@ -92,7 +92,12 @@ fn handshake(s: &Side, peer: IpAddr, my_psn: u32, peer_psn: u32) -> (u64, u32) {
     let f: Vec<&str> = l.split_whitespace().collect();
     assert_eq!(f.first(), Some(&"INFO"), "{l}");
     let (qpn, addr, rkey) = (f[1].parse().unwrap(), f[2].parse().unwrap(), f[3].parse().unwrap());
-    uroce::connect(&s.qp, peer, 4791, qpn, my_psn, peer_psn, ALL).unwrap();
+    // The path MTU the parent asks for (`Net::path_mtu`), else 1024.
+    let mtu = match std::env::var("UROCE_LOSS_MTU").as_deref() {
+        Ok("4096") => uroce::Mtu::Mtu4096,
+        _ => uroce::Mtu::Mtu1024,
+    };
+    uroce::connect_with_mtu(&s.qp, peer, 4791, qpn, my_psn, peer_psn, ALL, mtu).unwrap();
     (addr, rkey)
 }
 
@@ -152,8 +157,10 @@ fn server(addr: IpAddr, peer: IpAddr) {
     // noise).
     let st = s.ctx.stats();
     let dropped = st.drop_malformed + st.icrc_errors + st.drop_unknown_qpn;
-    let xdp =
-        format!("xdp {} {} {}", st.xdp_rcvd_frames, st.xdp_rx_bad_checksum, st.xdp_rx_malformed);
+    let xdp = format!(
+        "xdp {} {} {} {}",
+        st.xdp_rcvd_frames, st.xdp_rx_bad_checksum, st.xdp_rx_malformed, st.xdp_rx_multi_chunk
+    );
     line(&mut std::io::stdout(), &format!("SERVER OK {checked} {xdp} dropped {dropped}"));
 }
 
@@ -283,6 +290,8 @@ struct Net {
     a: String,
     b: String,
     tag: char,
+    /// The path MTU the roles connect with (0: 1024, `handshake`).
+    path_mtu: std::cell::Cell<u32>,
 }
 
 fn sh(args: &[&str]) -> bool {
@@ -295,7 +304,7 @@ impl Net {
     fn new(tag: char) -> Option<Self> {
         let id = std::process::id() % 100_000;
         let (a, b) = (format!("uroce-{tag}a{id}"), format!("uroce-{tag}b{id}"));
-        let net = Self { a, b, tag };
+        let net = Self { a, b, tag, path_mtu: std::cell::Cell::new(0) };
         let (va, vb) = net.ifaces();
         let ok = sh(&["ip", "netns", "add", &net.a])
             && sh(&["ip", "netns", "add", &net.b])
@@ -311,6 +320,17 @@ impl Net {
             && sh(&["ip", "-n", &net.a, "link", "set", "lo", "up"])
             && sh(&["ip", "-n", &net.b, "link", "set", "lo", "up"]);
         ok.then_some(net)
+    }
+
+    /// Sets both veth ends' MTU to `link`, and the roles' path MTU to
+    /// `path` from now on.
+    fn set_mtu(&self, link: u32, path: u32) {
+        let (va, vb) = self.ifaces();
+        let link = link.to_string();
+        for (ns, dev) in [(&self.a, va), (&self.b, vb)] {
+            assert!(sh(&["ip", "-n", ns, "link", "set", &dev, "mtu", &link]), "MTU {link}");
+        }
+        self.path_mtu.set(path);
     }
 
     /// The veth ends in `a` and `b`.
@@ -386,12 +406,14 @@ impl Drop for Net {
 /// Runs this binary's role `role` in namespace `ns`, on `backend`
 /// (`UROCE_BACKEND`; the default when `None`).
 fn spawn(ns: &str, role: &str, backend: Option<&str>) -> Child {
-    spawn_v(ns, role, backend, false)
+    spawn_v(ns, role, backend, false, 0)
 }
 
 /// [`spawn`], the role on IPv6 addresses if `v6` (UD echo only).
-fn spawn_v(ns: &str, role: &str, backend: Option<&str>, v6: bool) -> Child {
+/// `path_mtu`: the RC roles' (`handshake`; 0: 1024).
+fn spawn_v(ns: &str, role: &str, backend: Option<&str>, v6: bool, path_mtu: u32) -> Child {
     let mut c = Command::new("ip");
+    c.env("UROCE_LOSS_MTU", path_mtu.to_string());
     if v6 {
         c.env("UROCE_LOSS_IPV6", "1");
     } else {
@@ -421,8 +443,8 @@ fn start_roles(
     client: (&str, Option<&str>),
     v6: bool,
 ) -> (Child, Child, ChildStdin, ChildStdin, BufReader<ChildStdout>, BufReader<ChildStdout>) {
-    let mut srv = spawn_v(&net.b, server.0, server.1, v6);
-    let mut cli = spawn_v(&net.a, client.0, client.1, v6);
+    let mut srv = spawn_v(&net.b, server.0, server.1, v6, net.path_mtu.get());
+    let mut cli = spawn_v(&net.a, client.0, client.1, v6, net.path_mtu.get());
     let (s_in, c_in) = (srv.stdin.take().unwrap(), cli.stdin.take().unwrap());
     let s_out = BufReader::new(srv.stdout.take().unwrap());
     let c_out = BufReader::new(cli.stdout.take().unwrap());
@@ -510,6 +532,11 @@ fn run_pair_with_end(
 fn loss_suite_over_veth() {
     match std::env::var(ROLE).as_deref() {
         Ok("noise") => return noise(),
+        Ok("big-noise") => {
+            assert_eq!(stdin_line(), "GO");
+            send_raw_frames(&big_frames());
+            return line(&mut std::io::stdout(), "NOISE DONE");
+        }
         Ok("ud-server") => return ud_echo(true),
         Ok("ud-client") => return ud_echo(false),
         Ok("hold") => {
@@ -663,6 +690,43 @@ fn bad_frames() -> Vec<Vec<u8>> {
         f
     };
     (0..3).flat_map(|kind| (0..BAD_EACH).map(move |i| frame(kind, i))).collect()
+}
+
+/// Frames longer than the AF_XDP backend takes in (`BIG_EACH`).
+const BIG_EACH: usize = 20;
+
+/// Well-formed IPv4/UDP frames to the server's RoCE port, 12,000 bytes
+/// each (four receive chunks, more than the backend puts together): a
+/// link of MTU 16000 carries them, and the AF_XDP side drops and counts
+/// each as `xdp_rx_malformed`.
+fn big_frames() -> Vec<Vec<u8>> {
+    use uroce_transport::wire::checksum::{finish, sum};
+    (0..BIG_EACH)
+        .map(|i| {
+            let udp_len = 12_000 - 14 - 20;
+            let ip_len = 20 + udp_len;
+            let mut f = vec![0xff; 6];
+            f.extend_from_slice(&[2, 0, 0, 0, 0, 1, 0x08, 0x00]);
+            let mut ip = vec![0x45, 0, (ip_len >> 8) as u8, ip_len as u8, 0, i as u8, 0x40, 0];
+            ip.extend_from_slice(&[64, 17, 0, 0, 10, 231, 0, 1, 10, 231, 0, 2]);
+            let check = finish(sum(&ip, 0));
+            ip[10..12].copy_from_slice(&check.to_be_bytes());
+            f.extend_from_slice(&ip);
+            // UDP checksum 0: none, as RoCEv2 over IPv4 may send.
+            f.extend_from_slice(&[
+                0x9c,
+                0x40,
+                0x12,
+                0xb7,
+                (udp_len >> 8) as u8,
+                udp_len as u8,
+                0,
+                0,
+            ]);
+            f.resize(12_000, i as u8);
+            f
+        })
+        .collect()
 }
 
 /// Sends `frames` as they are on the namespace's one interface (AF_PACKET).
@@ -943,7 +1007,7 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
     assert!(noise.wait().unwrap().success(), "the noise sender");
     let dropped: u64 = done.rsplit(' ').next().and_then(|n| n.parse().ok()).unwrap_or(0);
     assert!(dropped > 100, "the noise was not seen dropped: {done}");
-    // "SERVER OK <checked> xdp <frames> <bad checksum> <malformed> dropped …"
+    // "SERVER OK <checked> xdp <frames> <bad checksum> <malformed> <multi-chunk> dropped …"
     let xdp: Vec<u64> = done.split(' ').skip(4).take(3).map(|n| n.parse().unwrap()).collect();
     assert!(xdp[0] > 1000, "frames through the XSKs: {done}");
     // The raw frames, and not one of the kernel's: its UDP sockets' frames
@@ -970,6 +1034,21 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
     let t = run_pair_on(&net, None, Some("xdp"));
     assert!(!ip_out(&net.a, &["link", "show", "dev", &va]).contains("xdp"), "program detached");
     eprintln!("AF_XDP client: {t:?}");
+    // RoCE MTU 4096 on a jumbo link: frames span two chunks (multi-buffer
+    // sockets and a frags-aware program), each way; frames of four chunks
+    // come in meanwhile, each dropped and counted.
+    net.set_mtu(16000, 4096);
+    let mut big = spawn(&net.a, "big-noise", None);
+    let mut go = big.stdin.take().unwrap();
+    let (t, done) = run_pair_with_end(&net, Some("xdp"), None, Some(&mut go));
+    assert!(big.wait().unwrap().success(), "the big frames' sender");
+    let xdp: Vec<u64> = done.split(' ').skip(4).take(4).map(|n| n.parse().unwrap()).collect();
+    assert!(xdp[3] > 1000, "frames in several chunks: {done}");
+    assert_eq!((xdp[1], xdp[2]), (0, BIG_EACH as u64), "the big frames dropped: {done}");
+    eprintln!("AF_XDP server, MTU 4096: {t:?}; {done}");
+    let t = run_pair_on(&net, None, Some("xdp"));
+    eprintln!("AF_XDP client, MTU 4096: {t:?}");
+    net.set_mtu(1500, 0);
     net.faults(10, 5);
     let t = run_pair_on(&net, Some("xdp"), None);
     let (drops, dups) = net.counted();

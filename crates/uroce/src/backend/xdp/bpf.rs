@@ -204,8 +204,23 @@ pub(crate) fn create_xskmap(entries: u32) -> io::Result<OwnedFd> {
     bpf_fd(BPF_MAP_CREATE, &mut attr)
 }
 
-/// Loads `prog` as an XDP program; the verifier's log goes into the error.
+/// `prog_flags`: the program handles frames in several buffers (it reads
+/// only the headers, which are in the first); without it, native mode on
+/// veth refuses an MTU above 3506 and frames longer than a page are
+/// dropped.
+const BPF_F_XDP_HAS_FRAGS: u32 = 1 << 5;
+
+/// Loads `prog` as an XDP program that takes multi-buffer frames, or a
+/// plain one where the kernel does not know the flag; the verifier's log
+/// goes into the error.
 pub(crate) fn load_xdp(prog: &[Insn]) -> io::Result<OwnedFd> {
+    load_xdp_with(prog, BPF_F_XDP_HAS_FRAGS).or_else(|e| match e.raw_os_error() {
+        Some(libc::EINVAL) => load_xdp_with(prog, 0),
+        _ => Err(e),
+    })
+}
+
+fn load_xdp_with(prog: &[Insn], flags: u32) -> io::Result<OwnedFd> {
     let license = c"MIT OR Apache-2.0";
     let mut log = vec![0u8; 16384];
     let mut attr = [0u64; 16];
@@ -216,6 +231,8 @@ pub(crate) fn load_xdp(prog: &[Insn]) -> io::Result<OwnedFd> {
     attr[2] = license.as_ptr() as u64;
     attr[3] = 1 | ((log.len() as u64) << 32);
     attr[4] = log.as_mut_ptr() as u64;
+    // kern_version (u32), prog_flags (u32).
+    attr[5] = u64::from(flags) << 32;
     bpf_fd(BPF_PROG_LOAD, &mut attr).map_err(|e| {
         let end = log.iter().position(|&b| b == 0).unwrap_or(log.len());
         let text = String::from_utf8_lossy(&log[..end]);

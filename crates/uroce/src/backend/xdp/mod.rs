@@ -14,9 +14,10 @@
 //!
 //! Needs `CAP_NET_RAW`, `CAP_NET_ADMIN` and `CAP_BPF` (or root). Copy mode
 //! (veth and most drivers have no zero-copy), a socket on every receive
-//! queue, frames up to one 4 KiB chunk (RoCE MTU up to 2048: no
-//! multi-buffer yet), IPv4 and IPv6. One process per interface: an
-//! interface takes one XDP program. `UROCE_XDP_STATS=1`
+//! queue, frames in several 4 KiB chunks where the kernel has multi-buffer
+//! sockets (Linux 6.6; RoCE MTU 4096 on links of MTU 4200 and more; else
+//! frames of one chunk, RoCE MTU 2048 at most), IPv4 and IPv6. One
+//! process per interface: an interface takes one XDP program. `UROCE_XDP_STATS=1`
 //! prints the sockets' counters when the backend closes.
 
 mod bpf;
@@ -38,9 +39,17 @@ pub(crate) fn selected() -> bool {
     std::env::var("UROCE_BACKEND").as_deref() == Ok("xdp")
 }
 
-/// The largest IP packet a receive chunk holds (the port's MTU is capped
-/// to it: RoCE MTU 2048 at most until frames span chunks).
-pub(crate) const MAX_IP_PACKET: usize = xsk::MAX_RX_FRAME - 14;
+/// A socket was refused multi-buffer (`XDP_USE_SG`): frames must fit a
+/// chunk.
+static ONE_CHUNK_FRAMES: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// The largest IP packet the sockets take (the port's MTU is capped to
+/// it): several chunks' worth, or one chunk's (RoCE MTU 2048 at most)
+/// where the kernel has no multi-buffer sockets.
+pub(crate) fn max_ip_packet() -> usize {
+    let one = ONE_CHUNK_FRAMES.load(std::sync::atomic::Ordering::Relaxed);
+    (if one { xsk::MAX_RX_FRAME } else { xsk::MAX_FRAME }) - 14
+}
 
 /// The AF_XDP backend of one context.
 #[derive(Debug)]
@@ -60,6 +69,9 @@ pub(crate) struct XdpBackend {
     port: u16,
     neigh: neigh::Neighbours,
     counters: Counters,
+    /// Where a frame longer than a chunk is built before it is cut into
+    /// chunks (`xsk::MAX_FRAME` bytes, allocated once).
+    long_frame: Vec<u8>,
 }
 
 /// What the AF_XDP backend counts (`uroce stat`'s `xdp_*`).
@@ -69,6 +81,10 @@ struct Counters {
     rcvd: u64,
     /// Frames handed to the transmit ring.
     sent: u64,
+    /// Frames received in several chunks.
+    rcvd_multi: u64,
+    /// Frames sent in several chunks.
+    sent_multi: u64,
     /// Frames the sockets received that were no whole UDP datagram to
     /// the device's port (dropped).
     malformed: u64,
@@ -137,6 +153,9 @@ impl XdpBackend {
                 .map_err(|e| context(&format!("opening the socket of queue {q}"), e))?;
             bpf::map_update(&map, q, x.raw_fd() as u32)
                 .map_err(|e| context("adding the socket to the map", e))?;
+            if !x.multi_buffer() {
+                ONE_CHUNK_FRAMES.store(true, std::sync::atomic::Ordering::Relaxed);
+            }
             xsks.push(x);
         }
         Ok(Self {
@@ -150,6 +169,7 @@ impl XdpBackend {
             port,
             neigh: neigh::Neighbours::new(&iface, ifindex),
             counters: Counters::default(),
+            long_frame: vec![0; xsk::MAX_FRAME],
         })
     }
 }
@@ -193,9 +213,27 @@ impl Backend for XdpBackend {
         };
         // Segment `i` of a run carries IP ID `i`, as the kernel's GSO
         // gives it (the driver computed the ICRCs over those).
+        let head = frame::overhead(dst.is_ipv4());
         for (i, p) in data.chunks(seg.max(1)).enumerate() {
-            let put = |x: &mut xsk::Xsk| x.send(|buf| frame::build(buf, &path, p, i as u16, tos));
             let tx = &mut self.xsks[0];
+            if head + p.len() > xsk::FRAME {
+                // Longer than a chunk: built whole, then cut into chunks.
+                let long = &mut self.long_frame;
+                let sent = frame::build(long, &path, p, i as u16, tos).is_some_and(|n| {
+                    tx.send_joined(&long[..n]) || {
+                        tx.kick();
+                        tx.send_joined(&long[..n])
+                    }
+                });
+                if sent {
+                    self.counters.sent += 1;
+                    self.counters.sent_multi += 1;
+                } else {
+                    self.counters.tx_full += 1;
+                }
+                continue;
+            }
+            let put = |x: &mut xsk::Xsk| x.send(|buf| frame::build(buf, &path, p, i as u16, tos));
             if put(tx) {
                 self.counters.sent += 1;
             } else {
@@ -220,23 +258,26 @@ impl Backend for XdpBackend {
         let mut idle = 0;
         while idle < n {
             let got = self.xsks[self.next_rx].recv(|f| {
+                let multi = f.len() > xsk::MAX_RX_FRAME;
                 let p = frame::parse(f, port)?;
                 let n = p.payload.len();
-                // Larger than any chunk's payload: cannot happen.
+                // Larger than the driver's buffer: cannot happen.
                 let dst = buf.get_mut(..n).ok_or(frame::Refused::Malformed)?;
                 dst.copy_from_slice(p.payload);
-                Ok(Received {
+                let r = Received {
                     len: n,
                     seg: n,
                     from: p.from,
                     to: p.to,
                     ip_id: p.from.is_ipv4().then_some(p.ip_id),
                     local: false,
-                })
+                };
+                Ok((r, multi))
             });
             match got {
-                Some(Ok(r)) => {
+                Some(Ok((r, multi))) => {
                     self.counters.rcvd += 1;
+                    self.counters.rcvd_multi += u64::from(multi);
                     return Ok(Some(r));
                 }
                 Some(Err(frame::Refused::Malformed)) => self.counters.malformed += 1,
@@ -263,6 +304,8 @@ impl Backend for XdpBackend {
         let c = &self.counters;
         stats.xdp_rcvd_frames += c.rcvd;
         stats.xdp_sent_frames += c.sent;
+        stats.xdp_rx_multi_chunk += c.rcvd_multi;
+        stats.xdp_tx_multi_chunk += c.sent_multi;
         stats.xdp_rx_malformed += c.malformed;
         stats.xdp_rx_bad_checksum += c.bad_checksum;
         stats.xdp_tx_full += c.tx_full;

@@ -3,19 +3,26 @@
 //! their producer/consumer protocol. Everything else of the backend is
 //! safe code over [`Xsk`]'s methods.
 //!
-//! Frames are `FRAME` bytes; the first `RX_FRAMES` start in the fill ring
+//! Chunks are `FRAME` bytes; the first `RX_FRAMES` start in the fill ring
 //! (the kernel copies received frames into them), the rest are free for
-//! transmission and come back through the completion ring.
+//! transmission and come back through the completion ring. A frame longer
+//! than a chunk (RoCE MTU 4096 needs about 4.2 KB) spans several, each
+//! descriptor but the last marked `XDP_PKT_CONTD`, when the kernel takes
+//! the socket's `XDP_USE_SG` (Linux 6.6); without it, such frames are
+//! the kernel's to drop (`XDP_STATISTICS`' rx_dropped).
 
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 use std::sync::atomic::{AtomicU32, Ordering};
 
-/// Bytes per UMEM frame (one Ethernet frame each: no multi-buffer yet).
+/// Bytes per UMEM chunk.
 pub(crate) const FRAME: usize = 4096;
 /// The longest frame received into one chunk: in copy mode the kernel
 /// writes it past `XDP_PACKET_HEADROOM` (256 bytes).
 pub(crate) const MAX_RX_FRAME: usize = FRAME - 256;
+/// The longest frame taken or sent in several chunks (a 9000-byte jumbo
+/// frame and more); a longer one is dropped whole.
+pub(crate) const MAX_FRAME: usize = 3 * MAX_RX_FRAME;
 /// Frames handed to the kernel for reception.
 const RX_FRAMES: u32 = 1024;
 /// Frames for transmission.
@@ -37,6 +44,10 @@ const XDP_UMEM_PGOFF_FILL_RING: libc::off_t = 0x1_0000_0000;
 const XDP_UMEM_PGOFF_COMPLETION_RING: libc::off_t = 0x1_8000_0000;
 /// `sxdp_flags`: copy mode (veth has no zero-copy).
 const XDP_COPY: u16 = 1 << 1;
+/// `sxdp_flags`: frames may span chunks (multi-buffer).
+const XDP_USE_SG: u16 = 1 << 4;
+/// `xdp_desc.options`: the frame goes on in the next descriptor.
+const XDP_PKT_CONTD: u32 = 1;
 
 #[repr(C)]
 #[derive(Default)]
@@ -188,6 +199,11 @@ pub(crate) struct Xsk {
     free_tx: Vec<u64>,
     /// TX descriptors written since the last kick.
     unkicked: u32,
+    /// The kernel took `XDP_USE_SG`: frames may span chunks.
+    multi_buffer: bool,
+    /// Where a frame received in several chunks is put together
+    /// (`MAX_FRAME` bytes, allocated once).
+    joined: Vec<u8>,
 }
 
 // SAFETY: the raw pointers are into mappings owned by this value alone;
@@ -282,6 +298,8 @@ impl Xsk {
                 .map(|i| u64::from(i) * FRAME as u64)
                 .collect(),
             unkicked: 0,
+            multi_buffer: false,
+            joined: Vec::with_capacity(MAX_FRAME),
         };
         // Every receive frame into the fill ring, then bind.
         let (at, room) = x.fill.writable();
@@ -290,19 +308,34 @@ impl Xsk {
             x.fill.write(at.wrapping_add(i), u64::from(i) * FRAME as u64);
         }
         x.fill.produce(RX_FRAMES);
-        let sa = SockaddrXdp {
-            family: libc::AF_XDP as u16,
-            flags: XDP_COPY,
-            ifindex,
-            queue_id: queue,
-            shared_umem_fd: 0,
+        let bind = |flags: u16| {
+            let sa = SockaddrXdp {
+                family: libc::AF_XDP as u16,
+                flags,
+                ifindex,
+                queue_id: queue,
+                shared_umem_fd: 0,
+            };
+            // SAFETY: a live sockaddr_xdp of the size passed.
+            let r =
+                unsafe { libc::bind(raw, (&raw const sa).cast(), size_of::<SockaddrXdp>() as u32) };
+            if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
         };
-        // SAFETY: a live sockaddr_xdp of the size passed.
-        let r = unsafe { libc::bind(raw, (&raw const sa).cast(), size_of::<SockaddrXdp>() as u32) };
-        if r < 0 {
-            return Err(io::Error::last_os_error());
+        // Multi-buffer where the kernel has it (EINVAL before 6.6).
+        let mut x = x;
+        match bind(XDP_COPY | XDP_USE_SG) {
+            Ok(()) => x.multi_buffer = true,
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+                bind(XDP_COPY)?;
+            }
+            Err(e) => return Err(e),
         }
         Ok(x)
+    }
+
+    /// Whether frames may span chunks (the kernel took `XDP_USE_SG`).
+    pub(crate) fn multi_buffer(&self) -> bool {
+        self.multi_buffer
     }
 
     /// The kernel's counters of this socket (`XDP_STATISTICS`): frames
@@ -342,25 +375,59 @@ impl Xsk {
     }
 
     /// Calls `f` with the next received frame, if one waits, then gives
-    /// its buffer back to the kernel. `None`: nothing received.
+    /// its chunks back to the kernel. `None`: nothing received. A frame in
+    /// several chunks is put together first (the kernel produces its
+    /// descriptors at once; one whose last has not come is left for the
+    /// next call); one longer than `MAX_FRAME` is handed over empty.
     pub(crate) fn recv<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
         let (at, n) = self.rx.readable();
         if n == 0 {
             return None;
         }
         let d = self.rx.read(at);
-        // In copy mode the data starts past a headroom inside its chunk;
-        // the chunk goes back whole.
-        let r = f(self.frame(d.addr, d.len as usize));
-        self.rx.consume(1);
-        // Its frame back into the fill ring (always room: the ring holds
-        // every receive frame).
-        let (fat, room) = self.fill.writable();
-        if room > 0 {
-            self.fill.write(fat, d.addr & !(FRAME as u64 - 1));
-            self.fill.produce(1);
+        if d.options & XDP_PKT_CONTD == 0 {
+            // In copy mode the data starts past a headroom inside its
+            // chunk; the chunk goes back whole.
+            let r = f(self.frame(d.addr, d.len as usize));
+            self.give_back(at, 1);
+            return Some(r);
         }
+        let mut count = 1;
+        while count < n && self.rx.read(at.wrapping_add(count - 1)).options & XDP_PKT_CONTD != 0 {
+            count += 1;
+        }
+        let complete = self.rx.read(at.wrapping_add(count - 1)).options & XDP_PKT_CONTD == 0;
+        if !complete && n < RING {
+            return None;
+        }
+        let mut joined = std::mem::take(&mut self.joined);
+        joined.clear();
+        let mut fits = complete;
+        for i in 0..count {
+            let d = self.rx.read(at.wrapping_add(i));
+            let piece = self.frame(d.addr, d.len as usize);
+            fits &= joined.len() + piece.len() <= MAX_FRAME;
+            if fits {
+                joined.extend_from_slice(piece);
+            }
+        }
+        let r = f(if fits { &joined } else { &[] });
+        self.joined = joined;
+        self.give_back(at, count);
         Some(r)
+    }
+
+    /// Consumes `count` RX descriptors from `at` and puts their chunks
+    /// back into the fill ring (always room: it holds every receive
+    /// chunk).
+    fn give_back(&mut self, at: u32, count: u32) {
+        let (fat, room) = self.fill.writable();
+        for i in 0..count.min(room) {
+            let d = self.rx.read(at.wrapping_add(i));
+            self.fill.write(fat.wrapping_add(i), d.addr & !(FRAME as u64 - 1));
+        }
+        self.rx.consume(count);
+        self.fill.produce(count.min(room));
     }
 
     /// Takes back transmit frames the kernel has sent.
@@ -394,6 +461,43 @@ impl Xsk {
         self.tx.write(at, Desc { addr, len: len as u32, options: 0 });
         self.tx.produce(1);
         self.unkicked += 1;
+        true
+    }
+
+    /// Queues `frame`, longer than a chunk, in as many chunks as it takes
+    /// (multi-buffer sockets only); `false` when chunks or ring slots run
+    /// short.
+    pub(crate) fn send_joined(&mut self, frame: &[u8]) -> bool {
+        let pieces = frame.len().div_ceil(FRAME) as u32;
+        if !self.multi_buffer || frame.len() > MAX_FRAME {
+            return false;
+        }
+        if self.free_tx.len() < pieces as usize {
+            self.reclaim();
+        }
+        let (at, room) = self.tx.writable();
+        if room < pieces || self.free_tx.len() < pieces as usize {
+            return false;
+        }
+        for (i, piece) in frame.chunks(FRAME).enumerate() {
+            let Some(addr) = self.free_tx.pop() else { return false };
+            // SAFETY: a transmit chunk of ours inside the mapping, not in
+            // the kernel's hands (it came from the free list); `piece` is
+            // at most a chunk long.
+            unsafe {
+                std::ptr::copy_nonoverlapping(
+                    piece.as_ptr(),
+                    self.area.add(addr as usize),
+                    piece.len(),
+                );
+            }
+            let last = i as u32 + 1 == pieces;
+            let options = if last { 0 } else { XDP_PKT_CONTD };
+            self.tx
+                .write(at.wrapping_add(i as u32), Desc { addr, len: piece.len() as u32, options });
+        }
+        self.tx.produce(pieces);
+        self.unkicked += pieces;
         true
     }
 
