@@ -187,6 +187,8 @@ impl Drop for Mapping {
 
 /// The granularity at which a producer reserves ring memory.
 const CHUNK: u64 = 256 << 10;
+/// `Producer::reserved` with every chunk of the ring reserved.
+const ALL_CHUNKS: u32 = u32::MAX >> (32 - RING / CHUNK);
 
 /// Backs `len` bytes at `off` with memory now (`fallocate`), so that a
 /// write through the mapping cannot meet a full tmpfs, which would be a
@@ -323,6 +325,11 @@ impl Producer {
     /// Reserves the chunks under ring bytes `pos .. pos + len` (one pass
     /// over the ring reserves them all; later passes cost nothing).
     fn reserve(&mut self, file: &File, pos: u64, len: u64) -> bool {
+        // Once the whole ring is reserved (its first lap), nothing to do:
+        // this runs twice per packet.
+        if self.reserved == ALL_CHUNKS {
+            return true;
+        }
         let (first, last) = ((pos % RING) / CHUNK, (pos % RING + len - 1) / CHUNK);
         for c in first..=last {
             if self.reserved & (1 << c) == 0 {
