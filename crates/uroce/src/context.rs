@@ -95,10 +95,16 @@ impl Inner {
     pub(crate) fn doorbell(&self, driver: &mut Driver, awaited: bool, wall_ns: u64, now: Instant) {
         match self.activity.on_post(wall_ns, driver.deferred_posts, awaited) {
             Post::Send => {
+                crate::timeline::event("post", 0, u64::from(driver.deferred_posts));
                 driver.transmit_at(now);
                 self.activity.post_sent();
             }
             Post::Queue { wake } => {
+                crate::timeline::event(
+                    "post",
+                    1 + u64::from(wake),
+                    u64::from(driver.deferred_posts),
+                );
                 driver.deferred_posts += 1;
                 if wake {
                     self.bell.push(());
@@ -515,6 +521,7 @@ extern "C" fn send_held_acks_at_exit() {
                 driver.cm_disconnect_all();
                 driver.at_exit();
             }
+            crate::timeline::write();
         }
     });
 }

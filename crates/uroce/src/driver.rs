@@ -395,13 +395,20 @@ impl Driver {
         self.housekeeping(now);
         self.backend.tick(now.as_nanos());
         self.end_leftovers();
-        let mut work = self.receive(now, 256) > 0;
+        let probes = self.ep.stats.rto_probes;
+        let received = self.receive(now, 256);
+        let mut work = received > 0;
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             work |= self.ep.handle_timeout(now) > 0;
         }
+        if crate::timeline::on() && self.ep.stats.rto_probes != probes {
+            crate::timeline::event("probe", self.ep.stats.rto_probes - probes, 0);
+        }
         work |= self.drive_cm(now);
-        work |= self.transmit(now) > 0;
+        let sent = self.transmit(now);
+        work |= sent > 0;
         work |= self.forward_events();
+        crate::timeline::event("pass", received as u64, sent as u64);
         work
     }
 
@@ -419,7 +426,8 @@ impl Driver {
 
     /// [`Driver::transmit_now`] at a time the caller read.
     pub(crate) fn transmit_at(&mut self, now: Instant) {
-        self.transmit(now);
+        let sent = self.transmit(now);
+        crate::timeline::event("transmit", sent as u64, 0);
         self.forward_events();
     }
 

@@ -148,6 +148,7 @@ mod progress;
 mod sched;
 pub mod session;
 mod staging;
+mod timeline;
 mod verbs;
 
 pub use ah::{Ah, AhAttr};

@@ -78,7 +78,9 @@ impl Activity {
         }
         let yielded = StdInstant::now();
         std::thread::yield_now();
-        let next = if yielded.elapsed() > CROWDED {
+        let took = yielded.elapsed();
+        let next = if took > CROWDED {
+            crate::timeline::event("poll-yield", took.as_micros() as u64, 0);
             YIELD_AFTER_MIN.as_nanos() as u64
         } else {
             // Alone: count the next wait from now.
@@ -197,6 +199,7 @@ pub(crate) trait Driven {
 /// thread can say it let go (see `Activity::thread_mark`).
 pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
     crate::sched::request_short_slice(PROGRESS_SLICE_NS);
+    crate::timeline::progress_thread();
     let mut spin = weak.upgrade().map_or(Duration::from_micros(50), |i| i.spin());
     let mut last_work = StdInstant::now();
     let mut published: Option<StdInstant> = None;
@@ -216,6 +219,7 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
             let state = &inner.activity().thread_state;
             state.store(PARKED, Ordering::SeqCst);
             drop(inner);
+            crate::timeline::event("park", 0, 0);
             std::thread::park_timeout(STEP_ASIDE - since_app);
             if let Some(i) = weak.upgrade() {
                 i.activity().thread_state.store(RUNNING, Ordering::SeqCst);
@@ -234,7 +238,16 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
             // completion event. Without a strong reference: an application
             // that closes the context gets its port back at once.
             drop(inner);
-            std::thread::yield_now();
+            if crate::timeline::on() {
+                let yielded = StdInstant::now();
+                std::thread::yield_now();
+                let took = yielded.elapsed();
+                if took > Duration::from_micros(20) {
+                    crate::timeline::event("yield", took.as_micros() as u64, 0);
+                }
+            } else {
+                std::thread::yield_now();
+            }
             continue;
         }
         // Going to sleep: if traffic comes back soon after, the window was
@@ -251,12 +264,14 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
         }
         let fds = inner.sleep_fds();
         inner.release_polling();
+        crate::timeline::event("sleep", spin.as_micros() as u64, 0);
         if fds.len() <= 1 {
             std::thread::sleep(wait.min(Duration::from_micros(100)));
         } else {
             crate::backend::wait_readable(&fds, Some(wait));
         }
         activity.thread_mark.store(FREE, Ordering::SeqCst);
+        crate::timeline::event("woke", slept.elapsed().as_micros() as u64, 0);
         if let Some(i) = weak.upgrade() {
             i.activity().thread_state.store(RUNNING, Ordering::SeqCst);
             i.drain_bell();

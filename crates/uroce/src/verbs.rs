@@ -876,6 +876,9 @@ impl Cq {
             n += 1;
         }
         drop(cq);
+        if n > 0 {
+            crate::timeline::event("poll", n as u64, 0);
+        }
         ctx.activity.after_poll(wall_ns, n);
         Ok(n)
     }

@@ -512,6 +512,7 @@ impl LocalPath {
         }
         if wake {
             self.counters.doorbells += 1;
+            crate::timeline::event("doorbell", u64::from(qpn), 0);
         }
         if written == 0 && queued == 0 {
             return Sent::Full;
