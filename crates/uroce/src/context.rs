@@ -73,6 +73,25 @@ pub(crate) struct Inner {
     /// The Unix time of the clock's origin, in nanoseconds: a completion
     /// timestamp plus this is its wall-clock time.
     epoch_ns: u64,
+    /// Declared last, so dropped last: ends the count of `DROPPING`.
+    _dropped: DropMark,
+}
+
+/// Contexts being dropped (from the start of `Inner::drop` to its last
+/// field's): the exit hook waits for them. A context whose last reference
+/// was the progress thread's is dropped on that thread, and a process
+/// that returns from `main` meanwhile would end it halfway, before its
+/// backend removed its files.
+static DROPPING: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+
+/// The last field of [`Inner`]: its drop ends the context's.
+#[derive(Debug, Default)]
+struct DropMark;
+
+impl Drop for DropMark {
+    fn drop(&mut self) {
+        DROPPING.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Inner {
@@ -301,6 +320,7 @@ impl Device {
             published: crate::published::Publication::new(self.name()),
             staged,
             epoch_ns,
+            _dropped: DropMark,
         });
         live_contexts_add(&inner);
         if options.progress == ProgressMode::Thread {
@@ -512,17 +532,24 @@ fn live_contexts_add(inner: &Arc<Inner>) {
 /// for ever.
 extern "C" fn send_held_acks_at_exit() {
     let _ = std::panic::catch_unwind(|| {
-        let Some(live) = try_lock_briefly(&LIVE) else { return };
-        for inner in live.iter().filter_map(std::sync::Weak::upgrade) {
-            if let Some(mut driver) = try_lock_briefly(&inner.driver) {
-                inner.take_staged(&mut driver);
-                driver.flush_posts();
-                driver.send_held_acks(None);
-                driver.cm_disconnect_all();
-                driver.at_exit();
+        if let Some(live) = try_lock_briefly(&LIVE) {
+            for inner in live.iter().filter_map(std::sync::Weak::upgrade) {
+                if let Some(mut driver) = try_lock_briefly(&inner.driver) {
+                    inner.take_staged(&mut driver);
+                    driver.flush_posts();
+                    driver.send_held_acks(None);
+                    driver.cm_disconnect_all();
+                    driver.at_exit();
+                }
             }
-            crate::timeline::write();
         }
+        // A context being dropped on its progress thread: let it end (its
+        // backend removes its files), briefly.
+        let t = std::time::Instant::now();
+        while DROPPING.load(Ordering::SeqCst) > 0 && t.elapsed() < Duration::from_millis(100) {
+            std::thread::sleep(Duration::from_micros(200));
+        }
+        crate::timeline::write();
     });
 }
 
@@ -546,6 +573,7 @@ impl Drop for Inner {
     /// at once. A progress thread asleep in `ppoll` on them (which keeps
     /// them open until it returns) is rung awake and waited for.
     fn drop(&mut self) {
+        DROPPING.fetch_add(1, Ordering::SeqCst);
         self.stop.store(true, Ordering::SeqCst);
         let t = std::time::Instant::now();
         while self.activity.thread_polls() && t.elapsed() < Duration::from_secs(1) {
