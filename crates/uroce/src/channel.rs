@@ -17,18 +17,43 @@ use std::sync::{Arc, Mutex};
 /// timeout.
 fn poll_readable(fd: i32, timeout: std::time::Duration) -> io::Result<bool> {
     let ms = i32::try_from(timeout.as_millis()).unwrap_or(i32::MAX);
-    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
     loop {
-        // SAFETY: one live pollfd, count 1.
-        let r = unsafe { libc::poll(&raw mut pfd, 1, ms) };
-        if r >= 0 {
-            return Ok(r > 0);
-        }
-        let e = io::Error::last_os_error();
-        if e.kind() != io::ErrorKind::Interrupted {
-            return Err(e);
+        match poll_readable_once(fd, ms) {
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            r => return r,
         }
     }
+}
+
+/// One `poll` for `fd` readable, `ms` at most (-1: no limit).
+fn poll_readable_once(fd: i32, ms: i32) -> io::Result<bool> {
+    let mut pfd = libc::pollfd { fd, events: libc::POLLIN, revents: 0 };
+    // SAFETY: one live pollfd, count 1.
+    let r = unsafe { libc::poll(&raw mut pfd, 1, ms) };
+    if r < 0 { Err(io::Error::last_os_error()) } else { Ok(r > 0) }
+}
+
+/// Whether a wait a signal interrupted should start again, as the kernel
+/// restarts a blocking read: only if the handler asked for it with
+/// `SA_RESTART`. `poll` never restarts and does not say which signal
+/// came, so this restarts only when every caught signal's handler has
+/// the flag (a program with one handler, the usual case, gets exactly the
+/// kernel's answer).
+fn handlers_restart() -> bool {
+    // Fault signals come from the faulting instruction, never during a
+    // wait (and Rust's runtime catches SIGSEGV and SIGBUS without the flag).
+    const FAULTS: [i32; 5] =
+        [libc::SIGSEGV, libc::SIGBUS, libc::SIGILL, libc::SIGFPE, libc::SIGTRAP];
+    (1..=libc::SIGRTMAX()).filter(|s| !FAULTS.contains(s)).all(|sig| {
+        // SAFETY: all-zero is a valid sigaction to be overwritten.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: queries only (no new action); `old` is live and writable.
+        let r = unsafe { libc::sigaction(sig, std::ptr::null(), &raw mut old) };
+        r != 0
+            || old.sa_sigaction == libc::SIG_DFL
+            || old.sa_sigaction == libc::SIG_IGN
+            || old.sa_flags & libc::SA_RESTART != 0
+    })
 }
 
 /// Sets or clears `O_NONBLOCK` on `fd` (one of ours).
@@ -76,18 +101,18 @@ impl<T> EventQueue<T> {
 
     /// Takes one event: blocks while none waits, unless the descriptor was
     /// made non-blocking (then `WouldBlock`).
+    ///
+    /// A signal caught meanwhile ends the wait with `Interrupted` (EINTR)
+    /// when its handler was installed without `SA_RESTART`, and restarts it
+    /// otherwise: the kernel decides, as for rdma-core's read of the
+    /// channel's descriptor. Programs rely on it: qperf's `SIGALRM` ends a
+    /// test's `ibv_get_cq_event` that no completion will end.
     pub(crate) fn pop(&self) -> io::Result<T> {
         let mut count = 0u64;
-        loop {
-            // SAFETY: reads 8 bytes into a live u64 from our own eventfd.
-            let r = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut count).cast(), 8) };
-            if r == 8 {
-                break;
-            }
-            let e = io::Error::last_os_error();
-            if e.kind() != io::ErrorKind::Interrupted {
-                return Err(e);
-            }
+        // SAFETY: reads 8 bytes into a live u64 from our own eventfd.
+        let r = unsafe { libc::read(self.fd.as_raw_fd(), (&raw mut count).cast(), 8) };
+        if r != 8 {
+            return Err(io::Error::last_os_error());
         }
         let mut q = self.queue.lock().unwrap_or_else(|e| e.into_inner());
         q.pop_front().ok_or_else(|| io::Error::other("event count without event"))
@@ -176,7 +201,9 @@ impl<T> LevelQueue<T> {
 
     /// Takes the oldest entry: waits while there is none, unless the
     /// descriptor was made non-blocking (by us or by its owner, with
-    /// `fcntl`): then `WouldBlock`.
+    /// `fcntl`): then `WouldBlock`. A caught signal ends the wait with
+    /// `Interrupted` unless its handler asked for restarts
+    /// ([`handlers_restart`]), as the kernel's blocking `rdma_get_cm_event`.
     pub(crate) fn pop(&self) -> io::Result<T> {
         loop {
             if let Some(e) = self.try_pop() {
@@ -189,7 +216,11 @@ impl<T> LevelQueue<T> {
                 // errno on (rdma_get_cm_event on a non-blocking channel).
                 return Err(io::Error::from_raw_os_error(libc::EAGAIN));
             }
-            self.wait_readable(std::time::Duration::from_secs(3600))?;
+            if let Err(e) = poll_readable_once(self.fd.as_raw_fd(), -1)
+                && (e.kind() != io::ErrorKind::Interrupted || !handlers_restart())
+            {
+                return Err(e);
+            }
         }
     }
 
@@ -243,7 +274,8 @@ impl CompChannel {
     /// acknowledged on the CQ ([`crate::Cq::ack_events`]).
     ///
     /// # Errors
-    /// `WouldBlock` on a non-blocking channel with no event.
+    /// `WouldBlock` on a non-blocking channel with no event; `Interrupted`
+    /// when a signal whose handler lacks `SA_RESTART` ends the wait.
     pub fn get_event(&self) -> io::Result<u32> {
         self.activity.release();
         self.events.pop()
@@ -313,7 +345,8 @@ impl AsyncEventQueue {
     /// made non-blocking (here or with `fcntl`), then `WouldBlock`.
     ///
     /// # Errors
-    /// `WouldBlock`, or from the descriptor read.
+    /// `WouldBlock`; `Interrupted` when a signal whose handler lacks
+    /// `SA_RESTART` ends the wait; or from the descriptor read.
     pub fn pop(&self) -> io::Result<crate::AsyncEvent> {
         self.0.pop()
     }
@@ -350,7 +383,8 @@ pub trait AsyncEventRouter: Send + Sync + std::fmt::Debug {
 
 #[cfg(test)]
 mod level_tests {
-    use super::LevelQueue;
+    use super::{EventQueue, LevelQueue};
+    use std::sync::Arc;
     use std::time::Duration;
 
     #[test]
@@ -376,5 +410,69 @@ mod level_tests {
         q.push(4);
         assert_eq!(q.pop().unwrap(), 4);
         assert!(!ready(&q));
+    }
+
+    /// Installs `handler`-less catching of SIGUSR2 (`SA_RESTART` or not)
+    /// and returns the previous action to put back.
+    fn catch_usr2(restart: bool) -> libc::sigaction {
+        extern "C" fn caught(_: i32) {}
+        // SAFETY: all-zero is a valid sigaction, filled in below.
+        let mut act: libc::sigaction = unsafe { std::mem::zeroed() };
+        act.sa_sigaction = caught as *const () as usize;
+        act.sa_flags = if restart { libc::SA_RESTART } else { 0 };
+        // SAFETY: as above.
+        let mut old: libc::sigaction = unsafe { std::mem::zeroed() };
+        // SAFETY: both structs live; SIGUSR2 is only sent to our own thread.
+        assert_eq!(unsafe { libc::sigaction(libc::SIGUSR2, &raw const act, &raw mut old) }, 0);
+        old
+    }
+
+    /// Runs `wait` on a thread and signals it (SIGUSR2) until it returns
+    /// or `give_up` passes; then `push`es and waits for the result.
+    fn signalled<R: Send + 'static>(
+        wait: impl FnOnce() -> R + Send + 'static,
+        push: impl FnOnce(),
+        give_up: std::time::Duration,
+    ) -> (bool, R) {
+        use std::os::unix::thread::JoinHandleExt;
+        let (tx, rx) = std::sync::mpsc::channel();
+        let t = std::thread::spawn(move || tx.send(wait()).unwrap());
+        let end = std::time::Instant::now() + give_up;
+        while std::time::Instant::now() < end {
+            // SAFETY: the thread is alive until it has sent (it is joined
+            // below), and SIGUSR2 is caught.
+            unsafe { libc::pthread_kill(t.as_pthread_t(), libc::SIGUSR2) };
+            if let Ok(r) = rx.recv_timeout(std::time::Duration::from_millis(20)) {
+                t.join().unwrap();
+                return (true, r);
+            }
+        }
+        push();
+        let r = rx.recv().unwrap();
+        t.join().unwrap();
+        (false, r)
+    }
+
+    #[test]
+    fn a_caught_signal_ends_a_wait_unless_its_handler_restarts() {
+        let ev = Arc::new(EventQueue::<u32>::new().unwrap());
+        let lv = Arc::new(LevelQueue::<u32>::new().unwrap());
+        let old = catch_usr2(false);
+        let (e, l) = (ev.clone(), lv.clone());
+        // (The pushes only end a wait that failed to end.)
+        let (ended, r) = signalled(move || e.pop(), || ev.push(0), Duration::from_secs(5));
+        assert!(ended && r.unwrap_err().kind() == std::io::ErrorKind::Interrupted);
+        let (ended, r) = signalled(move || l.pop(), || lv.push(0), Duration::from_secs(5));
+        assert!(ended && r.unwrap_err().kind() == std::io::ErrorKind::Interrupted);
+        // With SA_RESTART the waits go on through the signals and return
+        // what comes after.
+        catch_usr2(true);
+        let (e, l) = (ev.clone(), lv.clone());
+        let (ended, r) = signalled(move || e.pop(), || ev.push(7), Duration::from_millis(200));
+        assert!(!ended && r.unwrap() == 7);
+        let (ended, r) = signalled(move || l.pop(), || lv.push(8), Duration::from_millis(200));
+        assert!(!ended && r.unwrap() == 8);
+        // SAFETY: puts back the action saved above.
+        unsafe { libc::sigaction(libc::SIGUSR2, &raw const old, std::ptr::null_mut()) };
     }
 }

@@ -396,7 +396,8 @@ impl Context {
     /// use [`Context::poll_async_event`] there.
     ///
     /// # Errors
-    /// `WouldBlock` if made non-blocking and no event waits.
+    /// `WouldBlock` if made non-blocking and no event waits; `Interrupted`
+    /// when a signal whose handler lacks `SA_RESTART` ends the wait.
     pub fn get_async_event(&self) -> std::io::Result<crate::AsyncEvent> {
         self.inner.async_events.pop()
     }

@@ -472,7 +472,8 @@ impl CmChannel {
     /// non-blocking (then `WouldBlock`).
     ///
     /// # Errors
-    /// `WouldBlock`, or the descriptor's error.
+    /// `WouldBlock`, `Interrupted` (a caught signal whose handler lacks
+    /// `SA_RESTART`), or the descriptor's error.
     pub fn get(&self) -> std::io::Result<CmChannelEvent> {
         self.queue.pop()
     }
