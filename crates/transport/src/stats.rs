@@ -182,6 +182,32 @@ counters! {
     xdp_rx_ring_full,
     /// The kernel's `rx_fill_ring_empty_descs` (no buffer to receive into).
     xdp_fill_empty,
+    /// Frames the DPDK backend received as RoCE datagrams.
+    dpdk_rcvd_frames,
+    /// Frames the DPDK backend queued for its port (ARP included).
+    dpdk_sent_frames,
+    /// Frames that claimed to be RoCE (UDP to the device's port) or ARP
+    /// but were no whole datagram or packet: dropped.
+    dpdk_rx_malformed,
+    /// Frames with an IPv4 header or UDP checksum that does not verify:
+    /// dropped.
+    dpdk_rx_bad_checksum,
+    /// Other traffic on the port (IPv6, TCP, other UDP, other addresses):
+    /// ignored.
+    dpdk_rx_other,
+    /// Frames the port would not take or no mbuf was free for (dropped;
+    /// RC resends).
+    dpdk_tx_dropped,
+    /// ARP replies sent for the device's addresses.
+    dpdk_arp_replies,
+    /// ARP requests sent (peers' MACs, and the announcement at start).
+    dpdk_arp_requests,
+    /// Frames dropped because too many waited for unresolved MACs.
+    dpdk_no_neighbour,
+    /// Frames the port missed (no descriptor or mbuf to receive into).
+    dpdk_rx_missed,
+    /// The port's own receive and transmit errors.
+    dpdk_port_errors,
 }
 
 impl Stats {

@@ -93,6 +93,18 @@ impl Device {
             None if crate::backend::xdp::selected() => {
                 Ok(Box::new(crate::backend::xdp::XdpBackend::open(self.socket_addr())?))
             }
+            #[cfg(feature = "dpdk")]
+            None if crate::backend::dpdk::selected() => {
+                Ok(Box::new(crate::backend::dpdk::DpdkBackend::open(self.socket_addr())?))
+            }
+            #[cfg(not(feature = "dpdk"))]
+            None if std::env::var("UROCE_BACKEND").as_deref() == Ok("dpdk") => {
+                Err(std::io::Error::new(
+                    std::io::ErrorKind::Unsupported,
+                    "UROCE_BACKEND=dpdk: this build has no DPDK backend (build with \
+                     `--features uroce/dpdk`, which needs libdpdk-dev)",
+                ))
+            }
             None => Ok(Box::new(crate::backend::udp::UdpBackend::bind(self.socket_addr())?)),
         }
     }
@@ -150,7 +162,14 @@ impl Device {
     }
 
     pub(crate) fn gid_table_now(&self) -> crate::gid::GidTable {
-        crate::gid::GidTable::for_device(self.cfg.addr, !self.is_simulated())
+        crate::gid::GidTable::for_device(self.cfg.addr, self.on_host())
+    }
+
+    /// Whether the host's interfaces describe the device (its addresses,
+    /// link and MTU): not on a simulated network, nor on a DPDK port,
+    /// which the kernel does not see.
+    fn on_host(&self) -> bool {
+        !self.is_simulated() && !dpdk_selected()
     }
 
     /// Device attributes.
@@ -207,9 +226,16 @@ impl Device {
         if self.net.is_none() && crate::backend::xdp::selected() {
             link_mtu = link_mtu.min(crate::backend::xdp::max_ip_packet());
         }
+        if self.net.is_none() && dpdk_selected() {
+            link_mtu = dpdk_port_mtu();
+        }
         let over = if self.cfg.addr.is_ipv4() { 20 } else { 40 } + 8 + 12 + 28 + 4;
         PortAttr {
-            active: crate::netif::link_up(self.cfg.addr),
+            active: if self.net.is_none() && dpdk_selected() {
+                dpdk_link_up()
+            } else {
+                crate::netif::link_up(self.cfg.addr)
+            },
             max_mtu: Mtu::Mtu4096,
             active_mtu: Mtu::for_link_mtu(link_mtu, over).unwrap_or(Mtu::Mtu256),
             gid_tbl_len: self.gid_table_now().len() as u32,
@@ -222,6 +248,30 @@ impl Device {
             ),
         }
     }
+}
+
+/// Whether devices use the DPDK backend (and this build has it).
+fn dpdk_selected() -> bool {
+    #[cfg(feature = "dpdk")]
+    return crate::backend::dpdk::selected();
+    #[cfg(not(feature = "dpdk"))]
+    false
+}
+
+/// Whether the DPDK port's link is up.
+fn dpdk_link_up() -> bool {
+    #[cfg(feature = "dpdk")]
+    return crate::backend::dpdk::link_up();
+    #[cfg(not(feature = "dpdk"))]
+    false
+}
+
+/// The DPDK port's IP MTU (1500 until a port started).
+fn dpdk_port_mtu() -> usize {
+    #[cfg(feature = "dpdk")]
+    return crate::backend::dpdk::port_mtu().unwrap_or(1500);
+    #[cfg(not(feature = "dpdk"))]
+    1500
 }
 
 /// The IP MTU of the interface holding `addr` (65536 for loopback when it

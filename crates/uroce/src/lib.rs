@@ -110,9 +110,11 @@
 //! # Status
 //!
 //! RC, UC and UD queue pairs, SRQs, completion channels, async events and
-//! memory windows work over the `udp` backend (UDP GSO/GRO batching) and the
-//! in-process `sim` backend (feature `sim`, for tests); AF_XDP and DPDK
-//! backends come later (see the README).
+//! memory windows work over the `udp` backend (UDP GSO/GRO batching, and
+//! shared memory between the contexts of one host), the AF_XDP backend
+//! (`UROCE_BACKEND=xdp`), the DPDK backend (feature `dpdk`,
+//! `UROCE_BACKEND=dpdk`) and the in-process `sim` backend (feature `sim`,
+//! for tests); see the README's status table.
 
 #![deny(unsafe_code)]
 #![deny(missing_docs)]

@@ -57,6 +57,7 @@
 #![deny(missing_docs)]
 
 mod aeth;
+pub mod arp;
 mod atomic;
 mod bth;
 pub mod checksum;

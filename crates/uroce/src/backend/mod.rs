@@ -4,12 +4,16 @@
 
 mod share;
 mod shm;
+// Ethernet framing for the backends that own their frames (AF_XDP, DPDK).
+mod frame;
 
 pub(crate) use share::has_connection_lists;
 
 /// Bits of QPN each context owns on a shared address
 /// ([`Backend::qpn_range`]).
 pub(crate) const QPN_RANGE_BITS: u32 = share::QPN_SHIFT;
+#[cfg(feature = "dpdk")]
+pub(crate) mod dpdk;
 #[cfg(feature = "sim")]
 pub(crate) mod sim;
 pub(crate) mod udp;

@@ -21,7 +21,7 @@
 //! prints the sockets' counters when the backend closes.
 
 mod bpf;
-mod frame;
+
 mod neigh;
 mod netlink;
 mod xsk;
@@ -32,7 +32,7 @@ use std::os::fd::{AsRawFd, OwnedFd};
 use std::time::Instant;
 
 use super::udp::UdpBackend;
-use super::{Backend, Received, SendBatch};
+use super::{Backend, Received, SendBatch, frame};
 
 /// Whether devices use this backend (`UROCE_BACKEND=xdp`).
 pub(crate) fn selected() -> bool {

@@ -1,6 +1,6 @@
 //! Ethernet frames around RoCEv2 datagrams, built and parsed with the wire
 //! crate's headers: what the kernel's UDP stack does for the `udp`
-//! backend, done here for the AF_XDP socket.
+//! backend, done here for the backends that own their frames (AF_XDP, DPDK).
 //!
 //! On transmit: IPv4 with DF, TTL 64 and the identification the driver
 //! computed the ICRC over, UDP checksum 0 (RoCEv2's ICRC is the integrity
