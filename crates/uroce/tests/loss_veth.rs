@@ -426,7 +426,12 @@ fn spawn_v(ns: &str, role: &str, backend: Option<&str>, v6: bool, path_mtu: u32)
     if let Some(b) = backend {
         c.env("UROCE_BACKEND", b);
         if b == "dpdk" {
-            c.env("UROCE_DPDK_EAL", dpdk_eal(ns));
+            c.env("UROCE_DPDK_EAL", dpdk_eal(ns, path_mtu));
+            if path_mtu == 4096 {
+                c.env("UROCE_DPDK_MTU", "9000");
+            } else {
+                c.env_remove("UROCE_DPDK_MTU");
+            }
         }
     } else {
         c.env_remove("UROCE_BACKEND");
@@ -1083,20 +1088,24 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
 
 /// The EAL arguments of a DPDK role in namespace `ns`: no hugepages, an
 /// af_packet port on the namespace's veth end (`Net::ifaces`: namespace
-/// `uroce-<tag><a|b><id>` holds `u<tag><a|b><id>`).
-fn dpdk_eal(ns: &str) -> String {
+/// `uroce-<tag><a|b><id>` holds `u<tag><a|b><id>`), its ring's frames
+/// as large as the port's mbufs (the PMD refuses larger ones): 2 KiB, or
+/// 8 KiB on the jumbo link of path MTU 4096.
+fn dpdk_eal(ns: &str, path_mtu: u32) -> String {
     let iface = format!("u{}", ns.trim_start_matches("uroce-"));
+    let frame = if path_mtu == 4096 { 8192 } else { 2048 };
     format!(
         "--no-huge -m 256 --no-pci --file-prefix={ns} --log-level=4 \
-         --vdev=net_af_packet0,iface={iface},qpairs=1,framesz=2048,framecnt=1024"
+         --vdev=net_af_packet0,iface={iface},qpairs=1,blocksz=8192,framesz={frame},framecnt=512"
     )
 }
 
 /// The DPDK backend (feature `dpdk`) against the `udp` backend over the
 /// veth pair, each way: the DPDK side's kernel has no IPv4 address, so
 /// the backend answers ARP for its address itself and resolves its peer
-/// by ARP; the suite (every size, atomics, streams) runs clean and with
-/// 1 % loss and duplicates on the kernel side's path; the UD echo too.
+/// by ARP; the suite (every size, atomics, streams) runs clean, with 1 %
+/// loss and duplicates on the kernel side's path, and at RoCE MTU 4096;
+/// the UD echo too.
 #[cfg(feature = "dpdk")]
 #[test]
 fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
@@ -1144,6 +1153,11 @@ fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
     assert!(drops > 0 && dups > 0, "faults were injected ({drops} drops, {dups} duplicates)");
     eprintln!("DPDK client, 1 % loss: {t:?}");
     net.faults(0, 0);
+    // RoCE MTU 4096 on a jumbo link: the port's mbufs take whole frames.
+    net.set_mtu(9000, 4096);
+    let t = run_pair_on(&net, None, Some("dpdk"));
+    eprintln!("DPDK client, MTU 4096: {t:?}");
+    net.set_mtu(1500, 0);
     run_ud(&net, None, Some("dpdk"), false);
     for ns in [&net.a, &net.b] {
         let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{ns}"));

@@ -102,9 +102,10 @@ pub(super) struct Port {
 unsafe impl Send for Port {}
 
 impl Port {
-    /// Starts port `id` with a pool of `mbufs` buffers: its MAC and MTU.
-    /// A port one backend of this process uses is refused (`EBUSY`).
-    pub(super) fn start(id: u16, mbufs: u32) -> io::Result<(Self, [u8; 6], u16)> {
+    /// Starts port `id` at MTU `mtu` (0: the port's own) with a pool of
+    /// `mbufs` buffers: its MAC and MTU. A port one backend of this
+    /// process uses is refused (`EBUSY`).
+    pub(super) fn start(id: u16, mtu: u16, mbufs: u32) -> io::Result<(Self, [u8; 6], u16)> {
         let mut eal = EAL.lock().unwrap_or_else(|e| e.into_inner());
         let Some(Ok(used)) = eal.as_mut() else {
             return Err(io::Error::other("the EAL is not started"));
@@ -112,7 +113,7 @@ impl Port {
         if used.contains(&id) {
             return Err(io::Error::from_raw_os_error(libc::EBUSY));
         }
-        let (mut mac, mut mtu, mut err) = ([0u8; 6], 0u16, 0 as c_int);
+        let (mut mac, mut mtu, mut err) = ([0u8; 6], mtu, 0 as c_int);
         // SAFETY: the out-pointers are live for the call; mac has 6 bytes.
         let raw = unsafe { uroce_dpdk_port_start(id, mbufs, mac.as_mut_ptr(), &mut mtu, &mut err) };
         if raw.is_null() {

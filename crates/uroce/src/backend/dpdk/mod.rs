@@ -6,12 +6,15 @@
 //! e.g. `--no-huge -m 128 --no-pci --file-prefix=uroce
 //! --vdev=net_af_packet0,iface=eth1`; `UROCE_DPDK_PORT` picks one by
 //! number or name, default 0): a kernel interface through `net_af_packet`
-//! or `net_af_xdp`, or a NIC bound to a user-space driver. No kernel
+//! or `net_af_xdp`, or a NIC bound to a user-space driver;
+//! `UROCE_DPDK_MTU` sets its MTU where the driver does not report the
+//! link's (af_packet says 1500 whatever its interface has). No kernel
 //! stack stands behind it, so the backend answers ARP for the device's
 //! address itself and resolves its peers' MACs with ARP requests (frames
 //! to a peer not yet resolved wait, up to [`PENDING_MAX`], for the reply).
-//! One receive and one transmit queue; frames longer than an mbuf's room
-//! (RoCE MTU 4096) go as chained mbufs where the port takes them.
+//! One receive and one transmit queue; an mbuf holds a whole frame at the
+//! port's MTU (up to 9 KiB: RoCE MTU 4096 on a jumbo link), and frames
+//! that come in several (a port that scatters) are joined.
 //!
 //! What it does not do (yet): IPv6 (neighbour discovery), multicast
 //! groups, ICMP errors, the local shared-memory path, several contexts on
@@ -136,8 +139,19 @@ impl DpdkBackend {
                 ),
             )
         })?;
-        let (port, mac, mtu) =
-            ffi::Port::start(id, MBUFS).map_err(|e| refused(&format!("starting port {id}"), e))?;
+        // The port's MTU is what its driver says unless set (af_packet
+        // says 1500 whatever its interface has).
+        let mtu: u16 = match std::env::var("UROCE_DPDK_MTU") {
+            Ok(m) => m.parse().ok().filter(|&m| (576..=9000).contains(&m)).ok_or_else(|| {
+                io::Error::new(
+                    io::ErrorKind::InvalidInput,
+                    format!("DPDK backend: UROCE_DPDK_MTU={m}: an IP MTU from 576 to 9000"),
+                )
+            })?,
+            Err(_) => 0,
+        };
+        let (port, mac, mtu) = ffi::Port::start(id, mtu, MBUFS)
+            .map_err(|e| refused(&format!("starting port {id}"), e))?;
         PORT_MTU.store(u32::from(mtu), Ordering::Relaxed);
         let port_num = if addr.port() == 0 { uroce_wire::udp::ROCE_V2_PORT } else { addr.port() };
         let mut b = Self {

@@ -53,10 +53,12 @@ int uroce_dpdk_port_by_name(const char *name)
 }
 
 /*
- * Configures and starts port `id` with one queue each way and a pool of
- * `mbufs` buffers (kept for a later start of the same port: a pool cannot
- * be taken back while a stopped port's queues may still refer to it).
- * Writes its MAC and MTU. NULL on failure, with `*err` a negative errno.
+ * Configures and starts port `id` with one queue each way, at the MTU it
+ * has, and a pool of `mbufs` buffers (kept for a later start of the same
+ * port: a pool cannot be taken back while a stopped port's queues may
+ * still refer to it). `*mtu`: the MTU to set, or 0 for the port's own;
+ * the MTU used is written back, and the MAC. NULL on failure, with `*err`
+ * a negative errno.
  */
 struct uroce_dpdk_port *uroce_dpdk_port_start(uint16_t id, uint32_t mbufs, uint8_t mac[6],
 					      uint16_t *mtu, int *err)
@@ -78,16 +80,36 @@ struct uroce_dpdk_port *uroce_dpdk_port_start(uint16_t id, uint32_t mbufs, uint8
 		*err = r;
 		return NULL;
 	}
-	snprintf(name, sizeof name, "uroce-port%u", id);
+	/* The MTU asked for, else the port's as it is (configure would set
+	 * 1500 otherwise, and an af_packet port passes that on to its kernel
+	 * interface). */
+	if (*mtu == 0 && rte_eth_dev_get_mtu(id, mtu) != 0)
+		*mtu = RTE_ETHER_MTU;
+	/* An mbuf takes a whole frame where the MTU allows (af_packet drops
+	 * what does not fit one); past 9 KiB frames are chained. */
+	uint32_t room = (uint32_t)*mtu + RTE_ETHER_HDR_LEN + 8 + RTE_PKTMBUF_HEADROOM;
+	if (room < RTE_MBUF_DEFAULT_BUF_SIZE)
+		room = RTE_MBUF_DEFAULT_BUF_SIZE;
+	if (room > 9216 + RTE_PKTMBUF_HEADROOM)
+		room = 9216 + RTE_PKTMBUF_HEADROOM;
+	snprintf(name, sizeof name, "uroce-port%u-%u", id, room);
 	struct rte_mempool *pool = rte_mempool_lookup(name);
 	if (!pool)
-		pool = rte_pktmbuf_pool_create(name, mbufs, 256, 0, RTE_MBUF_DEFAULT_BUF_SIZE,
+		pool = rte_pktmbuf_pool_create(name, mbufs, 256, 0, (uint16_t)room,
 					       rte_eth_dev_socket_id(id));
 	if (!pool) {
 		*err = -rte_errno;
 		return NULL;
 	}
 	memset(&conf, 0, sizeof conf);
+	/* A driver that cannot be configured for the MTU asked for (af_packet
+	 * allows 1500, yet receives whatever its ring's frames hold) is
+	 * configured for its largest; the mbufs are sized for the frames. */
+	uint32_t most = info.max_mtu;
+	uint32_t overhead = RTE_ETHER_HDR_LEN + RTE_ETHER_CRC_LEN;
+	if (info.max_rx_pktlen > overhead && info.max_rx_pktlen - overhead < most)
+		most = info.max_rx_pktlen - overhead;
+	conf.rxmode.mtu = *mtu <= most ? *mtu : (uint16_t)most;
 	if (info.rx_offload_capa & RTE_ETH_RX_OFFLOAD_SCATTER)
 		conf.rxmode.offloads |= RTE_ETH_RX_OFFLOAD_SCATTER;
 	if (info.tx_offload_capa & RTE_ETH_TX_OFFLOAD_MULTI_SEGS)
@@ -110,8 +132,6 @@ struct uroce_dpdk_port *uroce_dpdk_port_start(uint16_t id, uint32_t mbufs, uint8
 	p->pool = pool;
 	if (rte_eth_macaddr_get(id, &addr) == 0)
 		memcpy(mac, addr.addr_bytes, 6);
-	if (rte_eth_dev_get_mtu(id, mtu) != 0)
-		*mtu = RTE_ETHER_MTU;
 	return p;
 }
 
