@@ -202,6 +202,8 @@ counters! {
     dpdk_arp_replies,
     /// ARP requests sent (peers' MACs, and the announcement at start).
     dpdk_arp_requests,
+    /// ICMP echo requests to the device's addresses answered.
+    dpdk_echo_replies,
     /// Frames dropped because too many waited for unresolved MACs.
     dpdk_no_neighbour,
     /// Frames the port missed (no descriptor or mbuf to receive into).

@@ -1102,8 +1102,8 @@ fn dpdk_eal(ns: &str, path_mtu: u32) -> String {
 
 /// The DPDK backend (feature `dpdk`) against the `udp` backend over the
 /// veth pair, each way: the DPDK side's kernel has no IPv4 address, so
-/// the backend answers ARP for its address itself and resolves its peer
-/// by ARP; the suite (every size, atomics, streams) runs clean, with 1 %
+/// the backend answers ARP (and ping) for its address itself and resolves
+/// its peer by ARP; the suite (every size, atomics, streams) runs clean, with 1 %
 /// loss and duplicates on the kernel side's path, and at RoCE MTU 4096;
 /// the UD echo too.
 #[cfg(feature = "dpdk")]
@@ -1134,7 +1134,14 @@ fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
     };
     // The server on DPDK in b: its kernel gives the address up.
     kernel_off(&net.b, &vb, "10.231.0.2/24", false);
+    // The backend answers ping for its address (once its port is up).
+    let mut ping = Command::new("ip")
+        .args(["netns", "exec", &net.a, "ping", "-q", "-c", "60", "-i", "0.05", "10.231.0.2"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
     let (t, done) = run_pair_with_end(&net, Some("dpdk"), None, None);
+    assert!(ping.wait().unwrap().success(), "ping answered by the DPDK backend");
     // "SERVER OK <checked> xdp <4 counts> dpdk <rcvd> <sent> <arp replies> <arp requests> dropped <n>"
     let dpdk: Vec<u64> = done.split(' ').skip(9).take(4).map(|n| n.parse().unwrap()).collect();
     assert!(dpdk[0] > 1000 && dpdk[1] > 1000, "frames through the DPDK port: {done}");

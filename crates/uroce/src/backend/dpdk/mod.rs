@@ -16,10 +16,11 @@
 //! port's MTU (up to 9 KiB: RoCE MTU 4096 on a jumbo link), and frames
 //! that come in several (a port that scatters) are joined.
 //!
-//! What it does not do (yet): IPv6 (neighbour discovery), multicast
-//! groups, ICMP errors, the local shared-memory path, several contexts on
-//! one port (one process, one context per port: DPDK starts once per
-//! process and a port has one owner).
+//! It answers ping (ICMP echo) for its addresses too. What it does not do
+//! (yet): IPv6 (neighbour discovery), multicast groups, ICMP errors, the
+//! local shared-memory path, several contexts on one port (one process,
+//! one context per port: DPDK starts once per process and a port has one
+//! owner).
 
 #![deny(unsafe_code)]
 
@@ -32,7 +33,12 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use uroce_wire::arp::{ARP_LEN, ArpOp, ArpRepr, ETHERTYPE_ARP};
+use uroce_wire::checksum;
 use uroce_wire::eth::{ETH_HEADER_LEN, ETHERTYPE_IPV4, EthernetRepr};
+use uroce_wire::ipv4::{IPV4_HEADER_LEN, Ipv4Packet, Ipv4Repr};
+
+/// IP protocol number of ICMP.
+const IPPROTO_ICMP: u8 = 1;
 
 use super::{Backend, Received, SendBatch, frame};
 
@@ -109,6 +115,7 @@ struct Counters {
     tx_dropped: u64,
     arp_replies: u64,
     arp_requests: u64,
+    echo_replies: u64,
     no_neighbour: u64,
 }
 
@@ -248,6 +255,48 @@ impl DpdkBackend {
         }
     }
 
+    /// An echo request came (`echo_request`): answers it if it is to one
+    /// of our addresses, so that `ping` works as over the kernel.
+    fn on_echo(&mut self, f: &[u8]) {
+        let Ok(ip) = Ipv4Packet::new_checked(&f[ETH_HEADER_LEN..]) else { return };
+        if !self.ips.contains(&ip.dst()) {
+            self.counters.other += 1;
+            return;
+        }
+        let icmp = ip.payload();
+        let n = ETH_HEADER_LEN + IPV4_HEADER_LEN + icmp.len();
+        let mut out = std::mem::take(&mut self.out);
+        let mut dst = [0u8; 6];
+        dst.copy_from_slice(&f[6..12]);
+        let eth = EthernetRepr { dst, src: self.mac, vlan_tci: None, ethertype: ETHERTYPE_IPV4 };
+        let reply = Ipv4Repr {
+            src: ip.dst(),
+            dst: ip.src(),
+            tos: ip.tos(),
+            ident: 0,
+            dont_frag: false,
+            ttl: 64,
+            protocol: IPPROTO_ICMP,
+            payload_len: icmp.len(),
+        };
+        if out.len() >= n
+            && eth.emit(&mut out).is_ok()
+            && reply.emit(&mut out[ETH_HEADER_LEN..]).is_ok()
+        {
+            let m = &mut out[ETH_HEADER_LEN + IPV4_HEADER_LEN..n];
+            m.copy_from_slice(icmp);
+            // Type 0 (echo reply), checksum over the message anew.
+            m[0] = 0;
+            m[2..4].fill(0);
+            let c = checksum::checksum(m);
+            m[2..4].copy_from_slice(&c.to_be_bytes());
+            self.counters.echo_replies += 1;
+            self.transmit(&out[..n]);
+            self.flush();
+        }
+        self.out = out;
+    }
+
     /// An ARP packet came: answer a request for one of our addresses,
     /// learn the sender either way.
     fn on_arp(&mut self, payload: &[u8]) {
@@ -262,6 +311,23 @@ impl DpdkBackend {
             self.learn(a.sender_ip, a.sender_mac);
         }
     }
+}
+
+/// Whether `f` is an ICMP echo request in an untagged IPv4 packet whose
+/// header and message checksums verify (not a fragment).
+fn echo_request(f: &[u8]) -> bool {
+    if f.get(12..14) != Some(&ETHERTYPE_IPV4.to_be_bytes()[..]) {
+        return false;
+    }
+    let Ok(ip) = Ipv4Packet::new_checked(&f[ETH_HEADER_LEN..]) else { return false };
+    let icmp = ip.payload();
+    ip.protocol() == IPPROTO_ICMP
+        && ip.checksum_ok()
+        && !ip.more_frags()
+        && ip.frag_offset() == 0
+        && icmp.len() >= 8
+        && icmp[0] == 8
+        && checksum::checksum(icmp) == 0
 }
 
 /// Whether `f` is an IPv4 UDP datagram to `port` (untagged), so that
@@ -352,6 +418,10 @@ impl Backend for DpdkBackend {
                     return Step::Arp(a, n);
                 }
                 if !roce_frame(f, udp_port) {
+                    if echo_request(f) && f.len() <= buf.len() {
+                        buf[..f.len()].copy_from_slice(f);
+                        return Step::Echo(f.len());
+                    }
                     return Step::Other;
                 }
                 match frame::parse(f, udp_port) {
@@ -385,6 +455,7 @@ impl Backend for DpdkBackend {
             };
             match step {
                 Step::Arp(a, n) => self.on_arp(&a[..n]),
+                Step::Echo(n) => self.on_echo(&buf[..n]),
                 Step::Other => self.counters.other += 1,
                 Step::Malformed => self.counters.malformed += 1,
                 Step::BadChecksum => self.counters.bad_checksum += 1,
@@ -428,6 +499,7 @@ impl Backend for DpdkBackend {
         stats.dpdk_tx_dropped += c.tx_dropped;
         stats.dpdk_arp_replies += c.arp_replies;
         stats.dpdk_arp_requests += c.arp_requests;
+        stats.dpdk_echo_replies += c.echo_replies;
         stats.dpdk_no_neighbour += c.no_neighbour;
         if let Some(p) = self.port.as_ref() {
             let st = p.stats();
@@ -478,6 +550,8 @@ impl Backend for DpdkBackend {
 /// What one received frame turned out to be.
 enum Step {
     Arp([u8; ARP_LEN], usize),
+    /// An ICMP echo request, copied into the receive buffer (its length).
+    Echo(usize),
     Roce(Received, [u8; 6]),
     Other,
     Malformed,
