@@ -19,10 +19,21 @@ pub(crate) struct Env {
 /// Builds (once) and locates the cdylib and the CLI of this test profile
 /// (`target/debug/uroce-lib`, `target/debug/uroce`).
 pub(crate) fn env() -> &'static Env {
+    env_with(&[])
+}
+
+/// [`env`], the library built with `features` of `uroce-ibverbs` (the
+/// first call's features hold for the whole test binary).
+pub(crate) fn env_with(features: &[&str]) -> &'static Env {
     static ENV: OnceLock<Env> = OnceLock::new();
     ENV.get_or_init(|| {
+        let mut args = vec!["build", "--profile", "test", "-p", "uroce-ibverbs", "-p", "uroce-cli"];
+        let list = features.join(",");
+        if !features.is_empty() {
+            args.extend(["--features", &list]);
+        }
         let status = Command::new(env!("CARGO"))
-            .args(["build", "--profile", "test", "-p", "uroce-ibverbs", "-p", "uroce-cli"])
+            .args(&args)
             .current_dir(env!("CARGO_MANIFEST_DIR"))
             .status()
             .expect("running cargo");

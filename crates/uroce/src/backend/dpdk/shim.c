@@ -10,7 +10,10 @@
  * copied into mbufs from the port's pool, a chain of them when a frame
  * is longer than one mbuf's room (RoCE MTU 4096), and sent in bursts.
  */
+#define _GNU_SOURCE
 #include <errno.h>
+#include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -34,9 +37,16 @@ struct uroce_dpdk_port {
 	struct rte_mbuf *tx[TX_BATCH];
 };
 
+/* Starts the EAL. It pins the calling thread to its main lcore's CPU;
+ * the thread is the application's (and the progress thread it starts
+ * would inherit the pin), so its own CPU set is given back after. */
 int uroce_dpdk_eal_init(int argc, char **argv)
 {
+	cpu_set_t cpus;
+	int had = pthread_getaffinity_np(pthread_self(), sizeof cpus, &cpus) == 0;
 	int r = rte_eal_init(argc, argv);
+	if (had)
+		pthread_setaffinity_np(pthread_self(), sizeof cpus, &cpus);
 	return r < 0 ? -rte_errno : 0;
 }
 

@@ -1,0 +1,167 @@
+//! Debian's unmodified perftest on the drop-in libibverbs over the DPDK
+//! backend (feature `dpdk`): two network namespaces joined by a veth
+//! pair; one side's device is a DPDK af_packet port on its veth end (its
+//! kernel holds only the address perftest's TCP exchange uses), the other
+//! side's the `udp` backend. Each tool runs with the DPDK side as client,
+//! and `ib_write_bw` also as server. Needs root; skipped without it,
+//! except under CI.
+
+#![cfg(feature = "dpdk")]
+
+mod common;
+
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::finish;
+
+fn sh(args: &[&str]) -> bool {
+    Command::new(args[0]).args(&args[1..]).status().is_ok_and(|s| s.success())
+}
+
+/// Two namespaces and the veth pair between them, removed on drop.
+struct Net {
+    a: String,
+    b: String,
+}
+
+impl Net {
+    fn new() -> Self {
+        let id = std::process::id() % 100_000;
+        let net = Self { a: format!("uroce-pa{id}"), b: format!("uroce-pb{id}") };
+        let (va, vb) = (format!("upa{id}"), format!("upb{id}"));
+        let ns = |n: &str, args: &[&str]| {
+            let mut v = vec!["ip", "-n", n];
+            v.extend_from_slice(args);
+            assert!(sh(&v), "{v:?}");
+        };
+        assert!(sh(&["ip", "netns", "add", &net.a]) && sh(&["ip", "netns", "add", &net.b]));
+        assert!(sh(&["ip", "link", "add", &va, "type", "veth", "peer", "name", &vb]));
+        assert!(sh(&["ip", "link", "set", &va, "netns", &net.a]));
+        assert!(sh(&["ip", "link", "set", &vb, "netns", &net.b]));
+        // RoCE on 10.233.0.0/24 (the DPDK side's 10.233.0.1 is no kernel's),
+        // perftest's TCP exchange on 10.233.1.0/24.
+        ns(&net.a, &["addr", "add", "10.233.1.1/24", "dev", &va]);
+        ns(&net.b, &["addr", "add", "10.233.1.2/24", "dev", &vb]);
+        ns(&net.b, &["addr", "add", "10.233.0.2/24", "dev", &vb]);
+        for (n, v) in [(&net.a, &va), (&net.b, &vb)] {
+            ns(n, &["link", "set", v, "up"]);
+            ns(n, &["link", "set", "lo", "up"]);
+            // A kernel UDP GSO run crosses veth whole and a packet socket
+            // sees it so; a NIC would put separate frames on the wire.
+            assert!(sh(&[
+                "ip",
+                "netns",
+                "exec",
+                n,
+                "ethtool",
+                "-K",
+                v,
+                "tx-udp-segmentation",
+                "off"
+            ]));
+        }
+        net
+    }
+}
+
+impl Drop for Net {
+    fn drop(&mut self) {
+        sh(&["ip", "netns", "del", &self.a]);
+        sh(&["ip", "netns", "del", &self.b]);
+        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}", self.a));
+        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}", self.b));
+    }
+}
+
+/// `tool` with `args` in namespace `ns`, its device on DPDK (at `dev`,
+/// through the namespace's veth end) or on the `udp` backend.
+fn perftest(ns: &str, dpdk: bool, dev: &str, tool: &str, args: &[&str]) -> Command {
+    let e = common::env_with(&["dpdk"]);
+    let mut c = Command::new("ip");
+    c.args(["netns", "exec", ns, tool])
+        .args(args)
+        .env("LD_LIBRARY_PATH", &e.lib_dir)
+        .env("UROCE_DEVICES", format!("uroce0={dev}:4791"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    if dpdk {
+        let iface = format!("u{}", ns.trim_start_matches("uroce-"));
+        c.env("UROCE_BACKEND", "dpdk").env(
+            "UROCE_DPDK_EAL",
+            format!(
+                "--no-huge -m 256 --no-pci --file-prefix={ns} --log-level=4 \
+                 --vdev=net_af_packet0,iface={iface},qpairs=1"
+            ),
+        );
+    } else {
+        c.env_remove("UROCE_BACKEND");
+    }
+    c
+}
+
+/// Runs `tool` as server in one namespace and client in the other, the
+/// DPDK side as `dpdk_client` says; both must succeed and the client
+/// print a result row.
+fn pair(net: &Net, tool: &str, args: &[&str], dpdk_client: bool) -> String {
+    let (srv_ns, cli_ns) = if dpdk_client { (&net.b, &net.a) } else { (&net.a, &net.b) };
+    let (srv_dev, cli_dev) =
+        if dpdk_client { ("10.233.0.2", "10.233.0.1") } else { ("10.233.0.1", "10.233.0.2") };
+    let srv_tcp = if dpdk_client { "10.233.1.2" } else { "10.233.1.1" };
+    let deadline = Instant::now() + Duration::from_secs(90);
+    let srv = perftest(srv_ns, !dpdk_client, srv_dev, tool, args).spawn().unwrap();
+    // The server listens on TCP once its device is open.
+    std::thread::sleep(Duration::from_millis(1500));
+    let mut cargs = args.to_vec();
+    cargs.push(srv_tcp);
+    let cli = perftest(cli_ns, dpdk_client, cli_dev, tool, &cargs).spawn().unwrap();
+    let (co, ct) = finish(cli, deadline);
+    let (so, st) = finish(srv, deadline + Duration::from_secs(5));
+    let text = |o: &std::process::Output| {
+        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    };
+    let (s, c) = (text(&so), text(&co));
+    let what = format!(
+        "{tool} {args:?} (DPDK {}):\n--- server ---\n{s}\n--- client ---\n{c}",
+        if dpdk_client { "client" } else { "server" }
+    );
+    assert!(!ct && !st, "timed out: {what}");
+    assert!(so.status.success() && co.status.success(), "failed: {what}");
+    // The row after the header: numbers, the first the message size.
+    c.lines()
+        .skip_while(|l| !l.contains("#bytes"))
+        .nth(1)
+        .filter(|l| l.split_whitespace().next().is_some_and(|w| w.parse::<u64>().is_ok()))
+        .unwrap_or_else(|| panic!("no result row: {what}"))
+        .to_string()
+}
+
+#[test]
+fn perftest_over_the_dpdk_backend() {
+    use std::os::unix::fs::MetadataExt;
+    let root = std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0);
+    if !root || !common::have("ib_write_bw") || !common::have("ethtool") {
+        assert!(
+            std::env::var_os("CI").is_none(),
+            "the DPDK test needs root, perftest and ethtool under CI"
+        );
+        eprintln!("not root, or no perftest or ethtool: skipped");
+        return;
+    }
+    // Built before any deadline starts.
+    common::env_with(&["dpdk"]);
+    let net = Net::new();
+    for (tool, args) in [
+        ("ib_write_bw", &["-n", "2000"][..]),
+        ("ib_read_lat", &["-n", "1000"][..]),
+        ("ib_send_lat", &["-n", "1000"][..]),
+        ("ib_atomic_bw", &["-n", "1000"][..]),
+        ("ib_send_bw", &["-n", "1000", "-c", "UD"][..]),
+    ] {
+        let row = pair(&net, tool, args, true);
+        eprintln!("{tool} (DPDK client): {row}");
+    }
+    let row = pair(&net, "ib_write_bw", &["-n", "2000", "-s", "4096"], false);
+    eprintln!("ib_write_bw -s 4096 (DPDK server): {row}");
+}
