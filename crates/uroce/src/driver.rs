@@ -45,6 +45,10 @@ enum IpId {
     Local,
 }
 
+/// The IP IDs a uroce peer's GSO run gives its segments: 0 to the
+/// longest run less one (the `udp` backend's 64 segments per send).
+const GSO_RUN_IDS: usize = 64;
+
 /// How far ahead of the newest seen ID a counting peer's next ID may be.
 const ID_AHEAD: i16 = 4096;
 /// How far behind it (reordering).
@@ -754,8 +758,8 @@ impl Driver {
             }
             return Ok(());
         }
-        if !from.is_ipv4() || (index == 0 && matches!(peer, Some(PeerIds::Zero))) {
-            // No ID to recover: IPv6, or a uroce peer's unsegmented packet.
+        if !from.is_ipv4() {
+            // No ID to recover over IPv6.
             return Err(WireError::IcrcMismatch);
         }
         // The ICRC is linear in the IP ID: one CRC and a small solve tell
@@ -771,7 +775,16 @@ impl Driver {
             return Ok(());
         }
         if matches!(peer, Some(PeerIds::Zero)) {
-            return Err(WireError::IcrcMismatch);
+            // A uroce peer's segment that came apart from its run: the
+            // run was cut into datagrams on the way (software GSO on an
+            // interface without UDP segmentation offload, or a NIC's,
+            // with no GRO before our socket), so segment i arrives alone
+            // with IP ID i.
+            return if usize::from(id) < GSO_RUN_IDS {
+                Ok(())
+            } else {
+                Err(WireError::IcrcMismatch)
+            };
         }
         let next = match peer {
             Some(PeerIds::Counter(last)) => {
