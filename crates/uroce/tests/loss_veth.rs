@@ -1176,7 +1176,9 @@ fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
     // "SERVER OK <checked> xdp <4 counts> dpdk <rcvd> <sent> <arp replies> <arp requests> dropped <n>"
     let dpdk: Vec<u64> = done.split(' ').skip(9).take(4).map(|n| n.parse().unwrap()).collect();
     assert!(dpdk[0] > 1000 && dpdk[1] > 1000, "frames through the DPDK port: {done}");
-    assert!(dpdk[2] >= 1, "the kernel peer resolved the address by our ARP reply: {done}");
+    // (The peer's kernel learns our MAC from an ARP reply, or from the
+    // announcement at start when ping had made it ask already: the count
+    // of replies is not asserted.)
     assert_eq!(t.len(), STREAMS.len(), "{t:?}");
     eprintln!("DPDK server: {t:?}; {done}");
     kernel_off(&net.b, &vb, "10.231.0.2/24", true);
