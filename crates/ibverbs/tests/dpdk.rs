@@ -111,8 +111,17 @@ fn pair(net: &Net, tool: &str, args: &[&str], dpdk_client: bool) -> String {
     let srv_tcp = if dpdk_client { "10.233.1.2" } else { "10.233.1.1" };
     let deadline = Instant::now() + Duration::from_secs(90);
     let srv = perftest(srv_ns, !dpdk_client, srv_dev, tool, args).spawn().unwrap();
-    // The server listens on TCP once its device is open.
-    std::thread::sleep(Duration::from_millis(1500));
+    // The server listens on TCP (perftest's port 18515) once its device
+    // is open: wait for that, not for a fixed time.
+    let listening = || {
+        Command::new("ip")
+            .args(["netns", "exec", srv_ns, "ss", "-ltnH", "sport", "= :18515"])
+            .output()
+            .is_ok_and(|o| !o.stdout.is_empty())
+    };
+    while !listening() && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let mut cargs = args.to_vec();
     cargs.push(srv_tcp);
     let cli = perftest(cli_ns, dpdk_client, cli_dev, tool, &cargs).spawn().unwrap();
