@@ -657,9 +657,34 @@ mod tests {
     use super::*;
     use std::os::unix::fs::FileExt;
 
-    /// A device address no other test uses (its own port).
+    /// A device address no other test uses: its port stays bound on
+    /// 127.0.0.1 and 127.0.0.2 for the rest of the test process, so no
+    /// other test (nor another process's device) is handed it meanwhile,
+    /// and two tests never share inbox or lane names.
     fn addr() -> SocketAddr {
-        SocketAddr::new("127.0.0.1".parse().unwrap(), crate::testing::free_port())
+        static HELD: std::sync::Mutex<Vec<std::net::UdpSocket>> = std::sync::Mutex::new(Vec::new());
+        loop {
+            let a = std::net::UdpSocket::bind("127.0.0.1:0").unwrap();
+            let port = a.local_addr().unwrap().port();
+            if let Ok(b) = std::net::UdpSocket::bind(("127.0.0.2", port)) {
+                HELD.lock().unwrap_or_else(|e| e.into_inner()).extend([a, b]);
+                return SocketAddr::new("127.0.0.1".parse().unwrap(), port);
+            }
+        }
+    }
+
+    /// Runs `step` with a clock advancing by `RECHECK_NS` each time until
+    /// it says done (10 s at most). A file closed here may keep its lock a
+    /// moment longer: a child forked by another test's thread (the tmpfs
+    /// test runs `mount`) holds a copy of every descriptor until it execs.
+    fn until(start_ns: u64, what: &str, mut step: impl FnMut(u64) -> bool) {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+        let mut now = start_ns;
+        while !step(now) {
+            assert!(std::time::Instant::now() < deadline, "{what}: never");
+            std::thread::sleep(std::time::Duration::from_millis(1));
+            now += RECHECK_NS;
+        }
     }
 
     /// A receiver's address, a sender's on the same port, and a QPN of
@@ -717,10 +742,15 @@ mod tests {
         // The owner goes: the route is dropped at the next check, and a
         // new owner of the slot is found.
         drop(rx);
-        tx.tick(3 * RECHECK_NS, &mut |_, _| {});
+        let mut now = 0;
+        until(3 * RECHECK_NS, "the gone owner's route dropped", |t| {
+            now = t;
+            tx.tick(t, &mut |_, _| {});
+            !tx.routes.contains_key(&(at, 3))
+        });
         assert_eq!(tx.send(from, at, &packet(qpn, 6, 64), 64), Sent::NotLocal);
         let mut rx = LocalPath::new(at, 3).unwrap();
-        tx.tick(4 * RECHECK_NS, &mut |_, _| {});
+        tx.tick(now + RECHECK_NS, &mut |_, _| {});
         assert_eq!(tx.send(from, at, &packet(qpn, 7, 64), 64), Sent::Written(None));
         assert_eq!(rx.recv(&mut buf).map(|(n, _)| (n, buf[10])), Some((64, 7)));
         assert_eq!(tx.counters().sent, 7);
@@ -795,7 +825,10 @@ mod tests {
         rx.tick(RECHECK_NS, &mut |_, _| {});
         assert_eq!(rx.counters().released, 0, "its sender is alive");
         drop(tx);
-        rx.tick(2 * RECHECK_NS, &mut |_, _| {});
+        until(2 * RECHECK_NS, "the gone sender's lane released", |t| {
+            rx.tick(t, &mut |_, _| {});
+            rx.counters().released > 0
+        });
         assert_eq!(rx.counters().released, 1);
         assert!(blocks() <= before + 8, "{before} → {used} → {} blocks", blocks());
         // The lane serves a new sender.
@@ -919,8 +952,10 @@ mod tests {
         assert!(!dead.exists(), "a dead inbox of another run directory is removed");
         assert!(making.exists() && other.exists() && live.exists());
         drop(held);
-        sweep(&dir);
-        assert!(!live.exists(), "its owner gone, the inbox goes too");
+        until(0, "the inbox of a gone owner swept", |_| {
+            sweep(&dir);
+            !live.exists()
+        });
         std::fs::remove_dir_all(&dir).unwrap();
         assert!(is_inbox_name(&inbox_path(&dir, addr(), 3).file_name().unwrap().to_string_lossy()));
     }
