@@ -1141,7 +1141,7 @@ fn dpdk_eal(ns: &str, path_mtu: u32) -> String {
 /// the backend answers ARP (and ping) for its address itself and resolves
 /// its peer by ARP; the suite (every size, atomics, streams) runs clean, with 1 %
 /// loss and duplicates on the kernel side's path, and at RoCE MTU 4096;
-/// the UD echo too.
+/// the UD echo too, over IPv4 and over IPv6 (neighbour discovery ours).
 #[cfg(feature = "dpdk")]
 #[test]
 fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
@@ -1199,6 +1199,17 @@ fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
     eprintln!("DPDK client, MTU 4096: {t:?}");
     net.set_mtu(1500, 0);
     run_ud(&net, None, Some("dpdk"), false);
+    // IPv6: the DPDK side's kernel gives its address up too; the peer's
+    // kernel resolves it by our neighbour advertisements, and we resolve
+    // the peer by solicitation; ping6 is answered.
+    kernel_off(&net.a, &va, "fd31::1/64", false);
+    let mut ping6 = Command::new("ip")
+        .args(["netns", "exec", &net.b, "ping", "-6", "-q", "-c", "60", "-i", "0.05", "fd31::1"])
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    run_ud(&net, None, Some("dpdk"), true);
+    assert!(ping6.wait().unwrap().success(), "ping6 answered by the DPDK backend");
     for ns in [&net.a, &net.b] {
         let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{ns}"));
     }

@@ -71,6 +71,7 @@ pub mod fuzzing;
 pub mod icrc;
 pub mod ipv4;
 pub mod ipv6;
+pub mod ndp;
 mod opcode;
 mod packet;
 mod pretty;

@@ -9,38 +9,40 @@
 //! or `net_af_xdp`, or a NIC bound to a user-space driver;
 //! `UROCE_DPDK_MTU` sets its MTU where the driver does not report the
 //! link's (af_packet says 1500 whatever its interface has). No kernel
-//! stack stands behind it, so the backend answers ARP for the device's
-//! address itself and resolves its peers' MACs with ARP requests (frames
-//! to a peer not yet resolved wait, up to [`PENDING_MAX`], for the reply).
+//! stack stands behind it, so the backend does what the kernel would
+//! (`control`): it answers ARP and IPv6 neighbour solicitations for the
+//! device's addresses and ping (ICMP and ICMPv6 echo), announces its
+//! addresses, resolves its peers' MACs by ARP or neighbour solicitation
+//! (frames to a peer not yet resolved wait for the answer: `neigh`), and
+//! reads the port-unreachable errors peers' hosts send. Datagrams to
+//! multicast groups joined are taken (the port receives all multicast).
 //! One receive and one transmit queue; an mbuf holds a whole frame at the
 //! port's MTU (up to 9 KiB: RoCE MTU 4096 on a jumbo link), and frames
 //! that come in several (a port that scatters) are joined.
 //!
-//! It answers ping (ICMP echo) for its addresses too. What it does not do
-//! (yet): IPv6 (neighbour discovery), multicast groups, ICMP errors, the
-//! local shared-memory path, several contexts on one port (one process,
-//! one context per port: DPDK starts once per process and a port has one
-//! owner).
+//! What it does not do (yet): IGMP/MLD membership reports, sending ICMP
+//! errors, the local shared-memory path, several contexts on one port (one
+//! process, one context per port: DPDK starts once per process and a port
+//! has one owner).
 
 #![deny(unsafe_code)]
 
+mod control;
 #[allow(unsafe_code)]
 mod ffi;
+mod neigh;
 
 use std::io;
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
-use uroce_wire::arp::{ARP_LEN, ArpOp, ArpRepr, ETHERTYPE_ARP};
-use uroce_wire::checksum;
-use uroce_wire::eth::{ETH_HEADER_LEN, ETHERTYPE_IPV4, EthernetRepr};
-use uroce_wire::ipv4::{IPV4_HEADER_LEN, Ipv4Packet, Ipv4Repr};
-
-/// IP protocol number of ICMP.
-const IPPROTO_ICMP: u8 = 1;
+use uroce_wire::arp::{ARP_LEN, ArpOp, ArpRepr};
+use uroce_wire::eth::ETH_HEADER_LEN;
+use uroce_wire::ndp::NdpRepr;
 
 use super::{Backend, Received, SendBatch, frame};
+use control::{Icmp, Kind};
 
 /// Whether devices use this backend (`UROCE_BACKEND=dpdk`).
 pub(crate) fn selected() -> bool {
@@ -70,10 +72,6 @@ pub(crate) fn port_mtu() -> Option<usize> {
     }
 }
 
-/// Frames waiting for their destination's MAC, all destinations together.
-const PENDING_MAX: usize = 256;
-/// How often an unanswered ARP request is repeated.
-const ARP_RETRY: Duration = Duration::from_millis(100);
 /// Buffers in the port's pool.
 const MBUFS: u32 = 8191;
 /// The longest frame built: RoCE MTU 4096 and its headers, with room.
@@ -92,13 +90,12 @@ pub(crate) struct DpdkBackend {
     mac: [u8; 6],
     local: SocketAddr,
     /// The addresses answered for: the device's, then secondary ones.
-    ips: Vec<Ipv4Addr>,
-    /// Known neighbours (few: a linear search is fastest).
-    neigh: Vec<(Ipv4Addr, [u8; 6])>,
-    /// ARP requests sent and not answered yet, with when.
-    asked: Vec<(Ipv4Addr, Instant)>,
-    /// Frames waiting for their destination's MAC (destination MAC zero).
-    pending: Vec<(Ipv4Addr, Vec<u8>)>,
+    ips: Vec<IpAddr>,
+    /// Multicast groups joined (their RoCE datagrams are taken).
+    groups: Vec<IpAddr>,
+    neigh: neigh::Neighbours,
+    /// Destinations an ICMP error said nothing listens at, not yet told.
+    gone: Vec<SocketAddr>,
     counters: Counters,
     /// When the link was last checked (the driver's nanoseconds).
     link_checked_ns: u64,
@@ -113,7 +110,9 @@ struct Counters {
     bad_checksum: u64,
     other: u64,
     tx_dropped: u64,
+    /// ARP replies and neighbour advertisements sent.
     arp_replies: u64,
+    /// ARP requests and neighbour solicitations sent.
     arp_requests: u64,
     echo_replies: u64,
     no_neighbour: u64,
@@ -125,14 +124,8 @@ fn refused(what: &str, e: io::Error) -> io::Error {
 
 impl DpdkBackend {
     /// Starts the EAL (first time in the process) and the port, for the
-    /// device at `addr` (IPv4).
+    /// device at `addr` (IPv4 or IPv6).
     pub(crate) fn open(addr: SocketAddr) -> io::Result<Self> {
-        let IpAddr::V4(ip) = addr.ip() else {
-            return Err(io::Error::new(
-                io::ErrorKind::Unsupported,
-                "DPDK backend: IPv4 addresses only (no neighbour discovery yet)",
-            ));
-        };
         let eal = std::env::var("UROCE_DPDK_EAL").unwrap_or_default();
         let args: Vec<String> = eal.split_whitespace().map(str::to_string).collect();
         ffi::start_eal(&args).map_err(|e| refused("starting the EAL (UROCE_DPDK_EAL)", e))?;
@@ -168,80 +161,63 @@ impl DpdkBackend {
             out: vec![0; MAX_FRAME],
             mac,
             local: SocketAddr::new(addr.ip(), port_num),
-            ips: vec![ip],
-            neigh: Vec::new(),
-            asked: Vec::new(),
-            pending: Vec::new(),
+            ips: vec![addr.ip()],
+            groups: Vec::new(),
+            neigh: neigh::Neighbours::default(),
+            gone: Vec::new(),
             counters: Counters::default(),
             link_checked_ns: 0,
         };
         LINK_UP.store(b.port.as_ref().is_some_and(ffi::Port::link_up), Ordering::Relaxed);
-        // Announce the address (gratuitous ARP), so that peers that knew
-        // another MAC for it learn this one.
-        b.arp(ArpOp::Request, [0xff; 6], ip, [0; 6], ip);
+        b.announce(addr.ip());
         Ok(b)
     }
 
-    fn lookup(&self, ip: Ipv4Addr) -> Option<[u8; 6]> {
-        self.neigh.iter().find(|(a, _)| *a == ip).map(|&(_, m)| m)
+    /// Tells the link that `ip` is at our MAC (a gratuitous ARP request or
+    /// an unsolicited neighbour advertisement), so that peers that knew
+    /// another MAC for it learn this one.
+    fn announce(&mut self, ip: IpAddr) {
+        let mac = self.mac;
+        self.control(|out| control::announce_frame(out, mac, ip));
+        if ip.is_ipv4() {
+            self.counters.arp_requests += 1;
+        } else {
+            self.counters.arp_replies += 1;
+        }
+    }
+
+    /// Sends the control frame `build` writes, at once: it answers a
+    /// receive pass, which no transmit pass (and its flush) need follow.
+    fn control(&mut self, build: impl FnOnce(&mut [u8]) -> Option<usize>) -> bool {
+        let mut out = std::mem::take(&mut self.out);
+        let built = build(&mut out);
+        if let Some(n) = built {
+            self.transmit(&out[..n]);
+            self.flush();
+        }
+        self.out = out;
+        built.is_some()
     }
 
     /// Records `ip` at `mac`; sends the frames that waited for it.
-    fn learn(&mut self, ip: Ipv4Addr, mac: [u8; 6]) {
-        if ip.is_unspecified() || mac[0] & 1 != 0 {
-            return;
-        }
-        match self.neigh.iter_mut().find(|(a, _)| *a == ip) {
-            Some(e) if e.1 == mac => return,
-            Some(e) => e.1 = mac,
-            None => self.neigh.push((ip, mac)),
-        }
-        self.asked.retain(|(a, _)| *a != ip);
-        let mut waiting = std::mem::take(&mut self.pending);
-        let before = waiting.len();
-        waiting.retain_mut(|(a, f)| {
-            if *a != ip {
-                return true;
-            }
-            f[..6].copy_from_slice(&mac);
-            let f = std::mem::take(f);
-            self.transmit(&f);
-            false
-        });
-        let sent = waiting.len() != before;
-        self.pending = waiting;
-        if sent {
+    fn learn(&mut self, ip: IpAddr, mac: [u8; 6]) {
+        let mut neigh = std::mem::take(&mut self.neigh);
+        if neigh.learn(ip, mac, |f| self.transmit(f)) > 0 {
             self.flush();
         }
+        self.neigh = neigh;
     }
 
-    /// Sends an ARP packet from our MAC.
-    fn arp(&mut self, op: ArpOp, to: [u8; 6], sender: Ipv4Addr, target_mac: [u8; 6], ip: Ipv4Addr) {
-        let mut f = [0u8; ETH_HEADER_LEN + ARP_LEN];
-        let eth = EthernetRepr { dst: to, src: self.mac, vlan_tci: None, ethertype: ETHERTYPE_ARP };
-        let arp =
-            ArpRepr { op, sender_mac: self.mac, sender_ip: sender, target_mac, target_ip: ip };
-        if eth.emit(&mut f).is_ok() && arp.emit(&mut f[ETH_HEADER_LEN..]).is_ok() {
-            match op {
-                ArpOp::Request => self.counters.arp_requests += 1,
-                ArpOp::Reply => self.counters.arp_replies += 1,
+    /// Asks for `ip`'s MAC, unless asked within [`neigh::ASK_RETRY`], from
+    /// our first address of its family.
+    fn ask(&mut self, ip: IpAddr, now: Instant) {
+        let Some(&me) = self.ips.iter().find(|a| a.is_ipv4() == ip.is_ipv4()) else { return };
+        if self.neigh.due(ip, now) {
+            let mac = self.mac;
+            if self.control(|out| control::ask_frame(out, mac, me, ip)) {
+                self.counters.arp_requests += 1;
             }
-            self.transmit(&f);
-            // Now: a reply comes from a receive pass, which no transmit
-            // pass (and its flush) need follow.
-            self.flush();
         }
-    }
-
-    /// Asks for `ip`'s MAC, unless asked within [`ARP_RETRY`].
-    fn ask(&mut self, ip: Ipv4Addr, now: Instant) {
-        match self.asked.iter_mut().find(|(a, _)| *a == ip) {
-            Some((_, at)) if now.duration_since(*at) < ARP_RETRY => return,
-            Some((_, at)) => *at = now,
-            None => self.asked.push((ip, now)),
-        }
-        let me = self.ips[0];
-        self.arp(ArpOp::Request, [0xff; 6], me, [0; 6], ip);
     }
 
     fn transmit(&mut self, f: &[u8]) {
@@ -255,48 +231,6 @@ impl DpdkBackend {
         }
     }
 
-    /// An echo request came (`echo_request`): answers it if it is to one
-    /// of our addresses, so that `ping` works as over the kernel.
-    fn on_echo(&mut self, f: &[u8]) {
-        let Ok(ip) = Ipv4Packet::new_checked(&f[ETH_HEADER_LEN..]) else { return };
-        if !self.ips.contains(&ip.dst()) {
-            self.counters.other += 1;
-            return;
-        }
-        let icmp = ip.payload();
-        let n = ETH_HEADER_LEN + IPV4_HEADER_LEN + icmp.len();
-        let mut out = std::mem::take(&mut self.out);
-        let mut dst = [0u8; 6];
-        dst.copy_from_slice(&f[6..12]);
-        let eth = EthernetRepr { dst, src: self.mac, vlan_tci: None, ethertype: ETHERTYPE_IPV4 };
-        let reply = Ipv4Repr {
-            src: ip.dst(),
-            dst: ip.src(),
-            tos: ip.tos(),
-            ident: 0,
-            dont_frag: false,
-            ttl: 64,
-            protocol: IPPROTO_ICMP,
-            payload_len: icmp.len(),
-        };
-        if out.len() >= n
-            && eth.emit(&mut out).is_ok()
-            && reply.emit(&mut out[ETH_HEADER_LEN..]).is_ok()
-        {
-            let m = &mut out[ETH_HEADER_LEN + IPV4_HEADER_LEN..n];
-            m.copy_from_slice(icmp);
-            // Type 0 (echo reply), checksum over the message anew.
-            m[0] = 0;
-            m[2..4].fill(0);
-            let c = checksum::checksum(m);
-            m[2..4].copy_from_slice(&c.to_be_bytes());
-            self.counters.echo_replies += 1;
-            self.transmit(&out[..n]);
-            self.flush();
-        }
-        self.out = out;
-    }
-
     /// An ARP packet came: answer a request for one of our addresses,
     /// learn the sender either way.
     fn on_arp(&mut self, payload: &[u8]) {
@@ -304,43 +238,82 @@ impl DpdkBackend {
             self.counters.malformed += 1;
             return;
         };
-        if a.op == ArpOp::Request && self.ips.contains(&a.target_ip) {
-            self.arp(ArpOp::Reply, a.sender_mac, a.target_ip, a.sender_mac, a.sender_ip);
+        let ours = self.ips.contains(&IpAddr::V4(a.target_ip));
+        if a.op == ArpOp::Request && ours {
+            let mac = self.mac;
+            let reply = ArpRepr {
+                op: ArpOp::Reply,
+                sender_mac: mac,
+                sender_ip: a.target_ip,
+                target_mac: a.sender_mac,
+                target_ip: a.sender_ip,
+            };
+            if self.control(|out| control::arp_frame(out, mac, a.sender_mac, &reply)) {
+                self.counters.arp_replies += 1;
+            }
         }
-        if a.op == ArpOp::Reply || self.ips.contains(&a.target_ip) {
-            self.learn(a.sender_ip, a.sender_mac);
+        if a.op == ArpOp::Reply || ours {
+            self.learn(IpAddr::V4(a.sender_ip), a.sender_mac);
         }
     }
-}
 
-/// Whether `f` is an ICMP echo request in an untagged IPv4 packet whose
-/// header and message checksums verify (not a fragment).
-fn echo_request(f: &[u8]) -> bool {
-    if f.get(12..14) != Some(&ETHERTYPE_IPV4.to_be_bytes()[..]) {
-        return false;
+    /// An ICMP or ICMPv6 frame came (`f`, copied out of the port).
+    fn on_icmp(&mut self, f: &[u8]) {
+        match control::icmp(f) {
+            Icmp::Echo { to } if self.ips.contains(&to) => {
+                let mac = self.mac;
+                if self.control(|out| control::echo_reply(f, out, mac)) {
+                    self.counters.echo_replies += 1;
+                }
+            }
+            Icmp::Ndp { from, to: _, msg } => self.on_ndp(from, &f[6..12], msg),
+            Icmp::Unreachable { src, dst } if self.ips.contains(&src.ip()) => {
+                if !self.gone.contains(&dst) {
+                    self.gone.push(dst);
+                }
+            }
+            _ => self.counters.other += 1,
+        }
     }
-    let Ok(ip) = Ipv4Packet::new_checked(&f[ETH_HEADER_LEN..]) else { return false };
-    let icmp = ip.payload();
-    ip.protocol() == IPPROTO_ICMP
-        && ip.checksum_ok()
-        && !ip.more_frags()
-        && ip.frag_offset() == 0
-        && icmp.len() >= 8
-        && icmp[0] == 8
-        && checksum::checksum(icmp) == 0
-}
 
-/// Whether `f` is an IPv4 UDP datagram to `port` (untagged), so that
-/// other traffic on the port (IPv6, TCP, other UDP) is told apart from
-/// damaged RoCE frames.
-fn roce_frame(f: &[u8], port: u16) -> bool {
-    let Some(ip) = f.get(ETH_HEADER_LEN..) else { return false };
-    if f.get(12..14) != Some(&ETHERTYPE_IPV4.to_be_bytes()[..]) || ip.len() < 20 {
-        return false;
+    /// A neighbour discovery message from `from` (the frame's source MAC
+    /// `src_mac`): answer a solicitation for one of our addresses, learn
+    /// the sender or the target.
+    fn on_ndp(&mut self, from: std::net::Ipv6Addr, src_mac: &[u8], msg: NdpRepr) {
+        match msg {
+            NdpRepr::Solicit { target, source_mac } => {
+                if !self.ips.contains(&IpAddr::V6(target)) {
+                    self.counters.other += 1;
+                    return;
+                }
+                // From the unspecified address (another host's duplicate
+                // address detection): the answer goes to all nodes.
+                let (to_ip, to_mac, solicited) = if from.is_unspecified() {
+                    let all = control::ALL_NODES;
+                    (all, uroce_wire::ndp::multicast_mac(IpAddr::V6(all)), false)
+                } else {
+                    let mut m = [0u8; 6];
+                    m.copy_from_slice(src_mac);
+                    (from, source_mac.unwrap_or(m), true)
+                };
+                let mac = self.mac;
+                let na =
+                    NdpRepr::Advert { target, target_mac: Some(mac), solicited, overrides: true };
+                if self.control(|out| control::ndp_frame(out, (mac, to_mac), (target, to_ip), &na))
+                {
+                    self.counters.arp_replies += 1;
+                }
+                if let Some(m) = source_mac {
+                    self.learn(IpAddr::V6(from), m);
+                }
+            }
+            NdpRepr::Advert { target, target_mac, .. } => {
+                if let Some(m) = target_mac {
+                    self.learn(IpAddr::V6(target), m);
+                }
+            }
+        }
     }
-    let ihl = usize::from(ip[0] & 0xf) * 4;
-    ip[9] == uroce_wire::ipv4::IPPROTO_UDP
-        && ip.get(ihl + 2..ihl + 4).is_some_and(|p| u16::from_be_bytes([p[0], p[1]]) == port)
 }
 
 impl Backend for DpdkBackend {
@@ -354,6 +327,7 @@ impl Backend for DpdkBackend {
             if let Some(p) = self.port.as_ref() {
                 LINK_UP.store(p.link_up(), Ordering::Relaxed);
             }
+            self.counters.no_neighbour += self.neigh.expire(Instant::now()) as u64;
         }
     }
 
@@ -371,10 +345,14 @@ impl Backend for DpdkBackend {
         seg: usize,
         tos: u8,
     ) -> io::Result<()> {
-        let IpAddr::V4(to) = dst.ip() else {
-            return Err(io::Error::new(io::ErrorKind::Unsupported, "DPDK backend: IPv4 only"));
-        };
-        let dst_mac = self.lookup(to);
+        if src.is_ipv4() != dst.is_ipv4() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "DPDK backend: source and destination of different families",
+            ));
+        }
+        let to = dst.ip();
+        let dst_mac = self.neigh.lookup(to);
         let path = frame::Path {
             src_mac: self.mac,
             dst_mac: dst_mac.unwrap_or([0; 6]),
@@ -386,9 +364,7 @@ impl Backend for DpdkBackend {
             if let Some(n) = frame::build(&mut out, &path, p, i as u16, tos) {
                 if dst_mac.is_some() {
                     self.transmit(&out[..n]);
-                } else if self.pending.len() < PENDING_MAX {
-                    self.pending.push((to, out[..n].to_vec()));
-                } else {
+                } else if !self.neigh.wait(to, &out[..n]) {
                     self.counters.no_neighbour += 1;
                 }
             }
@@ -410,21 +386,19 @@ impl Backend for DpdkBackend {
         let udp_port = self.local.port();
         loop {
             let mut joined = std::mem::take(&mut self.joined);
-            let got = self.rx.next(&mut joined, |f| {
-                if f.get(12..14) == Some(&ETHERTYPE_ARP.to_be_bytes()[..]) {
+            let got = self.rx.next(&mut joined, |f| match control::classify(f, udp_port) {
+                Kind::Arp => {
                     let mut a = [0u8; ARP_LEN];
                     let n = f.len().saturating_sub(ETH_HEADER_LEN).min(ARP_LEN);
                     a[..n].copy_from_slice(&f[ETH_HEADER_LEN..ETH_HEADER_LEN + n]);
-                    return Step::Arp(a, n);
+                    Step::Arp(a, n)
                 }
-                if !roce_frame(f, udp_port) {
-                    if echo_request(f) && f.len() <= buf.len() {
-                        buf[..f.len()].copy_from_slice(f);
-                        return Step::Echo(f.len());
-                    }
-                    return Step::Other;
+                Kind::Icmp if f.len() <= buf.len() => {
+                    buf[..f.len()].copy_from_slice(f);
+                    Step::Icmp(f.len())
                 }
-                match frame::parse(f, udp_port) {
+                Kind::Icmp | Kind::Other => Step::Other,
+                Kind::Roce => match frame::parse(f, udp_port) {
                     Ok(p) => {
                         let n = p.payload.len();
                         let Some(dst) = buf.get_mut(..n) else { return Step::Malformed };
@@ -443,7 +417,7 @@ impl Backend for DpdkBackend {
                     }
                     Err(frame::Refused::Malformed) => Step::Malformed,
                     Err(frame::Refused::BadChecksum) => Step::BadChecksum,
-                }
+                },
             });
             self.joined = joined;
             let Some(step) = got else {
@@ -455,19 +429,19 @@ impl Backend for DpdkBackend {
             };
             match step {
                 Step::Arp(a, n) => self.on_arp(&a[..n]),
-                Step::Echo(n) => self.on_echo(&buf[..n]),
+                Step::Icmp(n) => self.on_icmp(&buf[..n]),
                 Step::Other => self.counters.other += 1,
                 Step::Malformed => self.counters.malformed += 1,
                 Step::BadChecksum => self.counters.bad_checksum += 1,
                 Step::Roce(r, mac) => {
-                    let IpAddr::V4(to) = r.to else { continue };
-                    if !self.ips.contains(&to) {
+                    // To one of our addresses or a group joined (delivered
+                    // to the group's QPs as the `udp` backend's group
+                    // sockets deliver).
+                    if !self.ips.contains(&r.to) && !self.groups.contains(&r.to) {
                         self.counters.other += 1;
                         continue;
                     }
-                    if let IpAddr::V4(from) = r.from.ip() {
-                        self.learn(from, mac);
-                    }
+                    self.learn(r.from.ip(), mac);
                     self.counters.rcvd += 1;
                     return Ok(Some(r));
                 }
@@ -512,67 +486,67 @@ impl Backend for DpdkBackend {
         false
     }
 
+    /// Another address answered for (ARP or neighbour discovery) and
+    /// taken traffic for; announced at once.
     fn bind_local(&mut self, ip: IpAddr) -> io::Result<()> {
-        match ip {
-            IpAddr::V4(a) if !self.ips.contains(&a) => {
-                self.ips.push(a);
-                Ok(())
-            }
-            IpAddr::V4(_) => Ok(()),
-            IpAddr::V6(_) => {
-                Err(io::Error::new(io::ErrorKind::Unsupported, "DPDK backend: IPv4 only"))
-            }
+        if ip.is_multicast() || ip.is_unspecified() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("DPDK backend: {ip} cannot be a device address"),
+            ));
         }
+        if !self.ips.contains(&ip) {
+            self.ips.push(ip);
+            self.announce(ip);
+        }
+        Ok(())
     }
 
     fn unbind_local(&mut self, ip: IpAddr) {
-        if let IpAddr::V4(a) = ip
-            && a != self.ips[0]
-        {
-            self.ips.retain(|&x| x != a);
+        if ip != self.ips[0] {
+            self.ips.retain(|&x| x != ip);
         }
     }
 
-    fn join(&mut self, _group: IpAddr) -> io::Result<()> {
-        Err(io::Error::new(
-            io::ErrorKind::Unsupported,
-            "DPDK backend: multicast groups are not supported yet",
-        ))
+    /// RoCE datagrams to `group` are taken from now on (the port receives
+    /// every multicast frame: see `shim.c`). No IGMP or MLD report is
+    /// sent: a switch that snoops them must be told of the group otherwise.
+    fn join(&mut self, group: IpAddr) -> io::Result<()> {
+        if !group.is_multicast() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                format!("DPDK backend: {group} is not a multicast address"),
+            ));
+        }
+        if !self.groups.contains(&group) {
+            self.groups.push(group);
+        }
+        Ok(())
     }
 
-    fn leave(&mut self, _group: IpAddr) {}
+    fn leave(&mut self, group: IpAddr) {
+        self.groups.retain(|&g| g != group);
+    }
 
+    /// None: a group's datagrams come through [`Backend::recv`], with the
+    /// group as their destination.
     fn recv_group(&mut self, _buf: &mut [u8]) -> Option<(usize, SocketAddr, IpAddr)> {
         None
+    }
+
+    fn unreachable(&mut self, out: &mut Vec<SocketAddr>) {
+        out.append(&mut self.gone);
     }
 }
 
 /// What one received frame turned out to be.
 enum Step {
     Arp([u8; ARP_LEN], usize),
-    /// An ICMP echo request, copied into the receive buffer (its length).
-    Echo(usize),
+    /// An ICMP or ICMPv6 message, its frame copied into the receive
+    /// buffer (its length).
+    Icmp(usize),
     Roce(Received, [u8; 6]),
     Other,
     Malformed,
     BadChecksum,
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn roce_frames_are_told_from_other_traffic() {
-        let mut f = vec![0u8; 14 + 20 + 8];
-        f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
-        f[14] = 0x45;
-        f[14 + 9] = 17;
-        f[14 + 22..14 + 24].copy_from_slice(&4791u16.to_be_bytes());
-        assert!(roce_frame(&f, 4791));
-        assert!(!roce_frame(&f, 4792));
-        f[14 + 9] = 6; // TCP
-        assert!(!roce_frame(&f, 4791));
-        assert!(!roce_frame(&f[..20], 4791));
-    }
 }

@@ -132,6 +132,10 @@ struct uroce_dpdk_port *uroce_dpdk_port_start(uint16_t id, uint32_t mbufs, uint8
 		*err = r < 0 ? r : -EIO;
 		return NULL;
 	}
+	/* Neighbour solicitations and multicast groups come to group
+	 * addresses: take them all (a driver without the filter, as af_packet,
+	 * passes them anyway; its refusal is not an error). */
+	(void)rte_eth_allmulticast_enable(id);
 	p = calloc(1, sizeof *p);
 	if (!p) {
 		rte_eth_dev_stop(id);

@@ -1,0 +1,516 @@
+//! The control traffic a port with no kernel behind it must handle itself:
+//! ARP and IPv6 neighbour discovery (answering for our addresses, asking
+//! for peers'), ICMP and ICMPv6 echo (ping), and the ICMP errors that say a
+//! peer's port is closed. Pure functions over frames: what came, and the
+//! frame to send back, written into a buffer.
+
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+
+use uroce_wire::arp::{ARP_LEN, ArpOp, ArpRepr, ETHERTYPE_ARP};
+use uroce_wire::checksum;
+use uroce_wire::eth::{ETH_HEADER_LEN, ETHERTYPE_IPV4, ETHERTYPE_IPV6, EthernetRepr};
+use uroce_wire::ipv4::{IPPROTO_UDP, IPV4_HEADER_LEN, Ipv4Packet, Ipv4Repr};
+use uroce_wire::ipv6::{IPV6_HEADER_LEN, Ipv6Packet, Ipv6Repr};
+use uroce_wire::ndp::{self, IPPROTO_ICMPV6, NdpRepr};
+
+/// IP protocol number of ICMP.
+const IPPROTO_ICMP: u8 = 1;
+/// The all-nodes group, where unsolicited advertisements go.
+pub(super) const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
+
+/// What a received frame is (untagged frames only).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Kind {
+    Arp,
+    /// A UDP datagram to the device's port (IPv4 or IPv6): RoCE.
+    Roce,
+    /// ICMP (IPv4) or ICMPv6.
+    Icmp,
+    Other,
+}
+
+/// Tells what `f` is; `port`: the device's UDP port.
+pub(super) fn classify(f: &[u8], port: u16) -> Kind {
+    let Some(ethertype) = f.get(12..14).map(|t| u16::from_be_bytes([t[0], t[1]])) else {
+        return Kind::Other;
+    };
+    let ip = &f[ETH_HEADER_LEN.min(f.len())..];
+    let (proto, l4) = match ethertype {
+        ETHERTYPE_ARP => return Kind::Arp,
+        ETHERTYPE_IPV4 if ip.len() >= IPV4_HEADER_LEN => (ip[9], usize::from(ip[0] & 0xf) * 4),
+        ETHERTYPE_IPV6 if ip.len() >= IPV6_HEADER_LEN => (ip[6], IPV6_HEADER_LEN),
+        _ => return Kind::Other,
+    };
+    match proto {
+        IPPROTO_UDP => {
+            let to_port = ip.get(l4 + 2..l4 + 4).map(|p| u16::from_be_bytes([p[0], p[1]]));
+            if to_port == Some(port) { Kind::Roce } else { Kind::Other }
+        }
+        IPPROTO_ICMP if ethertype == ETHERTYPE_IPV4 => Kind::Icmp,
+        IPPROTO_ICMPV6 if ethertype == ETHERTYPE_IPV6 => Kind::Icmp,
+        _ => Kind::Other,
+    }
+}
+
+/// Writes an ARP frame from `mac` to `to`; its length.
+pub(super) fn arp_frame(out: &mut [u8], mac: [u8; 6], to: [u8; 6], arp: &ArpRepr) -> Option<usize> {
+    let eth = EthernetRepr { dst: to, src: mac, vlan_tci: None, ethertype: ETHERTYPE_ARP };
+    let n = ETH_HEADER_LEN + ARP_LEN;
+    eth.emit(out).ok()?;
+    arp.emit(out.get_mut(ETH_HEADER_LEN..n)?).ok()?;
+    Some(n)
+}
+
+/// Writes an IPv6 frame carrying the ICMPv6 message that `body` writes
+/// (given the addresses, it returns the message's length; the checksum
+/// is its to set); the frame's length.
+fn icmpv6_frame(
+    out: &mut [u8],
+    (mac, to): ([u8; 6], [u8; 6]),
+    (src, dst): (Ipv6Addr, Ipv6Addr),
+    hop_limit: u8,
+    body: impl FnOnce(&mut [u8]) -> Option<usize>,
+) -> Option<usize> {
+    let at = ETH_HEADER_LEN + IPV6_HEADER_LEN;
+    let len = body(out.get_mut(at..)?)?;
+    EthernetRepr { dst: to, src: mac, vlan_tci: None, ethertype: ETHERTYPE_IPV6 }.emit(out).ok()?;
+    let ip = Ipv6Repr {
+        src,
+        dst,
+        traffic_class: 0,
+        flow_label: 0,
+        next_header: IPPROTO_ICMPV6,
+        hop_limit,
+        payload_len: len,
+    };
+    ip.emit(&mut out[ETH_HEADER_LEN..]).ok()?;
+    Some(at + len)
+}
+
+/// Writes a neighbour solicitation or advertisement frame from `mac`/`src`
+/// to `to`/`dst`; its length.
+pub(super) fn ndp_frame(
+    out: &mut [u8],
+    macs: ([u8; 6], [u8; 6]),
+    (src, dst): (Ipv6Addr, Ipv6Addr),
+    msg: &NdpRepr,
+) -> Option<usize> {
+    icmpv6_frame(out, macs, (src, dst), ndp::NDP_HOP_LIMIT, |b| msg.emit(src, dst, b).ok())
+}
+
+/// The frame that asks for `ip`'s MAC, from `me` at `mac`: an ARP request
+/// (broadcast) or a neighbour solicitation (to the solicited-node group).
+pub(super) fn ask_frame(out: &mut [u8], mac: [u8; 6], me: IpAddr, ip: IpAddr) -> Option<usize> {
+    match (me, ip) {
+        (IpAddr::V4(me), IpAddr::V4(ip)) => {
+            let arp = ArpRepr {
+                op: ArpOp::Request,
+                sender_mac: mac,
+                sender_ip: me,
+                target_mac: [0; 6],
+                target_ip: ip,
+            };
+            arp_frame(out, mac, [0xff; 6], &arp)
+        }
+        (IpAddr::V6(me), IpAddr::V6(ip)) => {
+            let group = ndp::solicited_node(ip);
+            let to = ndp::multicast_mac(IpAddr::V6(group));
+            let ns = NdpRepr::Solicit { target: ip, source_mac: Some(mac) };
+            ndp_frame(out, (mac, to), (me, group), &ns)
+        }
+        _ => None,
+    }
+}
+
+/// The frame that tells the link `me` is at `mac` (so that peers that knew
+/// another MAC for it learn this one): a gratuitous ARP request, or an
+/// unsolicited advertisement that overrides, to all nodes.
+pub(super) fn announce_frame(out: &mut [u8], mac: [u8; 6], me: IpAddr) -> Option<usize> {
+    match me {
+        IpAddr::V4(_) => ask_frame(out, mac, me, me),
+        IpAddr::V6(me) => {
+            let na = NdpRepr::Advert {
+                target: me,
+                target_mac: Some(mac),
+                solicited: false,
+                overrides: true,
+            };
+            let to = ndp::multicast_mac(IpAddr::V6(ALL_NODES));
+            ndp_frame(out, (mac, to), (me, ALL_NODES), &na)
+        }
+    }
+}
+
+/// What an ICMP or ICMPv6 frame (see [`classify`]) means to the backend.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Icmp {
+    /// An echo request to `to`: [`echo_reply`] answers it.
+    Echo { to: IpAddr },
+    /// A neighbour discovery message from `from` (the IPv6 source) to `to`.
+    Ndp { from: Ipv6Addr, to: Ipv6Addr, msg: NdpRepr },
+    /// A peer's host says nothing listens at `dst` (port unreachable), about
+    /// a datagram of ours from `src`.
+    Unreachable { src: SocketAddr, dst: SocketAddr },
+    /// Anything else, or a message that does not verify.
+    Other,
+}
+
+/// The UDP ports of the datagram whose start an ICMP error quotes (`l4`:
+/// from its UDP header on).
+fn quoted_ports(l4: &[u8]) -> Option<(u16, u16)> {
+    let p = l4.get(..4)?;
+    Some((u16::from_be_bytes([p[0], p[1]]), u16::from_be_bytes([p[2], p[3]])))
+}
+
+/// Reads an ICMP or ICMPv6 frame (checksums verified).
+pub(super) fn icmp(f: &[u8]) -> Icmp {
+    match f.get(12..14).map(|t| u16::from_be_bytes([t[0], t[1]])) {
+        Some(ETHERTYPE_IPV4) => icmp4(&f[ETH_HEADER_LEN..]),
+        Some(ETHERTYPE_IPV6) => icmp6(&f[ETH_HEADER_LEN..]),
+        _ => Icmp::Other,
+    }
+}
+
+fn icmp4(b: &[u8]) -> Icmp {
+    let Ok(ip) = Ipv4Packet::new_checked(b) else { return Icmp::Other };
+    let m = ip.payload();
+    if ip.protocol() != IPPROTO_ICMP
+        || !ip.checksum_ok()
+        || ip.more_frags()
+        || ip.frag_offset() != 0
+        || m.len() < 8
+        || checksum::checksum(m) != 0
+    {
+        return Icmp::Other;
+    }
+    match (m[0], m[1]) {
+        (8, 0) => Icmp::Echo { to: IpAddr::V4(ip.dst()) },
+        // Destination unreachable, port unreachable: the datagram's IPv4
+        // header and at least 8 bytes of it follow.
+        (3, 3) => quoted4(&m[8..]),
+        _ => Icmp::Other,
+    }
+}
+
+/// The UDP datagram an ICMP error quotes: its IPv4 header and ports, read
+/// by hand (the header's total length says more than the quote has: only
+/// the datagram's start is quoted).
+fn quoted4(q: &[u8]) -> Icmp {
+    let Some(&v) = q.first() else { return Icmp::Other };
+    let ihl = usize::from(v & 0xf) * 4;
+    if v >> 4 != 4 || ihl < IPV4_HEADER_LEN || q.len() < ihl || q[9] != IPPROTO_UDP {
+        return Icmp::Other;
+    }
+    let Some((sport, dport)) = quoted_ports(&q[ihl..]) else { return Icmp::Other };
+    let src = Ipv4Addr::new(q[12], q[13], q[14], q[15]);
+    let dst = Ipv4Addr::new(q[16], q[17], q[18], q[19]);
+    Icmp::Unreachable {
+        src: SocketAddr::new(IpAddr::V4(src), sport),
+        dst: SocketAddr::new(IpAddr::V4(dst), dport),
+    }
+}
+
+fn icmp6(b: &[u8]) -> Icmp {
+    let Ok(ip) = Ipv6Packet::new_checked(b) else { return Icmp::Other };
+    let m = ip.payload();
+    if ip.next_header() != IPPROTO_ICMPV6 || m.len() < 8 {
+        return Icmp::Other;
+    }
+    let (from, to) = (ip.src(), ip.dst());
+    match m[0] {
+        ndp::NEIGHBOR_SOLICIT | ndp::NEIGHBOR_ADVERT => {
+            match NdpRepr::parse(from, to, ip.hop_limit(), m) {
+                Ok(msg) => Icmp::Ndp { from, to, msg },
+                Err(_) => Icmp::Other,
+            }
+        }
+        _ if ndp::icmpv6_checksum(from, to, m) != 0 => Icmp::Other,
+        ndp::ECHO_REQUEST if m[1] == 0 => Icmp::Echo { to: IpAddr::V6(to) },
+        // Destination unreachable (1), port unreachable (4): the invoking
+        // packet's IPv6 header and what of it fits follow.
+        1 if m[1] == 4 => {
+            let q = &m[8..];
+            if q.len() < IPV6_HEADER_LEN || q[6] != IPPROTO_UDP {
+                return Icmp::Other;
+            }
+            let Some((sport, dport)) = quoted_ports(&q[IPV6_HEADER_LEN..]) else {
+                return Icmp::Other;
+            };
+            let addr = |at: usize| {
+                let mut o = [0u8; 16];
+                o.copy_from_slice(&q[at..at + 16]);
+                IpAddr::V6(Ipv6Addr::from(o))
+            };
+            Icmp::Unreachable {
+                src: SocketAddr::new(addr(8), sport),
+                dst: SocketAddr::new(addr(24), dport),
+            }
+        }
+        _ => Icmp::Other,
+    }
+}
+
+/// Writes the echo reply to the echo request `f` (see [`icmp`]) from
+/// `mac`; its length.
+pub(super) fn echo_reply(f: &[u8], out: &mut [u8], mac: [u8; 6]) -> Option<usize> {
+    let mut to = [0u8; 6];
+    to.copy_from_slice(f.get(6..12)?);
+    match u16::from_be_bytes([f[12], f[13]]) {
+        ETHERTYPE_IPV4 => {
+            let ip = Ipv4Packet::new_checked(&f[ETH_HEADER_LEN..]).ok()?;
+            let m = ip.payload();
+            let n = ETH_HEADER_LEN + IPV4_HEADER_LEN + m.len();
+            let eth = EthernetRepr { dst: to, src: mac, vlan_tci: None, ethertype: ETHERTYPE_IPV4 };
+            let reply = Ipv4Repr {
+                src: ip.dst(),
+                dst: ip.src(),
+                tos: ip.tos(),
+                ident: 0,
+                dont_frag: false,
+                ttl: 64,
+                protocol: IPPROTO_ICMP,
+                payload_len: m.len(),
+            };
+            eth.emit(out.get_mut(..n)?).ok()?;
+            reply.emit(&mut out[ETH_HEADER_LEN..]).ok()?;
+            let r = &mut out[ETH_HEADER_LEN + IPV4_HEADER_LEN..n];
+            r.copy_from_slice(m);
+            // Type 0 (echo reply), the checksum over the message anew.
+            r[0] = 0;
+            r[2..4].fill(0);
+            let c = checksum::checksum(r);
+            r[2..4].copy_from_slice(&c.to_be_bytes());
+            Some(n)
+        }
+        ETHERTYPE_IPV6 => {
+            let ip = Ipv6Packet::new_checked(&f[ETH_HEADER_LEN..]).ok()?;
+            let m = ip.payload();
+            let (src, dst) = (ip.dst(), ip.src());
+            icmpv6_frame(out, (mac, to), (src, dst), 64, |b| {
+                let r = b.get_mut(..m.len())?;
+                r.copy_from_slice(m);
+                r[0] = ndp::ECHO_REPLY;
+                ndp::set_icmpv6_checksum(src, dst, r);
+                Some(m.len())
+            })
+        }
+        _ => None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MAC_A: [u8; 6] = [2, 0, 0, 0, 0, 1];
+    const MAC_B: [u8; 6] = [2, 0, 0, 0, 0, 2];
+
+    fn v6(s: &str) -> Ipv6Addr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn roce_frames_are_told_from_other_traffic() {
+        let mut f = vec![0u8; 14 + 20 + 8];
+        f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+        f[14] = 0x45;
+        f[14 + 9] = 17;
+        f[14 + 22..14 + 24].copy_from_slice(&4791u16.to_be_bytes());
+        assert_eq!(classify(&f, 4791), Kind::Roce);
+        assert_eq!(classify(&f, 4792), Kind::Other);
+        f[14 + 9] = 6; // TCP
+        assert_eq!(classify(&f, 4791), Kind::Other);
+        f[14 + 9] = 1;
+        assert_eq!(classify(&f, 4791), Kind::Icmp);
+        assert_eq!(classify(&f[..20], 4791), Kind::Other);
+        assert_eq!(classify(&f[..5], 4791), Kind::Other);
+        let mut g = vec![0u8; 14 + 40 + 8];
+        g[12..14].copy_from_slice(&ETHERTYPE_IPV6.to_be_bytes());
+        g[14 + 6] = 17;
+        g[14 + 42..14 + 44].copy_from_slice(&4791u16.to_be_bytes());
+        assert_eq!(classify(&g, 4791), Kind::Roce);
+        g[14 + 6] = 58;
+        assert_eq!(classify(&g, 4791), Kind::Icmp);
+    }
+
+    /// A solicitation we send is one a peer takes, and the advertisement
+    /// it answers with is one we take.
+    #[test]
+    fn neighbour_discovery_frames_parse_back() {
+        let (me, peer) = (v6("fd31::2"), v6("fd31::1"));
+        let mut out = [0u8; 256];
+        let n = ask_frame(&mut out, MAC_B, IpAddr::V6(me), IpAddr::V6(peer)).unwrap();
+        assert_eq!(out[..6], [0x33, 0x33, 0xff, 0, 0, 1]);
+        assert_eq!(classify(&out[..n], 4791), Kind::Icmp);
+        assert_eq!(
+            icmp(&out[..n]),
+            Icmp::Ndp {
+                from: me,
+                to: ndp::solicited_node(peer),
+                msg: NdpRepr::Solicit { target: peer, source_mac: Some(MAC_B) }
+            }
+        );
+        let n = announce_frame(&mut out, MAC_B, IpAddr::V6(me)).unwrap();
+        let Icmp::Ndp { to, msg, .. } = icmp(&out[..n]) else { panic!("{:?}", icmp(&out[..n])) };
+        assert_eq!(to, ALL_NODES);
+        assert!(matches!(msg, NdpRepr::Advert { overrides: true, solicited: false, .. }));
+        // ARP: a request for the peer, and the announcement of ourselves.
+        let n =
+            ask_frame(&mut out, MAC_A, "10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap())
+                .unwrap();
+        assert_eq!((n, classify(&out[..n], 4791)), (42, Kind::Arp));
+        assert_eq!(ArpRepr::parse(&out[14..n]).unwrap().op, ArpOp::Request);
+    }
+
+    /// Echo requests (IPv4 and IPv6) get a reply the other side's checks
+    /// take; a request with a wrong checksum is not one.
+    #[test]
+    fn pings_are_answered() {
+        for (a, b) in [("10.0.0.1", "10.0.0.2"), ("fd31::1", "fd31::2")] {
+            let (a, b): (IpAddr, IpAddr) = (a.parse().unwrap(), b.parse().unwrap());
+            let mut req = [0u8; 256];
+            let n = build_echo(&mut req, (a, b), 8, 128);
+            assert_eq!(icmp(&req[..n]), Icmp::Echo { to: b });
+            let mut out = [0u8; 256];
+            let m = echo_reply(&req[..n], &mut out, MAC_B).unwrap();
+            assert_eq!((m, out[..6] == MAC_A), (n, true));
+            assert_eq!(icmp(&out[..m]), Icmp::Other, "a reply is no request");
+            let at = m - 20;
+            assert_eq!(out[at..m], req[at..n], "the data comes back");
+            let ty = if a.is_ipv4() { 0 } else { 129 };
+            let icmp_at = if a.is_ipv4() { 34 } else { 54 };
+            assert_eq!(out[icmp_at], ty);
+            // The reply verifies: flip it into a request and parse it.
+            out[icmp_at] = if a.is_ipv4() { 8 } else { 128 };
+            let sum_off = icmp_at + 2;
+            let old = u16::from_be_bytes([out[sum_off], out[sum_off + 1]]);
+            let fixed = fix_sum(old, u16::from(ty) << 8, u16::from(out[icmp_at]) << 8);
+            out[sum_off..sum_off + 2].copy_from_slice(&fixed.to_be_bytes());
+            assert_eq!(icmp(&out[..m]), Icmp::Echo { to: a });
+            req[n - 1] ^= 1;
+            assert_eq!(icmp(&req[..n]), Icmp::Other, "a damaged request");
+        }
+    }
+
+    /// One's-complement update of a checksum for a changed 16-bit word.
+    fn fix_sum(sum: u16, old: u16, new: u16) -> u16 {
+        let acc = u32::from(!sum) + u32::from(!old) + u32::from(new);
+        checksum::finish(acc)
+    }
+
+    /// An echo request `a` → `b` (ICMP type `ty4` or `ty6`), 28 bytes, from
+    /// `MAC_A` to `MAC_B`.
+    fn build_echo(f: &mut [u8], (a, b): (IpAddr, IpAddr), ty4: u8, ty6: u8) -> usize {
+        f[..6].copy_from_slice(&MAC_B);
+        f[6..12].copy_from_slice(&MAC_A);
+        let data: Vec<u8> = (0..28u8).collect();
+        match (a, b) {
+            (IpAddr::V4(s), IpAddr::V4(d)) => {
+                f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+                let ip = Ipv4Repr {
+                    src: s,
+                    dst: d,
+                    tos: 0,
+                    ident: 1,
+                    dont_frag: true,
+                    ttl: 64,
+                    protocol: IPPROTO_ICMP,
+                    payload_len: 28,
+                };
+                ip.emit(&mut f[14..]).unwrap();
+                let m = &mut f[34..62];
+                m.copy_from_slice(&data);
+                m[0] = ty4;
+                m[1] = 0;
+                m[2..4].fill(0);
+                let c = checksum::checksum(m);
+                m[2..4].copy_from_slice(&c.to_be_bytes());
+                62
+            }
+            (IpAddr::V6(s), IpAddr::V6(d)) => icmpv6_frame(f, (MAC_A, MAC_B), (s, d), 64, |m| {
+                m[..28].copy_from_slice(&data);
+                m[0] = ty6;
+                m[1] = 0;
+                ndp::set_icmpv6_checksum(s, d, &mut m[..28]);
+                Some(28)
+            })
+            .unwrap(),
+            _ => unreachable!(),
+        }
+    }
+
+    /// Port unreachable, as Linux sends it (the quoted datagram's IP header
+    /// and 8 bytes of it, IPv4; as much as fits, IPv6), names the
+    /// destination; a quote of TCP does not.
+    #[test]
+    fn port_unreachable_names_the_destination() {
+        let me: SocketAddr = "10.0.0.1:4791".parse().unwrap();
+        let peer: SocketAddr = "10.0.0.2:4791".parse().unwrap();
+        let (IpAddr::V4(s), IpAddr::V4(d)) = (me.ip(), peer.ip()) else { unreachable!() };
+        let mut f = vec![0u8; 14 + 20 + 8 + 20 + 8];
+        f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+        let outer = Ipv4Repr {
+            src: d,
+            dst: s,
+            tos: 0xc0,
+            ident: 0,
+            dont_frag: false,
+            ttl: 64,
+            protocol: IPPROTO_ICMP,
+            payload_len: 36,
+        };
+        outer.emit(&mut f[14..]).unwrap();
+        // The quoted datagram was 100 bytes long; only its start is here.
+        let quoted = Ipv4Repr {
+            src: s,
+            dst: d,
+            tos: 0,
+            ident: 5,
+            dont_frag: true,
+            ttl: 64,
+            protocol: IPPROTO_UDP,
+            payload_len: 80,
+        };
+        quoted.emit(&mut f[42..]).unwrap();
+        f[62..64].copy_from_slice(&4791u16.to_be_bytes());
+        f[64..66].copy_from_slice(&4791u16.to_be_bytes());
+        f[34] = 3;
+        f[35] = 3;
+        let c = checksum::checksum(&f[34..]);
+        f[36..38].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(icmp(&f), Icmp::Unreachable { src: me, dst: peer });
+        f[42 + 9] = 6;
+        f[36..38].fill(0);
+        let c = checksum::checksum(&f[34..]);
+        f[36..38].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(icmp(&f), Icmp::Other, "TCP");
+        // IPv6.
+        let (a, b) = (v6("fd31::1"), v6("fd31::2"));
+        let mut g = [0u8; 256];
+        let n = icmpv6_frame(&mut g, (MAC_B, MAC_A), (b, a), 64, |m| {
+            m[..8].copy_from_slice(&[1, 4, 0, 0, 0, 0, 0, 0]);
+            let inner = Ipv6Repr {
+                src: a,
+                dst: b,
+                traffic_class: 0,
+                flow_label: 0,
+                next_header: IPPROTO_UDP,
+                hop_limit: 64,
+                payload_len: 60,
+            };
+            inner.emit(&mut m[8..]).unwrap();
+            m[48..50].copy_from_slice(&4791u16.to_be_bytes());
+            m[50..52].copy_from_slice(&4792u16.to_be_bytes());
+            ndp::set_icmpv6_checksum(b, a, &mut m[..56]);
+            Some(56)
+        })
+        .unwrap();
+        assert_eq!(
+            icmp(&g[..n]),
+            Icmp::Unreachable {
+                src: SocketAddr::new(IpAddr::V6(a), 4791),
+                dst: SocketAddr::new(IpAddr::V6(b), 4792)
+            }
+        );
+    }
+}
