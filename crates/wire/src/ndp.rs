@@ -206,17 +206,17 @@ mod tests {
         s.parse().unwrap()
     }
 
-    /// A solicitation as Linux sends it for fd31::2 from fd31::1 (MAC
-    /// 02:00:00:00:00:01), to the solicited-node address: its bytes, with
-    /// the checksum Linux computes.
+    /// The ICMPv6 message of a solicitation captured from Linux 6.18
+    /// (`ping -6 fd31::2` from fd31::1, MAC 02:00:00:00:00:01, to the
+    /// solicited-node group ff02::1:ff00:2; hop limit 255): the kernel's
+    /// checksum is 0x7d35.
     fn linux_solicit() -> [u8; 32] {
         let mut m = [0u8; 32];
-        m[0] = 135;
-        m[8..24].copy_from_slice(&a("fd31::2").octets());
-        m[24] = 1;
-        m[25] = 1;
-        m[26..32].copy_from_slice(&[2, 0, 0, 0, 0, 1]);
-        set_icmpv6_checksum(a("fd31::1"), solicited_node(a("fd31::2")), &mut m);
+        let hex = b"87007d3500000000fd3100000000000000000000000000020101020000000001";
+        for (i, b) in m.iter_mut().enumerate() {
+            let d = |c: u8| (c as char).to_digit(16).unwrap() as u8;
+            *b = d(hex[2 * i]) << 4 | d(hex[2 * i + 1]);
+        }
         m
     }
 
@@ -230,7 +230,7 @@ mod tests {
         assert_eq!(s, NdpRepr::Solicit { target: me, source_mac: Some([2, 0, 0, 0, 0, 1]) });
         let mut out = [0u8; 64];
         assert_eq!(s.emit(peer, sn, &mut out), Ok(32));
-        assert_eq!(out[..32], m, "the same bytes back");
+        assert_eq!(out[..32], m, "the same bytes back, Linux's checksum too");
         let adv = NdpRepr::Advert {
             target: me,
             target_mac: Some([2, 0, 0, 0, 0, 2]),
@@ -269,6 +269,18 @@ mod tests {
         assert_eq!(
             NdpRepr::parse(Ipv6Addr::UNSPECIFIED, sn, 255, &out[..n]),
             Err(WireError::HeaderMismatch)
+        );
+        // Linux's own duplicate address detection carries a nonce option
+        // (type 14), which is skipped.
+        let mut nonce = [0u8; 32];
+        nonce[0] = 135;
+        nonce[8..24].copy_from_slice(&a("fe80::ff:fe00:1").octets());
+        nonce[24..32].copy_from_slice(&[14, 1, 0x15, 0x86, 0xac, 0x2c, 0x82, 0xc2]);
+        let sn1 = solicited_node(a("fe80::ff:fe00:1"));
+        set_icmpv6_checksum(Ipv6Addr::UNSPECIFIED, sn1, &mut nonce);
+        assert_eq!(
+            NdpRepr::parse(Ipv6Addr::UNSPECIFIED, sn1, 255, &nonce),
+            Ok(NdpRepr::Solicit { target: a("fe80::ff:fe00:1"), source_mac: None })
         );
         let mut echo = [0u8; 24];
         echo[0] = ECHO_REQUEST;
