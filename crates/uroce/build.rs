@@ -17,10 +17,20 @@ mod dpdk {
 
     /// Poll-mode drivers linked whole (they register themselves from
     /// constructors, which nothing else refers to).
-    const WHOLE: [&str; 5] =
-        ["rte_net_af_packet", "rte_net_af_xdp", "rte_net_null", "rte_bus_vdev", "rte_mempool_ring"];
+    const WHOLE: [&str; 7] = [
+        "rte_net_af_packet",
+        "rte_net_af_xdp",
+        "rte_net_tap",
+        "rte_net_memif",
+        "rte_net_null",
+        "rte_bus_vdev",
+        "rte_mempool_ring",
+    ];
     /// The libraries they need, in link order.
-    const LIBS: [&str; 9] = [
+    const LIBS: [&str; 12] = [
+        "rte_gso",
+        "rte_hash",
+        "rte_rcu",
         "rte_ethdev",
         "rte_mbuf",
         "rte_mempool",

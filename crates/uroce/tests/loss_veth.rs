@@ -326,6 +326,18 @@ impl Net {
         ok.then_some(net)
     }
 
+    /// One namespace (no veth), both roles in it: for ports that need no
+    /// second host (a tap, shared memory).
+    #[cfg(feature = "dpdk")]
+    fn single(tag: char) -> Option<Self> {
+        let id = std::process::id() % 100_000;
+        let ns = format!("uroce-{tag}s{id}");
+        let net = Self { a: ns.clone(), b: ns, tag, path_mtu: std::cell::Cell::new(0) };
+        let ok = sh(&["ip", "netns", "add", &net.a])
+            && sh(&["ip", "-n", &net.a, "link", "set", "lo", "up"]);
+        ok.then_some(net)
+    }
+
     /// Sets both veth ends' MTU to `link`, and the roles' path MTU to
     /// `path` from now on.
     fn set_mtu(&self, link: u32, path: u32) {
@@ -403,7 +415,9 @@ impl Net {
 impl Drop for Net {
     fn drop(&mut self) {
         sh(&["ip", "netns", "del", &self.a]);
-        sh(&["ip", "netns", "del", &self.b]);
+        if self.b != self.a {
+            sh(&["ip", "netns", "del", &self.b]);
+        }
     }
 }
 
@@ -424,9 +438,13 @@ fn spawn_v(ns: &str, role: &str, backend: Option<&str>, v6: bool, path_mtu: u32)
         c.env_remove("UROCE_LOSS_IPV6");
     }
     if let Some(b) = backend {
+        // "dpdk" (af_packet on the namespace's veth end) or "dpdk:PORT"
+        // (see `dpdk_eal_for`).
+        let (b, port) = b.split_once(':').unwrap_or((b, ""));
         c.env("UROCE_BACKEND", b);
         if b == "dpdk" {
-            c.env("UROCE_DPDK_EAL", dpdk_eal(ns, path_mtu));
+            let eal = if port.is_empty() { dpdk_eal(ns, path_mtu) } else { dpdk_eal_for(ns, port) };
+            c.env("UROCE_DPDK_EAL", eal);
             if path_mtu == 4096 {
                 c.env("UROCE_DPDK_MTU", "9000");
             } else {
@@ -1136,6 +1154,29 @@ fn dpdk_eal(ns: &str, path_mtu: u32) -> String {
     )
 }
 
+/// EAL arguments for DPDK ports other than af_packet, in namespace `ns`:
+/// `tap` (a tap interface `dt<ns id>` the test made, `multi_queue` as the
+/// tap driver asks) or `memif-server`/`memif-client` (shared memory
+/// through a socket of the namespace's). Each its own file prefix: both
+/// roles may run in one namespace.
+#[cfg(feature = "dpdk")]
+fn dpdk_eal_for(ns: &str, port: &str) -> String {
+    let vdev = match port {
+        "tap" => format!("net_tap0,iface={}", tap_name(ns)),
+        "memif-server" | "memif-client" => {
+            let role = port.trim_start_matches("memif-");
+            format!("net_memif0,role={role},id=0,socket=/run/uroce-memif-{ns}.sock")
+        }
+        _ => panic!("no DPDK port kind {port}"),
+    };
+    format!("--no-huge -m 256 --no-pci --file-prefix={ns}-{port} --log-level=4 --vdev={vdev}")
+}
+
+#[cfg(feature = "dpdk")]
+fn tap_name(ns: &str) -> String {
+    format!("dt{}", ns.trim_start_matches("uroce-"))
+}
+
 /// The DPDK backend (feature `dpdk`) against the `udp` backend over the
 /// veth pair, each way: the DPDK side's kernel has no IPv4 address, so
 /// the backend answers ARP (and ping) for its address itself and resolves
@@ -1213,4 +1254,42 @@ fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
     for ns in [&net.a, &net.b] {
         let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{ns}"));
     }
+}
+
+/// Other DPDK ports than af_packet, each with the whole suite: `net_tap`
+/// (the test's tap interface, whose kernel side holds the `udp` client's
+/// address: the kernel resolves the DPDK server through our ARP), and
+/// `net_memif` (two DPDK uroces joined by shared memory, no kernel on the
+/// path at all: each resolves the other by our ARP).
+#[cfg(feature = "dpdk")]
+#[test]
+fn dpdk_backend_on_tap_and_memif_ports() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    if !is_root() {
+        assert!(std::env::var_os("CI").is_none(), "the DPDK test needs root under CI");
+        eprintln!("not root: skipped");
+        return;
+    }
+    let net = Net::single('t').expect("a namespace");
+    let tap = tap_name(&net.a);
+    let ns = |args: &[&str]| {
+        let mut v = vec!["ip", "-n", &net.a];
+        v.extend_from_slice(args);
+        assert!(sh(&v), "{v:?}");
+    };
+    ns(&["tuntap", "add", "dev", &tap, "mode", "tap", "multi_queue"]);
+    ns(&["addr", "add", "10.231.0.1/24", "dev", &tap]);
+    ns(&["link", "set", &tap, "up"]);
+    let t = run_pair_on(&net, Some("dpdk:tap"), None);
+    assert_eq!(t.len(), STREAMS.len(), "{t:?}");
+    eprintln!("DPDK server on net_tap: {t:?}");
+    let t = run_pair_on(&net, Some("dpdk:memif-server"), Some("dpdk:memif-client"));
+    assert_eq!(t.len(), STREAMS.len(), "{t:?}");
+    eprintln!("DPDK on net_memif, both ends: {t:?}");
+    for port in ["tap", "memif-server", "memif-client"] {
+        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}-{port}", net.a));
+    }
+    let _ = std::fs::remove_file(format!("/run/uroce-memif-{}.sock", net.a));
 }
