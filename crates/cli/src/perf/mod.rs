@@ -237,9 +237,18 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
     let quiet = a.output.is_some();
 
     let ctx = common::open_device(a.dev.as_deref())?;
-    let port = ctx
-        .query_port(a.ib_port)
-        .map_err(|_| anyhow!("port {} does not exist (ports: 1)", a.ib_port))?;
+    let query = || {
+        ctx.query_port(a.ib_port)
+            .map_err(|_| anyhow!("port {} does not exist (ports: 1)", a.ib_port))
+    };
+    let mut port = query()?;
+    // A link may come up a moment after the device opens (a DPDK memif
+    // port waits for its peer, a NIC for its autonegotiation).
+    let waited = std::time::Instant::now();
+    while !port.active && waited.elapsed() < std::time::Duration::from_secs(5) {
+        std::thread::sleep(std::time::Duration::from_millis(50));
+        port = query()?;
+    }
     if !port.active {
         bail!("port {} of {} is down", a.ib_port, ctx.device().name());
     }
