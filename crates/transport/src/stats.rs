@@ -198,18 +198,24 @@ counters! {
     /// Frames the port would not take or no mbuf was free for (dropped;
     /// RC resends).
     dpdk_tx_dropped,
-    /// ARP replies sent for the device's addresses.
+    /// ARP replies and neighbour advertisements sent for the device's
+    /// addresses (IPv6's announcement at start included).
     dpdk_arp_replies,
-    /// ARP requests sent (peers' MACs, and the announcement at start).
+    /// ARP requests and neighbour solicitations sent (peers' MACs, and
+    /// IPv4's announcement at start).
     dpdk_arp_requests,
-    /// ICMP echo requests to the device's addresses answered.
+    /// ICMP and ICMPv6 echo requests to the device's addresses answered.
     dpdk_echo_replies,
-    /// Frames dropped because too many waited for unresolved MACs.
+    /// Frames dropped because too many waited for unresolved MACs, or
+    /// their neighbour never answered.
     dpdk_no_neighbour,
     /// Frames the port missed (no descriptor or mbuf to receive into).
     dpdk_rx_missed,
     /// The port's own receive and transmit errors.
     dpdk_port_errors,
+    /// IGMP and MLD membership reports and leaves sent (groups joined and
+    /// left, routers' queries answered).
+    dpdk_group_reports,
 }
 
 impl Stats {

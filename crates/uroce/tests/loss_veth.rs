@@ -56,6 +56,13 @@ fn side(addr: IpAddr) -> Side {
     let ctx = uroce::Device::from_config(DeviceConfig { name: "loss".into(), addr, port: 4791 })
         .open()
         .expect("open device");
+    // As perftest does, wait for the port to be active: a DPDK memif
+    // port's link comes up once its peer has connected.
+    let up = Instant::now();
+    while !ctx.query_port(1).is_ok_and(|p| p.active) {
+        assert!(up.elapsed() < Duration::from_secs(20), "the port never came up");
+        std::thread::sleep(Duration::from_millis(20));
+    }
     let pd = ctx.alloc_pd().unwrap();
     let mr = pd.alloc_mr(REGION, ALL).unwrap();
     let cq = ctx.create_cq(1024).unwrap();
@@ -474,6 +481,16 @@ fn start_roles(
     v6: bool,
 ) -> (Child, Child, ChildStdin, ChildStdin, BufReader<ChildStdout>, BufReader<ChildStdout>) {
     let mut srv = spawn_v(&net.b, server.0, server.1, v6, net.path_mtu.get());
+    if client.1 == Some("dpdk:memif-client") {
+        // A memif client connects once, when its port starts: the
+        // server's socket must be there by then.
+        let sock = memif_socket(&net.b);
+        let t = Instant::now();
+        while !std::path::Path::new(&sock).exists() {
+            assert!(t.elapsed() < Duration::from_secs(30), "no memif socket {sock}");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
     let mut cli = spawn_v(&net.a, client.0, client.1, v6, net.path_mtu.get());
     let (s_in, c_in) = (srv.stdin.take().unwrap(), cli.stdin.take().unwrap());
     let s_out = BufReader::new(srv.stdout.take().unwrap());
@@ -1157,22 +1174,27 @@ fn dpdk_eal(ns: &str, path_mtu: u32) -> String {
 /// EAL arguments for DPDK ports other than af_packet, in namespace `ns`:
 /// `tap` (a tap interface `dt<ns id>` the test made, `multi_queue` as the
 /// tap driver asks) or `memif-server`/`memif-client` (shared memory
-/// through a socket of the namespace's). Each its own file prefix: both
-/// roles may run in one namespace.
-#[cfg(feature = "dpdk")]
+/// through a socket file, [`memif_socket`]; the client connects only when
+/// its port starts, so it is started once the server made the socket).
+/// Each its own file prefix: both roles may run in one namespace.
 fn dpdk_eal_for(ns: &str, port: &str) -> String {
     let vdev = match port {
         "tap" => format!("net_tap0,iface={}", tap_name(ns)),
         "memif-server" | "memif-client" => {
             let role = port.trim_start_matches("memif-");
-            format!("net_memif0,role={role},id=0,socket=/run/uroce-memif-{ns}.sock")
+            let sock = memif_socket(ns);
+            format!("net_memif0,role={role},id=0,socket={sock},socket-abstract=no")
         }
         _ => panic!("no DPDK port kind {port}"),
     };
     format!("--no-huge -m 256 --no-pci --file-prefix={ns}-{port} --log-level=4 --vdev={vdev}")
 }
 
-#[cfg(feature = "dpdk")]
+/// The memif socket of namespace `ns` (a file: the client waits for it).
+fn memif_socket(ns: &str) -> String {
+    format!("/run/uroce-memif-{ns}.sock")
+}
+
 fn tap_name(ns: &str) -> String {
     format!("dt{}", ns.trim_start_matches("uroce-"))
 }
@@ -1291,5 +1313,5 @@ fn dpdk_backend_on_tap_and_memif_ports() {
     for port in ["tap", "memif-server", "memif-client"] {
         let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}-{port}", net.a));
     }
-    let _ = std::fs::remove_file(format!("/run/uroce-memif-{}.sock", net.a));
+    let _ = std::fs::remove_file(memif_socket(&net.a));
 }

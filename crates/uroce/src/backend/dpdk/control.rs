@@ -15,6 +15,17 @@ use uroce_wire::ndp::{self, IPPROTO_ICMPV6, NdpRepr};
 
 /// IP protocol number of ICMP.
 const IPPROTO_ICMP: u8 = 1;
+/// IP protocol number of IGMP.
+const IPPROTO_IGMP: u8 = 2;
+/// IPv6 next header of a hop-by-hop options header (MLD comes behind one).
+const NEXT_HOP_BY_HOP: u8 = 0;
+/// The all-routers groups, where leaves go (IGMP, MLD).
+const ALL_ROUTERS_V4: Ipv4Addr = Ipv4Addr::new(224, 0, 0, 2);
+const ALL_ROUTERS_V6: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
+/// ICMPv6 types of MLD (RFC 2710): query, report, done.
+const MLD_QUERY: u8 = 130;
+const MLD_REPORT: u8 = 131;
+const MLD_DONE: u8 = 132;
 /// The all-nodes group, where unsolicited advertisements go.
 pub(super) const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 
@@ -24,7 +35,7 @@ pub(super) enum Kind {
     Arp,
     /// A UDP datagram to the device's port (IPv4 or IPv6): RoCE.
     Roce,
-    /// ICMP (IPv4) or ICMPv6.
+    /// ICMP or IGMP (IPv4), ICMPv6 (with MLD).
     Icmp,
     Other,
 }
@@ -38,10 +49,15 @@ pub(super) fn classify(f: &[u8], port: u16) -> Kind {
     let (proto, l4) = match ethertype {
         ETHERTYPE_ARP => return Kind::Arp,
         ETHERTYPE_IPV4 if ip.len() >= IPV4_HEADER_LEN => (ip[9], usize::from(ip[0] & 0xf) * 4),
+        // MLD comes behind a hop-by-hop options header.
+        ETHERTYPE_IPV6 if ip.len() >= IPV6_HEADER_LEN + 8 && ip[6] == NEXT_HOP_BY_HOP => {
+            (ip[IPV6_HEADER_LEN], IPV6_HEADER_LEN)
+        }
         ETHERTYPE_IPV6 if ip.len() >= IPV6_HEADER_LEN => (ip[6], IPV6_HEADER_LEN),
         _ => return Kind::Other,
     };
     match proto {
+        IPPROTO_IGMP if ethertype == ETHERTYPE_IPV4 => Kind::Icmp,
         IPPROTO_UDP => {
             let to_port = ip.get(l4 + 2..l4 + 4).map(|p| u16::from_be_bytes([p[0], p[1]]));
             if to_port == Some(port) { Kind::Roce } else { Kind::Other }
@@ -151,6 +167,9 @@ pub(super) enum Icmp {
     /// A peer's host says nothing listens at `dst` (port unreachable), about
     /// a datagram of ours from `src`.
     Unreachable { src: SocketAddr, dst: SocketAddr },
+    /// A multicast router asks which groups are joined: all (`None`) or
+    /// one (IGMP or MLD).
+    Query { group: Option<IpAddr> },
     /// Anything else, or a message that does not verify.
     Other,
 }
@@ -174,6 +193,9 @@ pub(super) fn icmp(f: &[u8]) -> Icmp {
 fn icmp4(b: &[u8]) -> Icmp {
     let Ok(ip) = Ipv4Packet::new_checked(b) else { return Icmp::Other };
     let m = ip.payload();
+    if ip.protocol() == IPPROTO_IGMP {
+        return igmp(&ip);
+    }
     if ip.protocol() != IPPROTO_ICMP
         || !ip.checksum_ok()
         || ip.more_frags()
@@ -210,13 +232,44 @@ fn quoted4(q: &[u8]) -> Icmp {
     }
 }
 
+/// An IGMP query (any version: a v1/v2 query is 8 bytes, a v3 one longer;
+/// the IPv4 header's and the message's checksums verified).
+fn igmp(ip: &Ipv4Packet<&[u8]>) -> Icmp {
+    let m = ip.payload();
+    if !ip.checksum_ok() || m.len() < 8 || m[0] != 0x11 || checksum::checksum(m) != 0 {
+        return Icmp::Other;
+    }
+    let g = Ipv4Addr::new(m[4], m[5], m[6], m[7]);
+    Icmp::Query { group: (!g.is_unspecified()).then_some(IpAddr::V4(g)) }
+}
+
+/// An MLD query (v1 or v2) behind its hop-by-hop header `h` (the packet's
+/// payload), from `from` to `to`.
+fn mld_query(from: Ipv6Addr, to: Ipv6Addr, h: &[u8]) -> Icmp {
+    let len = usize::from(h.get(1).copied().unwrap_or(0)) * 8 + 8;
+    let Some(m) = h.get(len..) else { return Icmp::Other };
+    if h[0] != IPPROTO_ICMPV6 || m.len() < 24 || m[0] != MLD_QUERY || m[1] != 0 {
+        return Icmp::Other;
+    }
+    if ndp::icmpv6_checksum(from, to, m) != 0 {
+        return Icmp::Other;
+    }
+    let mut g = [0u8; 16];
+    g.copy_from_slice(&m[8..24]);
+    let g = Ipv6Addr::from(g);
+    Icmp::Query { group: (!g.is_unspecified()).then_some(IpAddr::V6(g)) }
+}
+
 fn icmp6(b: &[u8]) -> Icmp {
     let Ok(ip) = Ipv6Packet::new_checked(b) else { return Icmp::Other };
     let m = ip.payload();
+    let (from, to) = (ip.src(), ip.dst());
+    if ip.next_header() == NEXT_HOP_BY_HOP {
+        return mld_query(from, to, m);
+    }
     if ip.next_header() != IPPROTO_ICMPV6 || m.len() < 8 {
         return Icmp::Other;
     }
-    let (from, to) = (ip.src(), ip.dst());
     match m[0] {
         ndp::NEIGHBOR_SOLICIT | ndp::NEIGHBOR_ADVERT => {
             match NdpRepr::parse(from, to, ip.hop_limit(), m) {
@@ -247,6 +300,87 @@ fn icmp6(b: &[u8]) -> Icmp {
             }
         }
         _ => Icmp::Other,
+    }
+}
+
+/// The IPv6 link-local address of `mac` (modified EUI-64, RFC 4291): the
+/// source of MLD messages, which must come from one.
+pub(super) fn link_local(mac: [u8; 6]) -> Ipv6Addr {
+    let [a, b, c, d, e, f] = mac;
+    Ipv6Addr::from([0xfe, 0x80, 0, 0, 0, 0, 0, 0, a ^ 2, b, c, 0xff, 0xfe, d, e, f])
+}
+
+/// Writes the frame that tells multicast routers (and snooping switches)
+/// from `mac` that `group` is joined, or left when `leave`: an IGMPv2
+/// report or leave (RFC 2236) from `me`, or an MLDv1 report or done (RFC
+/// 2710) from our link-local address; each with the router alert option
+/// and a hop limit of 1. `None` when `me` is not of `group`'s family.
+pub(super) fn membership_frame(
+    out: &mut [u8],
+    mac: [u8; 6],
+    me: IpAddr,
+    group: IpAddr,
+    leave: bool,
+) -> Option<usize> {
+    match (me, group) {
+        (IpAddr::V4(me), IpAddr::V4(g)) => {
+            let dst = if leave { ALL_ROUTERS_V4 } else { g };
+            let to = ndp::multicast_mac(IpAddr::V4(dst));
+            let n = ETH_HEADER_LEN + 24 + 8;
+            let f = out.get_mut(..n)?;
+            EthernetRepr { dst: to, src: mac, vlan_tci: None, ethertype: ETHERTYPE_IPV4 }
+                .emit(f)
+                .ok()?;
+            // IPv4 with one option, router alert (RFC 2113): IHL 6, total
+            // 32 bytes, DF, TTL 1; TOS 0xc0 (internetwork control), as
+            // Linux sends IGMP.
+            let ip = &mut f[ETH_HEADER_LEN..];
+            ip[..24].fill(0);
+            (ip[0], ip[1], ip[3], ip[6], ip[8], ip[9]) = (0x46, 0xc0, 32, 0x40, 1, IPPROTO_IGMP);
+            ip[20..22].copy_from_slice(&[0x94, 0x04]);
+            ip[12..16].copy_from_slice(&me.octets());
+            ip[16..20].copy_from_slice(&dst.octets());
+            let c = checksum::checksum(&ip[..24]);
+            ip[10..12].copy_from_slice(&c.to_be_bytes());
+            let m = &mut ip[24..32];
+            m.fill(0);
+            m[0] = if leave { 0x17 } else { 0x16 };
+            m[4..8].copy_from_slice(&g.octets());
+            let c = checksum::checksum(m);
+            m[2..4].copy_from_slice(&c.to_be_bytes());
+            Some(n)
+        }
+        (IpAddr::V6(_), IpAddr::V6(g)) => {
+            let src = link_local(mac);
+            let dst = if leave { ALL_ROUTERS_V6 } else { g };
+            let to = ndp::multicast_mac(IpAddr::V6(dst));
+            let at = ETH_HEADER_LEN + IPV6_HEADER_LEN;
+            let n = at + 8 + 24;
+            let f = out.get_mut(..n)?;
+            EthernetRepr { dst: to, src: mac, vlan_tci: None, ethertype: ETHERTYPE_IPV6 }
+                .emit(f)
+                .ok()?;
+            let ip = Ipv6Repr {
+                src,
+                dst,
+                traffic_class: 0,
+                flow_label: 0,
+                next_header: NEXT_HOP_BY_HOP,
+                hop_limit: 1,
+                payload_len: 8 + 24,
+            };
+            ip.emit(&mut f[ETH_HEADER_LEN..]).ok()?;
+            // Hop-by-hop: next ICMPv6, 8 bytes, router alert (value 0:
+            // MLD), then a PadN of no data.
+            f[at..at + 8].copy_from_slice(&[IPPROTO_ICMPV6, 0, 5, 2, 0, 0, 1, 0]);
+            let m = &mut f[at + 8..];
+            m.fill(0);
+            m[0] = if leave { MLD_DONE } else { MLD_REPORT };
+            m[8..24].copy_from_slice(&g.octets());
+            ndp::set_icmpv6_checksum(src, dst, m);
+            Some(n)
+        }
+        _ => None,
     }
 }
 
@@ -437,6 +571,136 @@ mod tests {
             .unwrap(),
             _ => unreachable!(),
         }
+    }
+
+    /// Membership reports and leaves (IGMPv2, MLDv1) verify as a router
+    /// checks them: header and message checksums, router alert, hop limit
+    /// 1, the link-local source for MLD; routers' queries are read back.
+    #[test]
+    fn membership_reports_verify_and_queries_are_read() {
+        let me4: IpAddr = "10.0.0.1".parse().unwrap();
+        let me6: IpAddr = "fd31::1".parse().unwrap();
+        let g4: IpAddr = "239.255.77.1".parse().unwrap();
+        let g6: IpAddr = "ff0e::77".parse().unwrap();
+        let mut out = [0u8; 256];
+        for leave in [false, true] {
+            let n = membership_frame(&mut out, MAC_A, me4, g4, leave).unwrap();
+            let ip = Ipv4Packet::new_checked(&out[ETH_HEADER_LEN..n]).unwrap();
+            assert!(ip.checksum_ok());
+            assert_eq!((ip.header_len(), ip.ttl(), ip.protocol()), (24, 1, IPPROTO_IGMP));
+            assert_eq!(&out[ETH_HEADER_LEN + 20..ETH_HEADER_LEN + 22], &[0x94, 0x04]);
+            assert_eq!(checksum::checksum(ip.payload()), 0);
+            let to = if leave { ALL_ROUTERS_V4 } else { Ipv4Addr::new(239, 255, 77, 1) };
+            assert_eq!((ip.dst(), out[..6] == ndp::multicast_mac(IpAddr::V4(to))), (to, true));
+            assert_eq!(ip.payload()[0], if leave { 0x17 } else { 0x16 });
+            assert_eq!(classify(&out[..n], 4791), Kind::Icmp);
+            assert_eq!(icmp(&out[..n]), Icmp::Other, "a report is no query");
+            let n = membership_frame(&mut out, MAC_A, me6, g6, leave).unwrap();
+            let ip = Ipv6Packet::new_checked(&out[ETH_HEADER_LEN..n]).unwrap();
+            assert_eq!((ip.next_header(), ip.hop_limit()), (NEXT_HOP_BY_HOP, 1));
+            assert_eq!(ip.src(), v6("fe80::ff:fe00:1"), "link-local of 02:00:00:00:00:01");
+            let m = &ip.payload()[8..];
+            assert_eq!(m[0], if leave { MLD_DONE } else { MLD_REPORT });
+            assert_eq!(ndp::icmpv6_checksum(ip.src(), ip.dst(), m), 0);
+            assert_eq!(classify(&out[..n], 4791), Kind::Icmp);
+        }
+        assert!(membership_frame(&mut out, MAC_A, me4, g6, false).is_none(), "families differ");
+        // Queries: an IGMPv2 general one, an MLD one for a group; damaged
+        // ones are no queries.
+        let n = membership_frame(&mut out, MAC_A, me4, g4, false).unwrap();
+        let at = ETH_HEADER_LEN + 24;
+        out[at] = 0x11;
+        out[at + 4..at + 8].fill(0);
+        out[at + 2..at + 4].fill(0);
+        let c = checksum::checksum(&out[at..at + 8]);
+        out[at + 2..at + 4].copy_from_slice(&c.to_be_bytes());
+        assert_eq!(icmp(&out[..n]), Icmp::Query { group: None });
+        out[at + 7] ^= 1;
+        assert_eq!(icmp(&out[..n]), Icmp::Other);
+        let n = membership_frame(&mut out, MAC_A, me6, g6, false).unwrap();
+        let at = ETH_HEADER_LEN + IPV6_HEADER_LEN + 8;
+        out[at] = MLD_QUERY;
+        let (src, dst) = (link_local(MAC_A), v6("ff0e::77"));
+        ndp::set_icmpv6_checksum(src, dst, &mut out[at..n]);
+        assert_eq!(icmp(&out[..n]), Icmp::Query { group: Some(g6) });
+        out[n - 1] ^= 1;
+        assert_eq!(icmp(&out[..n]), Icmp::Other);
+    }
+
+    /// Wireshark's dissectors (tshark, which the test command installs)
+    /// take every control frame we build: checksums good, nothing
+    /// malformed, each message what it should be.
+    #[test]
+    fn tshark_dissects_our_control_frames() {
+        use std::process::Command;
+        if Command::new("tshark").arg("-v").output().is_err() {
+            assert!(std::env::var_os("CI").is_none(), "tshark is required under CI");
+            eprintln!("tshark not installed: skipped");
+            return;
+        }
+        let (a4, b4): (IpAddr, IpAddr) = ("10.0.0.1".parse().unwrap(), "10.0.0.2".parse().unwrap());
+        let (a6, b6): (IpAddr, IpAddr) = ("fd31::1".parse().unwrap(), "fd31::2".parse().unwrap());
+        let mut frames: Vec<Vec<u8>> = Vec::new();
+        let mut add = |build: &dyn Fn(&mut [u8]) -> Option<usize>| {
+            let mut out = [0u8; 512];
+            let n = build(&mut out).unwrap();
+            frames.push(out[..n].to_vec());
+        };
+        add(&|o| ask_frame(o, MAC_A, a4, b4));
+        add(&|o| ask_frame(o, MAC_A, a6, b6));
+        add(&|o| announce_frame(o, MAC_A, a6));
+        for (me, g) in [(a4, "239.255.77.1"), (a6, "ff0e::77")] {
+            for leave in [false, true] {
+                add(&|o| membership_frame(o, MAC_A, me, g.parse().unwrap(), leave));
+            }
+        }
+        for (a, b) in [(a4, b4), (a6, b6)] {
+            let mut req = [0u8; 256];
+            let n = build_echo(&mut req, (a, b), 8, 128);
+            add(&|o| echo_reply(&req[..n], o, MAC_B));
+        }
+        // A pcap file (version 2.4, Ethernet) of them.
+        let mut pcap = Vec::new();
+        pcap.extend_from_slice(&0xa1b2_c3d4u32.to_le_bytes());
+        pcap.extend_from_slice(&[2, 0, 4, 0]);
+        for w in [0u32, 0, 65535, 1] {
+            pcap.extend_from_slice(&w.to_le_bytes());
+        }
+        for f in &frames {
+            for w in [0u32, 0, f.len() as u32, f.len() as u32] {
+                pcap.extend_from_slice(&w.to_le_bytes());
+            }
+            pcap.extend_from_slice(f);
+        }
+        let path = std::env::temp_dir().join(format!("uroce-dpdk-ctl-{}.pcap", std::process::id()));
+        std::fs::write(&path, &pcap).unwrap();
+        let out = Command::new("tshark")
+            .args(["-n", "-V", "-o", "ip.check_checksum:TRUE", "-r"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        let _ = std::fs::remove_file(&path);
+        let text = String::from_utf8_lossy(&out.stdout);
+        assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        for bad in ["Malformed", "[Bad", "Bad]", "incorrect", "Checksum Status: Bad"] {
+            assert!(!text.contains(bad), "{bad}: {text}");
+        }
+        for want in [
+            "Neighbor Solicitation",
+            "Neighbor Advertisement",
+            "Membership Report",
+            "Leave Group",
+            "Multicast Listener Report",
+            "Multicast Listener Done",
+            "Router Alert",
+            "Echo (ping) reply",
+        ] {
+            assert!(text.contains(want), "no {want}: {text}");
+        }
+        // Every message's checksum (the ARP request has none), and the
+        // IPv4 headers' (the two IGMP frames and the echo reply).
+        assert_eq!(text.matches("[Checksum Status: Good]").count(), frames.len() - 1, "{text}");
+        assert_eq!(text.matches("[Header checksum status: Good]").count(), 3, "{text}");
     }
 
     /// Port unreachable, as Linux sends it (the quoted datagram's IP header

@@ -6,7 +6,8 @@
 //! e.g. `--no-huge -m 128 --no-pci --file-prefix=uroce
 //! --vdev=net_af_packet0,iface=eth1`; `UROCE_DPDK_PORT` picks one by
 //! number or name, default 0): a kernel interface through `net_af_packet`
-//! or `net_af_xdp`, or a NIC bound to a user-space driver;
+//! or `net_af_xdp`, a tap interface (`net_tap`), shared memory with
+//! another DPDK process (`net_memif`), or a NIC bound to a user-space driver;
 //! `UROCE_DPDK_MTU` sets its MTU where the driver does not report the
 //! link's (af_packet says 1500 whatever its interface has). No kernel
 //! stack stands behind it, so the backend does what the kernel would
@@ -20,8 +21,9 @@
 //! port's MTU (up to 9 KiB: RoCE MTU 4096 on a jumbo link), and frames
 //! that come in several (a port that scatters) are joined.
 //!
-//! What it does not do (yet): IGMP/MLD membership reports, sending ICMP
-//! errors, the local shared-memory path, several contexts on one port (one
+//! Multicast routers and snooping switches are told of the groups joined
+//! (IGMPv2, MLDv1 from the port's link-local address, their queries
+//! answered). What it does not do (yet): sending ICMP errors, the local shared-memory path, several contexts on one port (one
 //! process, one context per port: DPDK starts once per process and a port
 //! has one owner).
 
@@ -116,6 +118,7 @@ struct Counters {
     arp_requests: u64,
     echo_replies: u64,
     no_neighbour: u64,
+    group_reports: u64,
 }
 
 fn refused(what: &str, e: io::Error) -> io::Error {
@@ -179,11 +182,37 @@ impl DpdkBackend {
     fn announce(&mut self, ip: IpAddr) {
         let mac = self.mac;
         self.control(|out| control::announce_frame(out, mac, ip));
-        if ip.is_ipv4() {
-            self.counters.arp_requests += 1;
-        } else {
-            self.counters.arp_replies += 1;
+        match ip {
+            IpAddr::V4(_) => self.counters.arp_requests += 1,
+            IpAddr::V6(a) => {
+                self.counters.arp_replies += 1;
+                // Solicitations for it go to its solicited-node group: a
+                // switch that snoops MLD forwards them once it is reported.
+                self.report(IpAddr::V6(uroce_wire::ndp::solicited_node(a)), false);
+            }
         }
+    }
+
+    /// Reports `group` joined (or left) to multicast routers and snooping
+    /// switches, from our first address of its family.
+    fn report(&mut self, group: IpAddr, leave: bool) {
+        let Some(&me) = self.ips.iter().find(|a| a.is_ipv4() == group.is_ipv4()) else { return };
+        let mac = self.mac;
+        if self.control(|out| control::membership_frame(out, mac, me, group, leave)) {
+            self.counters.group_reports += 1;
+        }
+    }
+
+    /// The groups this device reports: those joined, and the
+    /// solicited-node groups of its IPv6 addresses.
+    fn reported_groups(&self) -> Vec<IpAddr> {
+        let solicited = self.ips.iter().filter_map(|a| match a {
+            IpAddr::V6(a) => Some(IpAddr::V6(uroce_wire::ndp::solicited_node(*a))),
+            IpAddr::V4(_) => None,
+        });
+        let mut all: Vec<IpAddr> = self.groups.iter().copied().chain(solicited).collect();
+        all.dedup();
+        all
     }
 
     /// Sends the control frame `build` writes, at once: it answers a
@@ -270,6 +299,16 @@ impl DpdkBackend {
             Icmp::Unreachable { src, dst } if self.ips.contains(&src.ip()) => {
                 if !self.gone.contains(&dst) {
                     self.gone.push(dst);
+                }
+            }
+            // A router asks (IGMP or MLD): report the groups asked about
+            // (a query from another family's router asks for none of ours).
+            Icmp::Query { group } => {
+                let v4 = f.get(12..14) == Some(&[0x08, 0x00][..]);
+                for g in self.reported_groups() {
+                    if g.is_ipv4() == v4 && group.is_none_or(|q| q == g) {
+                        self.report(g, false);
+                    }
                 }
             }
             _ => self.counters.other += 1,
@@ -475,6 +514,7 @@ impl Backend for DpdkBackend {
         stats.dpdk_arp_requests += c.arp_requests;
         stats.dpdk_echo_replies += c.echo_replies;
         stats.dpdk_no_neighbour += c.no_neighbour;
+        stats.dpdk_group_reports += c.group_reports;
         if let Some(p) = self.port.as_ref() {
             let st = p.stats();
             stats.dpdk_rx_missed += st[2] + st[5];
@@ -509,8 +549,9 @@ impl Backend for DpdkBackend {
     }
 
     /// RoCE datagrams to `group` are taken from now on (the port receives
-    /// every multicast frame: see `shim.c`). No IGMP or MLD report is
-    /// sent: a switch that snoops them must be told of the group otherwise.
+    /// every multicast frame: see `shim.c`); multicast routers and
+    /// snooping switches are told (IGMPv2 or MLDv1 report, and the
+    /// routers' queries answered).
     fn join(&mut self, group: IpAddr) -> io::Result<()> {
         if !group.is_multicast() {
             return Err(io::Error::new(
@@ -520,12 +561,16 @@ impl Backend for DpdkBackend {
         }
         if !self.groups.contains(&group) {
             self.groups.push(group);
+            self.report(group, false);
         }
         Ok(())
     }
 
     fn leave(&mut self, group: IpAddr) {
-        self.groups.retain(|&g| g != group);
+        if self.groups.contains(&group) {
+            self.groups.retain(|&g| g != group);
+            self.report(group, true);
+        }
     }
 
     /// None: a group's datagrams come through [`Backend::recv`], with the
