@@ -389,7 +389,8 @@ pub(super) fn membership_frame(
 pub(super) fn echo_reply(f: &[u8], out: &mut [u8], mac: [u8; 6]) -> Option<usize> {
     let mut to = [0u8; 6];
     to.copy_from_slice(f.get(6..12)?);
-    match u16::from_be_bytes([f[12], f[13]]) {
+    let ethertype = f.get(12..14)?;
+    match u16::from_be_bytes([ethertype[0], ethertype[1]]) {
         ETHERTYPE_IPV4 => {
             let ip = Ipv4Packet::new_checked(&f[ETH_HEADER_LEN..]).ok()?;
             let m = ip.payload();

@@ -40,7 +40,7 @@ use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::time::{Duration, Instant};
 
 use uroce_wire::arp::{ARP_LEN, ArpOp, ArpRepr};
-use uroce_wire::eth::ETH_HEADER_LEN;
+use uroce_wire::eth::{ETH_HEADER_LEN, ETHERTYPE_IPV4};
 use uroce_wire::ndp::NdpRepr;
 
 use super::{Backend, Received, SendBatch, frame};
@@ -304,7 +304,7 @@ impl DpdkBackend {
             // A router asks (IGMP or MLD): report the groups asked about
             // (a query from another family's router asks for none of ours).
             Icmp::Query { group } => {
-                let v4 = f.get(12..14) == Some(&[0x08, 0x00][..]);
+                let v4 = f.get(12..14) == Some(&ETHERTYPE_IPV4.to_be_bytes()[..]);
                 for g in self.reported_groups() {
                     if g.is_ipv4() == v4 && group.is_none_or(|q| q == g) {
                         self.report(g, false);
