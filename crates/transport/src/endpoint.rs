@@ -333,7 +333,6 @@ pub struct Endpoint {
     /// QPNs handed out: `first .. end`.
     qpn_range: (u32, u32),
     next_cq: u32,
-    next_srq: u32,
     /// Device-wide counters: drops before a QP is found, and the counts of
     /// destroyed QPs.
     pub stats: Stats,
@@ -366,15 +365,14 @@ impl Endpoint {
             next_qpn: FIRST_QPN,
             qpn_range: (FIRST_QPN, MULTICAST_QPN),
             next_cq: 1,
-            next_srq: 1,
             stats: Stats::default(),
         }
     }
 
     // ---- objects ----
 
-    /// A QPN no live QP has (QPNs count up and wrap, as on rxe, so a
-    /// destroyed QP's number is not reused at once).
+    /// A QPN no live QP or SRQ has (QPNs count up and wrap, as on rxe, so
+    /// a destroyed QP's number is not reused at once).
     ///
     /// Within the range [`Endpoint::set_qpn_range`] gave (the whole QPN
     /// space by default).
@@ -383,7 +381,7 @@ impl Endpoint {
         loop {
             let q = self.next_qpn;
             self.next_qpn = if q + 1 >= end { first } else { q + 1 };
-            if !self.qps.contains_key(&q) {
+            if !self.qps.contains_key(&q) && !self.srqs.contains_key(&q) {
                 return q;
             }
         }
@@ -504,10 +502,13 @@ impl Endpoint {
         self.cqs.len()
     }
 
-    /// Adds an SRQ; returns its handle.
+    /// Adds an SRQ; returns its handle, which is also its SRQ number
+    /// (`ibv_get_srq_num`, what an XRCETH names). It comes from the QPN
+    /// range, so that it is unique on a device that several contexts
+    /// share, as their QPNs are: an initiator naming another context's
+    /// XRC SRQ can never reach this one's by a coincidence of numbers.
     pub fn add_srq(&mut self, srq: Srq) -> u32 {
-        let id = self.next_srq;
-        self.next_srq += 1;
+        let id = self.alloc_qpn();
         self.srqs.insert(id, srq);
         id
     }

@@ -360,3 +360,25 @@ fn check_other_domains(h: &Host, seed: u64) {
     }
     assert!(h.mem.guards_intact(), "seed {seed}");
 }
+
+/// SRQ numbers come from the context's QPN range and never equal a live
+/// QPN: two contexts sharing a device (disjoint ranges, as slots have)
+/// never hand out the same SRQ number, so an initiator that names one
+/// context's XRC SRQ cannot land in another's that happens to share it.
+#[test]
+fn srq_numbers_are_unique_across_the_contexts_of_a_device() {
+    let mut numbers = std::collections::HashSet::new();
+    for slot in 0..2u32 {
+        let mut ep = Endpoint::new();
+        ep.set_qpn_range(slot << 18, 1 << 18, 0);
+        let mut mem = TestMemory::new();
+        for _ in 0..3 {
+            let qpn = ep.alloc_qpn();
+            let t = srq_with_buffer(&mut ep, &mut mem, PD1, Some(DOMAIN));
+            assert!((slot << 18..(slot + 1) << 18).contains(&t.srqn), "{:#x}", t.srqn);
+            assert_ne!(t.srqn, qpn);
+            assert!(numbers.insert(t.srqn), "SRQ number {:#x} handed out twice", t.srqn);
+            assert!(numbers.insert(qpn), "QPN {qpn:#x} is an SRQ's number");
+        }
+    }
+}
