@@ -18,11 +18,12 @@ use std::sync::{Arc, Mutex, MutexGuard};
 use crate::fastmap::FastMap;
 use crate::memory::Memory;
 use crate::qp::{AsyncEvent as QpEvent, Qp, Transmit};
-use crate::srq::Srq;
+use crate::srq::{SharedDomain, Srq};
 use crate::stats::Stats;
 use crate::time::Instant;
 use crate::wire::{Position, RocePacket};
 use crate::wqe::{Completion, WcStatus};
+use crate::xrc_relay::{RelayMemory, Relays};
 
 /// The destination QPN of multicast datagrams (IBTA §10.5.2.1).
 pub const MULTICAST_QPN: u32 = 0xff_ffff;
@@ -333,6 +334,13 @@ pub struct Endpoint {
     /// QPNs handed out: `first .. end`.
     qpn_range: (u32, u32),
     next_cq: u32,
+    /// XRC domains shared with other processes, by domain.
+    shared_xrcds: FastMap<u32, Arc<dyn SharedDomain>>,
+    /// Other processes' SRQs that target QPs here named, by domain and
+    /// SRQ number (`xrcd << 32 | srqn`).
+    relay_srqs: FastMap<u64, Srq>,
+    /// Messages relayed to and from other processes' SRQs.
+    relays: Relays,
     /// Device-wide counters: drops before a QP is found, and the counts of
     /// destroyed QPs.
     pub stats: Stats,
@@ -365,6 +373,9 @@ impl Endpoint {
             next_qpn: FIRST_QPN,
             qpn_range: (FIRST_QPN, MULTICAST_QPN),
             next_cq: 1,
+            shared_xrcds: FastMap::default(),
+            relay_srqs: FastMap::default(),
+            relays: Relays::default(),
             stats: Stats::default(),
         }
     }
@@ -453,6 +464,9 @@ impl Endpoint {
         }
         let slot = self.qps.remove(&qpn)?;
         self.stats.accumulate(slot.qp.stats());
+        if slot.xrcd.is_some() {
+            self.relays.forget_target(qpn);
+        }
         Some((slot.qp, left))
     }
 
@@ -511,6 +525,20 @@ impl Endpoint {
         let id = self.alloc_qpn();
         self.srqs.insert(id, srq);
         id
+    }
+
+    /// Shares XRC domain `xrcd` with other processes of the device: its
+    /// target QPs here take messages for the other members' SRQs that
+    /// `domain` finds, and relay them (see [`crate::xrc_relay`]); its
+    /// SRQs here should be made [`Srq::set_shared`].
+    pub fn share_xrcd(&mut self, xrcd: u32, domain: Arc<dyn SharedDomain>) {
+        self.shared_xrcds.insert(xrcd, domain);
+    }
+
+    /// Stops sharing XRC domain `xrcd` (its last handle here closed).
+    pub fn unshare_xrcd(&mut self, xrcd: u32) {
+        self.shared_xrcds.remove(&xrcd);
+        self.relay_srqs.retain(|k, _| (k >> 32) as u32 != xrcd);
     }
 
     /// Removes an SRQ.
@@ -669,7 +697,9 @@ impl Endpoint {
         mem: &dyn Memory,
     ) {
         let Some(slot) = self.qps.get_mut(&qpn) else {
-            self.stats.drop_unknown_qpn += 1;
+            if !self.relayed_in(now, qpn, from, to, pkt, mem) {
+                self.stats.drop_unknown_qpn += 1;
+            }
             return;
         };
         if let Some(xrcd) = slot.xrcd {
@@ -690,6 +720,21 @@ impl Endpoint {
             let Some((srq, xrc)) =
                 srq.and_then(|s| s.xrc().filter(|x| x.xrcd == xrcd).map(|x| (s, x)))
             else {
+                if let Some(n) = srqn
+                    && Self::relay_out(
+                        &self.shared_xrcds,
+                        &mut self.relay_srqs,
+                        &mut self.relays,
+                        slot,
+                        (now, from, to),
+                        (xrcd, n),
+                        pkt,
+                        mem,
+                    )
+                {
+                    self.touch(qpn);
+                    return;
+                }
                 // No such SRQ in its domain (or no XRCETH): dropped, as
                 // rxe's XRC patches do; the requester retries and fails.
                 self.stats.drop(crate::stats::DropReason::Malformed);
@@ -746,6 +791,12 @@ impl Endpoint {
         if !self.gsi_out.is_empty()
             && let Some(t) = self.poll_gsi_transmit(buf)
         {
+            return Some(t);
+        }
+        if self.relays.has_output()
+            && let Some(t) = self.relays.poll_transmit(buf)
+        {
+            self.stats.sent_pkts += 1;
             return Some(t);
         }
         while let Some(&qpn) = self.active.front() {
@@ -927,6 +978,84 @@ impl Endpoint {
             Err(()) if !was => events.push_back(DeviceEvent::CqError { cq: id }),
             Err(()) => {}
         }
+    }
+
+    /// A request to target QP `slot` (of domain `xrcd`) naming SRQ `srqn`
+    /// that no SRQ here has: if another process of a shared domain has
+    /// it, the request is taken for a relay (true); else false.
+    #[allow(clippy::too_many_arguments)]
+    fn relay_out(
+        shared: &FastMap<u32, Arc<dyn SharedDomain>>,
+        relay_srqs: &mut FastMap<u64, Srq>,
+        relays: &mut Relays,
+        slot: &mut Slot,
+        (now, from, to): (Instant, IpAddr, IpAddr),
+        (xrcd, srqn): (u32, u32),
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+    ) -> bool {
+        let Some(domain) = shared.get(&xrcd) else { return false };
+        let key = u64::from(xrcd) << 32 | u64::from(srqn);
+        if relay_srqs.get(&key).is_some_and(|s| !s.shared().is_some_and(|c| c.alive())) {
+            // Destroyed (or its owner gone) since: looked up afresh.
+            relay_srqs.remove(&key);
+        }
+        let srq = match relay_srqs.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let Some(found) = domain.find(srqn) else { return false };
+                let xrc = crate::srq::XrcSrq { xrcd, pd: crate::srq::RELAY_PD, cq: 0 };
+                e.insert(Srq::new_relay(xrc, found))
+            }
+        };
+        let position = pkt.info().position;
+        let psn = pkt.bth().psn();
+        let in_sequence = psn == slot.qp.expected_psn();
+        slot.qp.set_xrc_pd(crate::srq::RELAY_PD);
+        let through = RelayMemory { inner: mem, relays };
+        slot.qp.handle_datagram_srq(now, from, to, pkt, &through, srq);
+        if in_sequence && slot.qp.expected_psn() != psn {
+            match position {
+                Position::First => slot.xrc_msg_srq = Some(srqn),
+                Position::Last | Position::Only => slot.xrc_msg_srq = None,
+                Position::Middle => {}
+            }
+        }
+        slot.qp.publish_gauge();
+        let sgid_index = slot.qp.attr().path.map_or(0, |p| p.sgid_index);
+        while let Some(c) = slot.qp.poll_completion() {
+            relays.completed(srqn, to, sgid_index, c);
+        }
+        true
+    }
+
+    /// A relay datagram from another process's target QP for SRQ `srqn`
+    /// here (see [`crate::xrc_relay`]): written into the WQE its claim
+    /// kept, completed on the SRQ's CQ. False if `pkt` is none.
+    fn relayed_in(
+        &mut self,
+        now: Instant,
+        srqn: u32,
+        from: IpAddr,
+        to: IpAddr,
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+    ) -> bool {
+        if !Relays::is_relay(pkt, from, to) {
+            return false;
+        }
+        let Some(srq) = self.srqs.get_mut(&srqn) else { return false };
+        let (Some(xrc), Some(_)) = (srq.xrc(), srq.shared()) else { return false };
+        if self.relays.arrived(srqn, srq, xrc.pd, pkt.payload(), mem).is_err() {
+            self.stats.drop(crate::stats::DropReason::Malformed);
+        }
+        self.srq_dirty = true;
+        while let Some((n, c)) = self.relays.finished.pop_front() {
+            let Some(cq) = self.srqs.get(&n).and_then(Srq::xrc).map(|x| x.cq) else { continue };
+            Self::push_completion(&self.cqs, &mut self.notify, &mut self.events, cq, c, now);
+            self.moved = true;
+        }
+        true
     }
 
     fn collect_srq_events(&mut self) {

@@ -27,6 +27,7 @@ pub mod srq;
 pub mod stats;
 mod time;
 pub mod wqe;
+pub mod xrc_relay;
 
 pub use endpoint::{CqRing, DeviceEvent, Endpoint, GsiDatagram, SharedCq};
 pub use memory::{AccessError, Accessor, AtomicOp, Key, Memory, MwBind, MwType};
@@ -35,7 +36,7 @@ pub use qp::{
     AWAITED_RUN, AsyncEvent, PostError, Qp, QpCaps, QpInit, QueueGauge, SendShape, Transmit,
 };
 pub use srq::XrcSrq;
-pub use srq::{Srq, SrqGauge};
+pub use srq::{SharedDomain, SharedSrq, Srq, SrqGauge};
 pub use stats::{DropReason, Stats};
 pub use time::Instant;
 pub use uroce_wire as wire;

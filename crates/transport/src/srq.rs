@@ -7,7 +7,17 @@ use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::queue::{RecvCur, RecvQueue};
 use crate::wqe::PostError;
-use crate::wqe::RecvWr;
+use crate::wqe::{RecvWr, Sge};
+
+/// The local key of relay buffers, good only in [`RELAY_PD`] (so no
+/// registration's key, whatever its number, reaches them).
+pub const RELAY_LKEY: u32 = u32::MAX;
+/// The protection domain of relay SRQs: no real PD has it, so a WRITE,
+/// READ or atomic through a target QP that names another process's SRQ
+/// finds no region and is NAKed (remote access error).
+pub const RELAY_PD: u32 = u32::MAX;
+/// The longest message a relay buffer takes (IBTA's 2^31).
+pub(crate) const RELAY_MAX: u64 = 1 << 31;
 
 /// An SRQ's fill, readable without the SRQ (by posters that find the
 /// endpoint busy and stage their WRs): WQEs posted and not yet taken, and
@@ -30,6 +40,35 @@ impl SrqGauge {
     }
 }
 
+/// An XRC SRQ of a domain that several processes share, as every one of
+/// them sees it: target QPs of any member may name it, so a WQE is taken
+/// only against a claim on this count, which every member's targets make
+/// alike (the owner's own included). A claim granted to another process
+/// is a WQE kept for the message that process relays here.
+pub trait SharedSrq: Send + Sync + std::fmt::Debug {
+    /// Reserves one WQE posted and not yet reserved; false if none is.
+    fn claim(&self) -> bool;
+    /// The owner posted `n` more WQEs.
+    fn posted(&self, n: u32);
+    /// Whether the SRQ still exists (not destroyed, its owner alive).
+    fn alive(&self) -> bool;
+}
+
+/// A domain that several processes share: the SRQs of other members that
+/// its target QPs here may name.
+pub trait SharedDomain: Send + Sync + std::fmt::Debug {
+    /// SRQ `srqn` of the domain, if another member has it.
+    fn find(&self, srqn: u32) -> Option<Arc<dyn SharedSrq>>;
+}
+
+/// What stands for another process's SRQ here: its messages are received
+/// whole into relay buffers, then sent on to the owner.
+#[derive(Debug)]
+struct Relay {
+    /// The next relay buffer's number (its WQE's `wr_id`).
+    next: u64,
+}
+
 /// A shared receive queue.
 #[derive(Debug)]
 pub struct Srq {
@@ -40,6 +79,10 @@ pub struct Srq {
     /// An XRC SRQ's domain, PD and CQ.
     xrc: Option<XrcSrq>,
     gauge: Arc<SrqGauge>,
+    /// The claims of a domain shared between processes.
+    shared: Option<Arc<dyn SharedSrq>>,
+    /// Set for another process's SRQ (see [`Srq::new_relay`]).
+    relay: Option<Relay>,
 }
 
 /// What makes an SRQ an XRC one: requests to XRC target QPs of its domain
@@ -64,6 +107,8 @@ impl Srq {
             limit_reached: false,
             xrc: None,
             gauge: Arc::new(SrqGauge::default()),
+            shared: None,
+            relay: None,
         }
         .published()
     }
@@ -88,6 +133,41 @@ impl Srq {
     /// `IBV_SRQT_XRC`).
     pub fn new_xrc(max_wr: u32, max_sge: u32, xrc: XrcSrq) -> Self {
         Self { xrc: Some(xrc), ..Self::new(max_wr, max_sge) }
+    }
+
+    /// Makes this XRC SRQ one of a domain that other processes share:
+    /// its WQEs are taken only against claims on `shared`, and its posts
+    /// counted there.
+    pub fn set_shared(&mut self, shared: Arc<dyn SharedSrq>) {
+        if self.rq.len() > 0 {
+            shared.posted(self.rq.len() as u32);
+        }
+        self.shared = Some(shared);
+    }
+
+    /// Another process's XRC SRQ as this one's targets see it: each
+    /// message that claims one of its WQEs is received into a relay
+    /// buffer (local key [`RELAY_LKEY`] in PD [`RELAY_PD`], one per
+    /// target QP), to be sent on to the owner. `xrc.cq` is unused.
+    pub(crate) fn new_relay(xrc: XrcSrq, shared: Arc<dyn SharedSrq>) -> Self {
+        Self {
+            shared: Some(shared),
+            relay: Some(Relay { next: 1 }),
+            ..Self::new_xrc(1, 1, XrcSrq { pd: RELAY_PD, ..xrc })
+        }
+    }
+
+    /// The shared claims, for a domain shared between processes.
+    pub(crate) fn shared(&self) -> Option<&Arc<dyn SharedSrq>> {
+        self.shared.as_ref()
+    }
+
+    /// Takes the oldest WQE for a message whose claim another process
+    /// made (and relayed here), without a claim of its own.
+    pub(crate) fn pop_claimed(&mut self, cur: &mut RecvCur) -> bool {
+        let ok = self.rq.pop_into(cur);
+        self.after_pop();
+        ok
     }
 
     /// Its XRC domain, PD and CQ, if it is an XRC SRQ.
@@ -162,20 +242,45 @@ impl Srq {
             }
             self.rq.push(wr.wr_id, wr.sgl);
             self.publish();
+            if let Some(s) = &self.shared {
+                s.posted(1);
+            }
         }
         Ok(())
     }
 
     /// Takes the oldest WQE for a QP; fires the limit event (once, then
     /// disarms) when fewer than `limit` WQEs remain (IBTA C10-…).
+    /// In a shared domain, only against a claim (no WQE, or every one
+    /// kept for other processes' messages: none, and the requester gets
+    /// an RNR NAK).
     pub(crate) fn pop_into(&mut self, cur: &mut RecvCur) -> bool {
+        if let Some(relay) = &mut self.relay {
+            if !self.shared.as_ref().is_some_and(|s| s.claim()) {
+                return false;
+            }
+            cur.active = true;
+            cur.wr_id = relay.next;
+            cur.length = RELAY_MAX;
+            cur.sges.clear();
+            cur.sges.push(Sge { addr: 0, length: RELAY_MAX as u32, lkey: RELAY_LKEY });
+            relay.next += 1;
+            return true;
+        }
+        if self.rq.len() == 0 || self.shared.as_ref().is_some_and(|s| !s.claim()) {
+            return false;
+        }
         let ok = self.rq.pop_into(cur);
+        self.after_pop();
+        ok
+    }
+
+    fn after_pop(&mut self) {
         self.publish();
         if self.limit > 0 && (self.rq.len() as u32) < self.limit {
             self.limit = 0;
             self.limit_reached = true;
         }
-        ok
     }
 
     /// Whether the limit event fired since the last call

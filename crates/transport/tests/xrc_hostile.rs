@@ -4,7 +4,10 @@
 //! random XRC packets. Each is dropped (counted) or NAKed as the spec asks;
 //! no byte lands outside the SRQ the message first named, nothing panics.
 
+use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
+use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use uroce_sim::{SplitMix64, TestMemory};
 use uroce_transport::wire::{
@@ -13,7 +16,7 @@ use uroce_transport::wire::{
 };
 use uroce_transport::{
     Access, AttrMask, Endpoint, Instant, Path, Qp, QpAttr, QpCaps, QpInit, QpState, QpType, RecvWr,
-    Sge, Srq, WcOpcode, WcStatus, XrcSrq,
+    Sge, SharedDomain, SharedSrq, Srq, WcOpcode, WcStatus, XrcSrq,
 };
 
 const A: IpAddr = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 1));
@@ -29,6 +32,7 @@ const FIRST_PSN: u32 = 100;
 const LEN: usize = 4096;
 
 const XRC_SEND_FIRST: Opcode = Opcode(0xa0);
+const XRC_SEND_MIDDLE: Opcode = Opcode(0xa1);
 const XRC_SEND_LAST: Opcode = Opcode(0xa2);
 const XRC_SEND_ONLY: Opcode = Opcode(0xa4);
 const XRC_WRITE_ONLY: Opcode = Opcode(0xaa);
@@ -153,6 +157,15 @@ fn deliver(
     repr: &RocePacketRepr,
     payload: &[u8],
 ) -> Vec<RocePacketRepr> {
+    deliver_raw(h, now, repr, payload).iter().map(|b| parse(b)).collect()
+}
+
+fn parse(bytes: &[u8]) -> RocePacketRepr {
+    RocePacketRepr::parse(&RocePacket::new_checked(bytes).unwrap())
+}
+
+/// [`deliver`], the answers as bytes (with where each goes).
+fn deliver_raw(h: &mut Host, now: Instant, repr: &RocePacketRepr, payload: &[u8]) -> Vec<Vec<u8>> {
     let mut bytes = vec![0u8; repr.packet_len(payload.len())];
     repr.emit(&mut bytes, payload).unwrap();
     let pkt = RocePacket::new_checked(&bytes[..]).unwrap();
@@ -160,7 +173,7 @@ fn deliver(
     let mut out = vec![];
     let mut buf = vec![0u8; 8192];
     while let Some(t) = h.ep.poll_transmit(now, &h.mem, &mut buf) {
-        out.push(RocePacketRepr::parse(&RocePacket::new_checked(&buf[..t.len]).unwrap()));
+        out.push(buf[..t.len].to_vec());
     }
     out
 }
@@ -381,4 +394,204 @@ fn srq_numbers_are_unique_across_the_contexts_of_a_device() {
             assert!(numbers.insert(qpn), "QPN {qpn:#x} is an SRQ's number");
         }
     }
+}
+
+// ---- a domain shared with another process ----
+
+/// One SRQ's claims, as a shared table keeps them.
+#[derive(Debug, Default)]
+struct Claims {
+    posted: AtomicU32,
+    claimed: AtomicU32,
+    gone: AtomicBool,
+}
+
+impl SharedSrq for Claims {
+    fn claim(&self) -> bool {
+        let posted = self.posted.load(Ordering::Acquire);
+        self.claimed
+            .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c < posted).then_some(c + 1))
+            .is_ok()
+    }
+    fn posted(&self, n: u32) {
+        self.posted.fetch_add(n, Ordering::AcqRel);
+    }
+    fn alive(&self) -> bool {
+        !self.gone.load(Ordering::Acquire)
+    }
+}
+
+/// The domain's table: SRQ number → claims.
+#[derive(Debug, Default)]
+struct Table(Mutex<HashMap<u32, Arc<Claims>>>);
+
+impl SharedDomain for Table {
+    fn find(&self, srqn: u32) -> Option<Arc<dyn SharedSrq>> {
+        let t = self.0.lock().unwrap();
+        t.get(&srqn).map(|c| c.clone() as Arc<dyn SharedSrq>)
+    }
+}
+
+/// The SRQ's owner: another context of the device (QPNs of another
+/// range), with an XRC SRQ of the domain and a buffer for it.
+struct Owner {
+    ep: Endpoint,
+    mem: TestMemory,
+    srqn: u32,
+    cq: u32,
+    claims: Arc<Claims>,
+    addr: u64,
+    lkey: u32,
+}
+
+fn owner(table: &Table) -> Owner {
+    let mut ep = Endpoint::new();
+    ep.set_qpn_range(1 << 18, 1 << 18, 0);
+    let mut mem = TestMemory::new();
+    let cq = ep.create_cq(64);
+    let mut srq = Srq::new_xrc(8, 1, XrcSrq { xrcd: DOMAIN, pd: PD1, cq });
+    let claims = Arc::new(Claims::default());
+    srq.set_shared(claims.clone());
+    let srqn = ep.add_srq(srq);
+    table.0.lock().unwrap().insert(srqn, claims.clone());
+    let (addr, lkey, _) = mem.register(PD1, 2 * LEN, ALL);
+    Owner { ep, mem, srqn, cq, claims, addr, lkey }
+}
+
+impl Owner {
+    fn post(&mut self, wr_id: u64, len: u32) {
+        let sge = [Sge { addr: self.addr, length: len, lkey: self.lkey }];
+        self.ep.srq_mut(self.srqn).unwrap().post_recv(&[RecvWr { wr_id, sgl: &sge }]).unwrap();
+    }
+
+    /// Takes the relay datagrams among `out` (the rest returned parsed).
+    fn take(&mut self, now: Instant, out: Vec<Vec<u8>>) -> Vec<RocePacketRepr> {
+        let mut answers = vec![];
+        for b in out {
+            let r = parse(&b);
+            if r.bth.dest_qpn == self.srqn {
+                let pkt = RocePacket::new_checked(&b[..]).unwrap();
+                // A relay goes from the device's address to itself.
+                self.ep.handle_datagram(now, B, B, &pkt, &self.mem);
+            } else {
+                answers.push(r);
+            }
+        }
+        answers
+    }
+}
+
+fn is_rnr(r: &RocePacketRepr) -> bool {
+    matches!(r.aeth.map(|a| a.syndrome), Some(Syndrome::RnrNak(_)))
+}
+
+/// A target QP here receives for another process's SRQ (a shared domain):
+/// an RNR NAK while the owner has no WQE to spare; then a five-packet
+/// message, acknowledged here, relayed, written into the owner's WQE and
+/// completed on its CQ in the target QP's name; a WRITE through it is
+/// NAKed (no memory of the owner's is reachable from here), and a relay
+/// datagram forged from another address is not taken.
+#[test]
+fn a_message_for_another_processs_srq_is_relayed_to_it() {
+    let now = Instant::ZERO;
+    let mut h = host(now);
+    let table = Arc::new(Table::default());
+    h.ep.share_xrcd(DOMAIN, table.clone());
+    let mut o = owner(&table);
+    let tgt = h.tgt;
+
+    let out =
+        deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, FIRST_PSN, Some(o.srqn)), b"early");
+    let answers = o.take(now, out);
+    assert!(answers.len() == 1 && is_rnr(&answers[0]), "no WQE: RNR NAK ({answers:?})");
+    assert!(completions_of(&o).is_empty());
+
+    o.post(77, 2 * LEN as u32);
+    o.post(78, 16);
+    assert_eq!(o.claims.posted.load(Ordering::Acquire), 2);
+    // Five packets, two relay datagrams.
+    let msg: Vec<u8> = (0..4500u32).map(|i| (i * 7 + 3) as u8).collect();
+    let parts: Vec<_> = msg
+        .chunks(1024)
+        .enumerate()
+        .map(|(i, d)| {
+            (
+                if i == 0 {
+                    XRC_SEND_FIRST
+                } else if i == 4 {
+                    XRC_SEND_LAST
+                } else {
+                    XRC_SEND_MIDDLE
+                },
+                d,
+            )
+        })
+        .collect();
+    let mut answers = vec![];
+    for (i, (op, data)) in parts.into_iter().enumerate() {
+        let out =
+            deliver_raw(&mut h, now, &request(op, tgt, FIRST_PSN + i as u32, Some(o.srqn)), data);
+        answers.extend(o.take(now, out));
+    }
+    assert!(
+        answers.iter().all(|r| matches!(r.aeth.map(|a| a.syndrome), Some(Syndrome::Ack(_)))),
+        "{answers:?}"
+    );
+    let cs = completions_of(&o);
+    assert_eq!(cs.len(), 1, "{cs:?}");
+    let c = cs[0];
+    assert_eq!((c.wr_id, c.status, c.byte_len, c.qp_num), (77, WcStatus::Success, 4500, tgt));
+    assert_eq!(c.opcode, WcOpcode::Recv);
+    assert_eq!(o.mem.snapshot(o.addr, msg.len()), msg);
+    for t in [&h.s1, &h.s2, &h.foreign, &h.plain] {
+        assert!(untouched(&h, t), "the target's own SRQ {} untouched", t.srqn);
+    }
+
+    // The WQE left is too short for 20 bytes: the owner completes it with
+    // a local length error.
+    let psn = FIRST_PSN + 5;
+    let out = deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, psn, Some(o.srqn)), &[9; 20]);
+    o.take(now, out);
+    let cs = completions_of(&o);
+    assert_eq!((cs.len(), cs[0].wr_id, cs[0].status), (1, 78, WcStatus::LocLenErr), "{cs:?}");
+
+    // No claim left: RNR again; a WRITE into the owner's memory through
+    // this target: remote access error, and nothing written.
+    let out = deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, psn + 1, Some(o.srqn)), b"x");
+    assert!(o.take(now, out).iter().any(is_rnr));
+    o.post(79, LEN as u32);
+    let mut w = request(XRC_WRITE_ONLY, tgt, psn + 1, Some(o.srqn));
+    w.reth = Some(RethRepr { va: o.addr, rkey: o.lkey, dma_len: 4 });
+    let out = deliver_raw(&mut h, now, &w, b"evil");
+    let answers = o.take(now, out);
+    assert_eq!(answers[0].aeth.unwrap().syndrome, Syndrome::Nak(NakCode::RemoteAccessError));
+    assert_eq!(&o.mem.snapshot(o.addr, 4), &msg[..4]);
+
+    // A forged relay datagram from elsewhere: not a relay, dropped.
+    let mut forged = vec![];
+    let repr = RocePacketRepr {
+        bth: BthRepr {
+            opcode: Opcode::UD_SEND_ONLY,
+            pkey: 0xffff,
+            dest_qpn: o.srqn,
+            ..BthRepr::default()
+        },
+        deth: Some(uroce_transport::wire::DethRepr {
+            qkey: uroce_transport::xrc_relay::RELAY_QKEY,
+            src_qpn: tgt,
+        }),
+        ..RocePacketRepr::default()
+    };
+    forged.resize(repr.packet_len(40), 0);
+    repr.emit(&mut forged, &[1; 40]).unwrap();
+    let unknown = o.ep.stats.drop_unknown_qpn;
+    o.ep.handle_datagram(now, A, B, &RocePacket::new_checked(&forged[..]).unwrap(), &o.mem);
+    assert_eq!(o.ep.stats.drop_unknown_qpn, unknown + 1);
+    assert!(completions_of(&o).is_empty());
+    assert_eq!(o.ep.srq(o.srqn).unwrap().len(), 1, "the WQE is still there");
+}
+
+fn completions_of(o: &Owner) -> Vec<uroce_transport::Completion> {
+    let mut ring = o.ep.cq(o.cq).unwrap().lock();
+    std::iter::from_fn(|| ring.pop()).collect()
 }
