@@ -1,8 +1,9 @@
 //! XRC domains in the C ABI (`ibv_open_xrcd`, `ibv_close_xrcd`) and
 //! `ibv_get_srq_num`, over `uroce::Xrcd` (XRC SRQs are made in `srq`,
 //! target QPs in `qp`). Opening the same file twice in
-//! a process gives the same domain, as the kernel keys domains by inode
-//! (processes sharing a device do not share domains yet).
+//! a process gives the same domain, as the kernel keys domains by inode;
+//! processes sharing a device share it too (`uroce::Context::
+//! open_shared_xrcd`).
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
@@ -60,10 +61,20 @@ pub(crate) unsafe extern "C" fn open_xrcd(
                         *opens += 1;
                         Ok(x.clone())
                     }
-                    None if oflags & libc::O_CREAT == 0 => return null_errno(libc::EAGAIN),
-                    None => c.uroce().open_xrcd().inspect(|x| {
-                        map.insert(key, (x.clone(), 1));
-                    }),
+                    None => {
+                        // SAFETY: `a.fd` is the caller's open descriptor
+                        // (fstat said so above), borrowed for this call
+                        // only: duplicated, and the copy closed after.
+                        let fd = unsafe { std::os::fd::BorrowedFd::borrow_raw(a.fd) };
+                        let Ok(file) = fd.try_clone_to_owned().map(std::fs::File::from) else {
+                            return null_errno(libc::EBADF);
+                        };
+                        let create = oflags & libc::O_CREAT != 0;
+                        let exclusive = oflags & libc::O_EXCL != 0;
+                        c.uroce().open_shared_xrcd(&file, create, exclusive).inspect(|x| {
+                            map.insert(key, (x.clone(), 1));
+                        })
+                    }
                 }
             }
         };

@@ -85,6 +85,17 @@ impl std::fmt::Display for Pair {
 /// Runs `server` and then `client` (which gets `-p PORT 127.0.0.1`) and
 /// requires both to exit 0 within `limit`.
 fn pair(server: (&Path, &[&str]), client: (&Path, &[&str]), limit: Duration) -> Pair {
+    fan(server, client, 1, limit)
+}
+
+/// [`pair`] with `clients` clients, all on one device (127.0.0.2, one
+/// UDP port: the processes share it); their outputs one after the other.
+fn fan(
+    server: (&Path, &[&str]),
+    client: (&Path, &[&str]),
+    clients: usize,
+    limit: Duration,
+) -> Pair {
     let udp = uroce::testing::free_port();
     let tcp = tcp_port().to_string();
     let label = format!(
@@ -102,12 +113,17 @@ fn pair(server: (&Path, &[&str]), client: (&Path, &[&str]), limit: Duration) -> 
     uroce::testing::wait_tcp_listening(port, deadline.saturating_duration_since(Instant::now()));
     let mut cargs: Vec<&str> = client.1.to_vec();
     cargs.extend(["-p", &tcp, "127.0.0.1"]);
-    let cli = cmd(client.0, &cargs, "127.0.0.2", udp).spawn().unwrap();
-    let (co, ct) = finish(cli, deadline);
+    let clis: Vec<_> =
+        (0..clients).map(|_| cmd(client.0, &cargs, "127.0.0.2", udp).spawn().unwrap()).collect();
+    let outs: Vec<_> = clis.into_iter().map(|c| finish(c, deadline)).collect();
     let (so, st) = finish(srv, deadline + Duration::from_secs(2));
-    let p = Pair { label, server: text(&so), client: text(&co) };
+    let client_text =
+        outs.iter().map(|(o, _)| text(o)).collect::<Vec<_>>().join("\n--- next client ---\n");
+    let p = Pair { label, server: text(&so), client: client_text };
+    let ct = outs.iter().any(|(_, t)| *t);
     assert!(!ct && !st, "timed out after {limit:?}: {p}");
-    assert!(so.status.success() && co.status.success(), "failed: {p}");
+    let ok = outs.iter().all(|(o, _)| o.status.success());
+    assert!(so.status.success() && ok, "failed: {p}");
     let left = files_of_port(udp);
     assert!(left.is_empty(), "files left behind by {}: {left:?}", p.label);
     p
@@ -124,7 +140,7 @@ fn files_of_port(udp: u16) -> Vec<String> {
         .filter_map(|d| std::fs::read_dir(d).ok())
         .flat_map(|d| d.flatten())
         .map(|e| e.file_name().to_string_lossy().into_owned())
-        .filter(|n| (n.starts_with("share-") || n.starts_with("uroce-")) && of_port(n))
+        .filter(|n| ["share-", "uroce-", "xrcd-"].iter().any(|p| n.starts_with(p)) && of_port(n))
         .collect()
 }
 
@@ -182,8 +198,9 @@ enum Run {
     /// Server and client with the same flags (plus `-g 0`), both printing
     /// "success" (ibv_xsrq_pingpong's own check).
     Success,
-    /// Not on uroce yet, and why.
-    NotYet(&'static str),
+    /// [`Run::Success`] with this many clients, all on one device (a
+    /// server of several clients).
+    Clients(usize),
 }
 
 /// Every rdma-core 44 example in Debian's ibverbs-utils, with every flag
@@ -259,10 +276,8 @@ const EXAMPLES: &[(&str, &[&str], &str, Run)] = &[
     (
         "ibv_xsrq_pingpong",
         &["-c", "2"],
-        "a server of two clients",
-        Run::NotYet(
-            "its clients' target QPs must share one XRC domain across processes (one process's domains are shared by file, not yet another's)",
-        ),
+        "a server of two clients: each client's target QP takes messages for the other's XRC SRQ (a domain shared across processes: relayed to its owner)",
+        Run::Clients(2),
     ),
 ];
 
@@ -281,11 +296,14 @@ fn rdma_core_examples() {
                 assert!(!p.server.contains("invalid data"), "{what}: data check failed: {p}");
                 assert!(!p.client.contains("Couldn't"), "{what}: {p}");
             }
-            Run::Success => {
+            Run::Success | Run::Clients(_) => {
                 let mut args = vec!["-g", "0"];
                 args.extend(flags);
-                let p = same(prog, &args, limit);
-                assert!(p.client_has("success") && p.server.contains("success"), "{what}: {p}");
+                let n = if let Run::Clients(n) = run { n } else { 1 };
+                let t = tool(prog);
+                let p = fan((&t, &args), (&t, &args), n, limit);
+                assert_eq!(p.client.matches("success").count(), n, "{what}: {p}");
+                assert!(p.server.contains("success"), "{what}: {p}");
             }
             Run::Watch => {
                 let c = cmd(&tool(prog), flags, "127.0.0.1", uroce::testing::free_port())
@@ -294,7 +312,7 @@ fn rdma_core_examples() {
                 let (out, _) = finish(c, Instant::now() + Duration::from_secs(2));
                 assert!(text(&out).contains("uroce0: async event FD"), "{prog}: {}", text(&out));
             }
-            Run::Elsewhere(_) | Run::NotYet(_) => {}
+            Run::Elsewhere(_) => {}
         }
     }
 }
@@ -309,9 +327,8 @@ fn examples_table() -> String {
         let flags =
             if flags.is_empty() { "none".to_string() } else { format!("`{}`", flags.join(" ")) };
         let state = match run {
-            Run::Pair | Run::Watch | Run::Success => "works".to_string(),
+            Run::Pair | Run::Watch | Run::Success | Run::Clients(_) => "works".to_string(),
             Run::Elsewhere(test) => format!("works (`{test}`)"),
-            Run::NotYet(why) => format!("not yet: {why}"),
         };
         t.push_str(&format!("| {prog} | {flags} | {what} | {state} |\n"));
     }

@@ -535,6 +535,12 @@ impl Endpoint {
         self.shared_xrcds.insert(xrcd, domain);
     }
 
+    /// The UDP port the device receives on (RoCEv2's 4791 unless told):
+    /// where relays to the other processes of the device go.
+    pub fn set_local_port(&mut self, port: u16) {
+        self.relays.port = port;
+    }
+
     /// Stops sharing XRC domain `xrcd` (its last handle here closed).
     pub fn unshare_xrcd(&mut self, xrcd: u32) {
         self.shared_xrcds.remove(&xrcd);
@@ -730,6 +736,7 @@ impl Endpoint {
                         (xrcd, n),
                         pkt,
                         mem,
+                        &mut self.stats.xrc_relayed_out,
                     )
                 {
                     self.touch(qpn);
@@ -993,6 +1000,7 @@ impl Endpoint {
         (xrcd, srqn): (u32, u32),
         pkt: &RocePacket<&[u8]>,
         mem: &dyn Memory,
+        relayed: &mut u64,
     ) -> bool {
         let Some(domain) = shared.get(&xrcd) else { return false };
         let key = u64::from(xrcd) << 32 | u64::from(srqn);
@@ -1025,6 +1033,7 @@ impl Endpoint {
         let sgid_index = slot.qp.attr().path.map_or(0, |p| p.sgid_index);
         while let Some(c) = slot.qp.poll_completion() {
             relays.completed(srqn, to, sgid_index, c);
+            *relayed += 1;
         }
         true
     }
@@ -1053,6 +1062,7 @@ impl Endpoint {
         while let Some((n, c)) = self.relays.finished.pop_front() {
             let Some(cq) = self.srqs.get(&n).and_then(Srq::xrc).map(|x| x.cq) else { continue };
             Self::push_completion(&self.cqs, &mut self.notify, &mut self.events, cq, c, now);
+            self.stats.xrc_relayed_in += 1;
             self.moved = true;
         }
         true

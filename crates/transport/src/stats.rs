@@ -136,6 +136,12 @@ counters! {
     drop_qkey_violation,
     /// UD datagrams that found no receive WQE.
     drop_no_recv_wqe,
+    /// Messages a target QP here received for another process's SRQ of a
+    /// shared XRC domain and relayed to it.
+    xrc_relayed_out,
+    /// Messages relayed here for this context's SRQs by other processes'
+    /// target QPs.
+    xrc_relayed_in,
     /// Packets sent through shared memory to a context on this host (the
     /// `udp` backend's local path).
     local_sent_pkts,

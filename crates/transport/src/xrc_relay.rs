@@ -115,7 +115,7 @@ struct Incoming {
 
 /// One context's relay state: buffers filling, messages leaving, and
 /// messages arriving.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Relays {
     /// Relay buffers by target QP (each has one message in progress at
     /// most).
@@ -126,6 +126,21 @@ pub(crate) struct Relays {
     /// Completions of relayed messages, by SRQ number, for the SRQs' CQs.
     pub(crate) finished: VecDeque<(u32, Completion)>,
     psn: u32,
+    /// The device's UDP port, which its other processes share.
+    pub(crate) port: u16,
+}
+
+impl Default for Relays {
+    fn default() -> Self {
+        Self {
+            bufs: RefCell::default(),
+            out: VecDeque::new(),
+            incoming: FastMap::default(),
+            finished: VecDeque::new(),
+            psn: 0,
+            port: crate::wire::udp::ROCE_V2_PORT,
+        }
+    }
 }
 
 /// The memory a target QP writes through while it receives for a relay
@@ -273,7 +288,7 @@ impl Relays {
         let t = Transmit {
             len: total,
             dst: m.to,
-            dst_port: crate::wire::udp::ROCE_V2_PORT,
+            dst_port: self.port,
             src_port: crate::wire::udp::rxe_ud_sport(m.c.qp_num),
             sgid_index: m.sgid_index,
             traffic_class: 0,

@@ -543,6 +543,7 @@ fn a_message_for_another_processs_srq_is_relayed_to_it() {
     assert_eq!((c.wr_id, c.status, c.byte_len, c.qp_num), (77, WcStatus::Success, 4500, tgt));
     assert_eq!(c.opcode, WcOpcode::Recv);
     assert_eq!(o.mem.snapshot(o.addr, msg.len()), msg);
+    assert_eq!((h.ep.stats.xrc_relayed_out, o.ep.stats.xrc_relayed_in), (1, 1));
     for t in [&h.s1, &h.s2, &h.foreign, &h.plain] {
         assert!(untouched(&h, t), "the target's own SRQ {} untouched", t.srqn);
     }

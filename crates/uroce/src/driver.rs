@@ -143,6 +143,7 @@ impl Driver {
         let mut ep = Endpoint::new();
         let (base, start) = backend.qpn_range();
         ep.set_qpn_range(base, 1 << crate::backend::QPN_RANGE_BITS, start);
+        ep.set_local_port(backend.local().port());
         Self {
             ep,
             mem: MemTable::default(),

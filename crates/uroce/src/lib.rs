@@ -152,6 +152,8 @@ pub mod session;
 mod staging;
 mod timeline;
 mod verbs;
+#[allow(unsafe_code)]
+mod xrc_share;
 
 pub use ah::{Ah, AhAttr};
 #[cfg(feature = "tokio")]

@@ -40,12 +40,23 @@ fn fcntl_lock(file: &File, cmd: libc::c_int, f: &mut libc::flock) -> io::Result<
 /// Takes the write lock on byte `offset` through `file`'s open file
 /// description, without waiting (`WouldBlock` if another holds it).
 pub(crate) fn lock(file: &File, offset: u64) -> io::Result<()> {
-    fcntl_lock(file, libc::F_OFD_SETLK, &mut flock_at(libc::F_WRLCK, offset)).map_err(|e| {
+    take(file, libc::F_WRLCK, offset)
+}
+
+fn take(file: &File, kind: libc::c_int, offset: u64) -> io::Result<()> {
+    fcntl_lock(file, libc::F_OFD_SETLK, &mut flock_at(kind, offset)).map_err(|e| {
         match e.raw_os_error() {
             Some(libc::EAGAIN | libc::EACCES) => io::ErrorKind::WouldBlock.into(),
             _ => e,
         }
     })
+}
+
+/// Takes a read (shared) lock on byte `offset`, without waiting
+/// (`WouldBlock` while another holds the write lock): many holders may
+/// share it, and a write lock on it succeeds only when no other does.
+pub(crate) fn lock_shared(file: &File, offset: u64) -> io::Result<()> {
+    take(file, libc::F_RDLCK, offset)
 }
 
 /// Lets go of byte `offset` (the lock also goes with the file).

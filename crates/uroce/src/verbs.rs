@@ -410,6 +410,17 @@ struct XrcdInner {
     /// Its target QPs by number, for [`Xrcd::open_target_qp`]; each lives
     /// while any handle to it does.
     targets: Mutex<HashMap<u32, Weak<SharedTarget>>>,
+    /// The table of a domain that other processes of the device share
+    /// ([`Context::open_shared_xrcd`]).
+    shared: Option<Arc<crate::xrc_share::Table>>,
+}
+
+impl Drop for XrcdInner {
+    fn drop(&mut self) {
+        if self.shared.is_some() {
+            self.ctx.lock().ep.unshare_xrcd(self.id);
+        }
+    }
 }
 
 /// An XRC target QP's life, shared by every handle to it (the one that
@@ -439,10 +450,53 @@ impl Context {
     /// # Errors
     /// None here yet; the signature leaves room for a shared domain's.
     pub fn open_xrcd(&self) -> Result<Xrcd> {
+        Ok(self.xrcd_with(None))
+    }
+
+    fn xrcd_with(&self, shared: Option<Arc<crate::xrc_share::Table>>) -> Xrcd {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
         let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let targets = Mutex::new(HashMap::new());
-        Ok(Xrcd { inner: Arc::new(XrcdInner { ctx: self.inner.clone(), id, targets }) })
+        if let Some(t) = &shared {
+            let domain = Arc::new(crate::xrc_share::Domain(t.clone()));
+            self.inner.lock().ep.share_xrcd(id, domain);
+        }
+        Xrcd { inner: Arc::new(XrcdInner { ctx: self.inner.clone(), id, targets, shared }) }
+    }
+
+    /// Opens the XRC domain of `file` (`ibv_open_xrcd` with its `fd`),
+    /// shared with the other processes of this device that open the same
+    /// file, as the kernel shares it: an initiator may name any of their
+    /// SRQs of the domain through a target QP of any of them (a message
+    /// for another process's SRQ is relayed to it; SENDs only, see the
+    /// README). `create` and `exclusive` are `O_CREAT` and `O_EXCL`
+    /// against the other processes' opens. Each call opens a domain of its
+    /// own in this process: the drop-in library keeps one per file.
+    ///
+    /// # Errors
+    /// `EAGAIN` ([`Error::Io`]) when no process has it open and `create`
+    /// is false, `EINVAL` when one has and `exclusive` is set; I/O errors
+    /// of the table file.
+    pub fn open_shared_xrcd(
+        &self,
+        file: &std::fs::File,
+        create: bool,
+        exclusive: bool,
+    ) -> Result<Xrcd> {
+        use std::os::unix::fs::MetadataExt;
+        let m = file.metadata().map_err(Error::Io)?;
+        let addr = self.inner.device.socket_addr();
+        let (table, opened) =
+            crate::xrc_share::Table::open(addr, m.dev(), m.ino()).map_err(Error::Io)?;
+        let errno = match opened {
+            crate::xrc_share::Opened::New if !create => Some(libc::EAGAIN),
+            crate::xrc_share::Opened::Existing if exclusive => Some(libc::EINVAL),
+            _ => None,
+        };
+        if let Some(e) = errno {
+            return Err(Error::Io(std::io::Error::from_raw_os_error(e)));
+        }
+        Ok(self.xrcd_with(Some(Arc::new(table))))
     }
 }
 
@@ -475,6 +529,17 @@ impl Xrcd {
         }
         let gauge = srq.gauge();
         let id = e.ep.add_srq(srq);
+        if let Some(table) = &self.inner.shared {
+            // Listed under its number, which other processes' initiators
+            // name: its WQEs are taken against claims from now on.
+            let Some(claims) = table.register(id) else {
+                e.ep.remove_srq(id);
+                return Err(Error::Limit("XRC SRQs in a shared domain"));
+            };
+            if let Some(s) = e.ep.srq_mut(id) {
+                s.set_shared(claims);
+            }
+        }
         let post = Arc::new(crate::staging::SrqPost::new(id, attr.max_wr, attr.max_sge, gauge));
         let keep = (cq.clone(), self.clone());
         let ctx = self.inner.ctx.clone();

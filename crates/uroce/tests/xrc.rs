@@ -179,3 +179,77 @@ fn an_opened_target_outlives_its_creator() {
     drop(again);
     assert!(xrcd.open_target_qp(qpn).is_err(), "destroyed with its last handle");
 }
+
+/// One domain, opened through one file by two contexts of one device (as
+/// two processes open it): the initiator reaches the SRQ of one through
+/// the target QP of the other. The message waits (RNR) until the owner
+/// posts a WQE, then is relayed to it and completes on its CQ in the
+/// target QP's name; `O_EXCL` and a missing domain without `O_CREAT` fail
+/// as the kernel's checks do.
+#[test]
+fn a_domain_shared_by_two_contexts_of_a_device_relays_to_the_srqs_owner() {
+    let (port, a, b) = uroce::testing::two_sides();
+    let owner = uroce::testing::open("127.0.0.2", port);
+    let dir = uroce::published::run_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("test-xrc-domain-{}-{port}", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    let other = std::fs::File::create(path.with_extension("other")).unwrap();
+    let errno = |r: uroce::Result<uroce::Xrcd>| r.map(|_| ()).unwrap_err().errno();
+    assert_eq!(errno(b.ctx.open_shared_xrcd(&other, false, false)), libc::EAGAIN);
+    let xb = b.ctx.open_shared_xrcd(&file, true, true).unwrap();
+    assert_eq!(errno(owner.open_shared_xrcd(&file, true, true)), libc::EINVAL);
+    let xo = owner.open_shared_xrcd(&file, false, false).unwrap();
+
+    let (opd, ocq) = (owner.alloc_pd().unwrap(), owner.create_cq(16).unwrap());
+    let srq = xo.create_srq(&opd, &ocq, &SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
+    let tgt = xb.create_target_qp().unwrap();
+    let cap = QpCaps {
+        max_send_wr: 4,
+        max_recv_wr: 0,
+        max_send_sge: 1,
+        max_recv_sge: 0,
+        max_inline_data: 0,
+    };
+    let ini =
+        a.pd.create_qp(&QpInitAttr {
+            send_cq: &a.cq,
+            recv_cq: &a.cq,
+            cap,
+            qp_type: QpType::XrcSend,
+            sq_sig_all: true,
+            srq: None,
+        })
+        .unwrap();
+    let (ia, ib) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    uroce::connect(&ini, ib, port, tgt.qpn(), 1, 2, ALL).unwrap();
+    uroce::connect(&tgt, ia, port, ini.qpn(), 2, 1, ALL).unwrap();
+
+    let src = a.pd.alloc_mr(8192, ALL).unwrap();
+    let msg: Vec<u8> = (0..6000u32).map(|i| (i % 251) as u8).collect();
+    src.write(0, &msg).unwrap();
+    let sgl = [src.sge(0, 6000).unwrap()];
+    ini.post_send(&[SendWr { wr_id: 1, sgl: &sgl, xrc_srqn: srq.handle(), ..SendWr::default() }])
+        .unwrap();
+    // No WQE yet: RNR NAKs until one is posted (the requester retries).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(10);
+    while b.ctx.stats().send_rnr_err == 0 {
+        assert!(std::time::Instant::now() < deadline, "no RNR NAK");
+        let mut none = [uroce::Completion::new(0, WcStatus::Success, WcOpcode::Recv, 0, true)];
+        assert_eq!(ocq.poll(&mut none).unwrap(), 0);
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+    let dst = opd.alloc_mr(8192, ALL).unwrap();
+    srq.post_recv(&[RecvWr { wr_id: 44, sgl: &[dst.sge(0, 8192).unwrap()] }]).unwrap();
+    let sent = uroce::testing::wait_completion(&a.cq);
+    assert_eq!(sent.status, WcStatus::Success);
+    let c = uroce::testing::wait_completion(&ocq);
+    assert_eq!((c.wr_id, c.status, c.byte_len, c.qp_num), (44, WcStatus::Success, 6000, tgt.qpn()));
+    let mut got = vec![0u8; 6000];
+    dst.read(0, &mut got).unwrap();
+    assert_eq!(got, msg);
+    assert_eq!((b.ctx.stats().xrc_relayed_out, owner.stats().xrc_relayed_in), (1, 1));
+    drop((ini, tgt, srq, xb, xo));
+    let _ = std::fs::remove_file(&path);
+    let _ = std::fs::remove_file(path.with_extension("other"));
+}

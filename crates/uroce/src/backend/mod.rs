@@ -2,7 +2,7 @@
 //! a context. The driver (`crate::driver`) sees only the [`Backend`]
 //! trait; what a backend is made of stays in its module.
 
-mod share;
+pub(crate) mod share;
 mod shm;
 // Ethernet framing for the backends that own their frames (AF_XDP, DPDK).
 mod frame;
