@@ -61,14 +61,6 @@ pub trait SharedDomain: Send + Sync + std::fmt::Debug {
     fn find(&self, srqn: u32) -> Option<Arc<dyn SharedSrq>>;
 }
 
-/// What stands for another process's SRQ here: its messages are received
-/// whole into relay buffers, then sent on to the owner.
-#[derive(Debug)]
-struct Relay {
-    /// The next relay buffer's number (its WQE's `wr_id`).
-    next: u64,
-}
-
 /// A shared receive queue.
 #[derive(Debug)]
 pub struct Srq {
@@ -81,8 +73,9 @@ pub struct Srq {
     gauge: Arc<SrqGauge>,
     /// The claims of a domain shared between processes.
     shared: Option<Arc<dyn SharedSrq>>,
-    /// Set for another process's SRQ (see [`Srq::new_relay`]).
-    relay: Option<Relay>,
+    /// Stands for another process's SRQ (see [`Srq::new_relay`]): its
+    /// messages are received whole into relay buffers, then sent on.
+    relay: bool,
 }
 
 /// What makes an SRQ an XRC one: requests to XRC target QPs of its domain
@@ -108,7 +101,7 @@ impl Srq {
             xrc: None,
             gauge: Arc::new(SrqGauge::default()),
             shared: None,
-            relay: None,
+            relay: false,
         }
         .published()
     }
@@ -152,7 +145,7 @@ impl Srq {
     pub(crate) fn new_relay(xrc: XrcSrq, shared: Arc<dyn SharedSrq>) -> Self {
         Self {
             shared: Some(shared),
-            relay: Some(Relay { next: 1 }),
+            relay: true,
             ..Self::new_xrc(1, 1, XrcSrq { pd: RELAY_PD, ..xrc })
         }
     }
@@ -255,16 +248,15 @@ impl Srq {
     /// kept for other processes' messages: none, and the requester gets
     /// an RNR NAK).
     pub(crate) fn pop_into(&mut self, cur: &mut RecvCur) -> bool {
-        if let Some(relay) = &mut self.relay {
+        if self.relay {
             if !self.shared.as_ref().is_some_and(|s| s.claim()) {
                 return false;
             }
             cur.active = true;
-            cur.wr_id = relay.next;
+            cur.wr_id = 0;
             cur.length = RELAY_MAX;
             cur.sges.clear();
             cur.sges.push(Sge { addr: 0, length: RELAY_MAX as u32, lkey: RELAY_LKEY });
-            relay.next += 1;
             return true;
         }
         if self.rq.len() == 0 || self.shared.as_ref().is_some_and(|s| !s.claim()) {
