@@ -10,7 +10,7 @@
 //!
 //! A relay datagram is a UD SEND with Q_Key [`RELAY_QKEY`] to QPN = the
 //! SRQ's number, from and to the same address; its payload starts with
-//! [`RelayHeader`]. SENDs only: a WRITE, READ or atomic through a target
+//! `RelayHeader`. SENDs only: a WRITE, READ or atomic through a target
 //! QP that names another process's SRQ would reach that process's memory,
 //! which only it can; the relay SRQ's PD has no regions, so they are NAKed
 //! (remote access error), and the README says so.

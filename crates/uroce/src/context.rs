@@ -545,18 +545,23 @@ extern "C" fn send_held_acks_at_exit() {
             }
         }
         // A context being dropped on its progress thread: let it end (its
-        // backend removes its files), briefly.
+        // backend removes its files). A second at most: on a loaded
+        // machine the thread may wait that long for a CPU (a tenth of one
+        // left a context's files behind under CI's load).
         let t = std::time::Instant::now();
-        while DROPPING.load(Ordering::SeqCst) > 0 && t.elapsed() < Duration::from_millis(100) {
+        while DROPPING.load(Ordering::SeqCst) > 0 && t.elapsed() < Duration::from_secs(1) {
             std::thread::sleep(Duration::from_micros(200));
         }
         crate::timeline::write();
     });
 }
 
-/// `lock`, giving up after about 10 ms of contention.
+/// `lock`, giving up after about a second of contention: a pass that
+/// holds the driver ends in microseconds, unless its thread waits for a
+/// CPU, which under load takes far longer than that; only a thread
+/// stopped in the middle of a verb holds it for good.
 fn try_lock_briefly<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    for _ in 0..100 {
+    for _ in 0..10_000 {
         match m.try_lock() {
             Ok(g) => return Some(g),
             Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),

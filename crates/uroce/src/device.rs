@@ -91,7 +91,7 @@ impl Device {
         match &self.net {
             Some(net) => Ok(net.attach(self.socket_addr())),
             None if crate::backend::xdp::selected() => {
-                Ok(Box::new(crate::backend::xdp::XdpBackend::open(self.socket_addr())?))
+                crate::backend::xdp::XdpBackend::open(self.socket_addr())
             }
             #[cfg(feature = "dpdk")]
             None if crate::backend::dpdk::selected() => {

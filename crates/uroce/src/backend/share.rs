@@ -321,6 +321,11 @@ impl Registry {
         self.slot
     }
 
+    /// Whether another member of the group runs now.
+    pub(crate) fn others_alive(&self) -> bool {
+        (0..SLOTS).any(|s| s != self.slot && slot_alive(&self.file, s))
+    }
+
     /// Where in its slot's range this context starts numbering QPs: the
     /// first owner of a slot at its start (QPN 0x11 for a context alone,
     /// as before sharing), each later one a block further, so the QPNs a

@@ -437,6 +437,12 @@ impl UdpBackend {
         self.ports.first().and_then(|p| p.sharing.as_ref())
     }
 
+    /// This context's slot on a shared address, and whether another
+    /// member runs now; `None` when the address is this context's alone.
+    pub(crate) fn slot(&self) -> Option<(usize, bool)> {
+        self.sharing().map(|s| (s.registry.slot(), s.registry.others_alive()))
+    }
+
     /// Binds another local address of the device (a GID in use) on the
     /// device's port; a no-op if it is bound already.
     fn bind_local_addr(&mut self, ip: IpAddr) -> io::Result<()> {

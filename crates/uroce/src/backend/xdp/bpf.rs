@@ -8,7 +8,10 @@
 //! socket of the queue they arrived on, and everything else (ARP,
 //! neighbour discovery, ICMP, other ports, VLAN tags) to the kernel; with
 //! no socket bound on a queue, `bpf_redirect_map` falls back to the kernel
-//! too. Attached through a BPF link, it is detached when the last
+//! too. On a device that other processes share, only the datagrams to
+//! the QPNs of the program owner's slot go to its sockets: the others'
+//! (and QPN 1's, which the group's CM steering places) go through the
+//! kernel, whose socket group steers them by QPN. Attached through a BPF link, it is detached when the last
 //! descriptor of the link closes, however the process ends.
 
 use std::io;
@@ -50,12 +53,14 @@ const R3: u8 = 3;
 const R4: u8 = 4;
 const R5: u8 = 5;
 const R6: u8 = 6;
+const R7: u8 = 7;
 
 /// A jump target, resolved when the program is finished.
 #[derive(Debug, Clone, Copy)]
 enum Label {
     Pass,
     V6,
+    Bth,
     Redirect,
 }
 
@@ -65,7 +70,7 @@ enum Label {
 struct Asm {
     code: Vec<Insn>,
     jumps: Vec<(usize, Label)>,
-    labels: [Option<usize>; 3],
+    labels: [Option<usize>; 4],
 }
 
 impl Asm {
@@ -83,6 +88,9 @@ impl Asm {
     }
     fn and_imm(&mut self, dst: u8, imm: i32) {
         self.op(insn(0x57, dst, 0, 0, imm));
+    }
+    fn rsh_imm(&mut self, dst: u8, imm: i32) {
+        self.op(insn(0x77, dst, 0, 0, imm));
     }
     /// `dst = *(u32 / u16 / u8 *)(src + off)`.
     fn load(&mut self, bytes: u8, dst: u8, src: u8, off: i16) {
@@ -138,8 +146,9 @@ const fn be16(v: u16) -> i32 {
 }
 
 /// The steering program for UDP port `port`, its XSKMAP referred to by
-/// descriptor `map_fd` (patched in by the kernel at load).
-pub(crate) fn steering_program(port: u16, map_fd: RawFd) -> Vec<Insn> {
+/// descriptor `map_fd` (patched in by the kernel at load). `slot`: the
+/// owner's slot on a shared device (its QPNs only; QPN 1 to the kernel).
+pub(crate) fn steering_program(port: u16, map_fd: RawFd, slot: Option<u32>) -> Vec<Insn> {
     let mut a = Asm::default();
     a.mov_reg(R6, R1);
     a.load(4, R2, R6, 0); // data
@@ -157,8 +166,10 @@ pub(crate) fn steering_program(port: u16, map_fd: RawFd) -> Vec<Insn> {
     a.and_imm(R5, be16(0x3fff));
     a.jne(R5, 0, Label::Pass); // a fragment: the kernel reassembles
     a.load(2, R5, R2, 36);
-    a.jeq(R5, be16(port), Label::Redirect);
-    a.goto(Label::Pass);
+    a.jne(R5, be16(port), Label::Pass);
+    a.mov_reg(R7, R2);
+    a.add_imm(R7, 42);
+    a.goto(Label::Bth);
     a.label(Label::V6);
     a.jne(R5, be16(0x86dd), Label::Pass);
     // Ethernet (14) + IPv6 (40) + UDP (8).
@@ -167,6 +178,23 @@ pub(crate) fn steering_program(port: u16, map_fd: RawFd) -> Vec<Insn> {
     a.jne(R5, 17, Label::Pass); // not UDP, or an extension header
     a.load(2, R5, R2, 56);
     a.jne(R5, be16(port), Label::Pass);
+    a.mov_reg(R7, R2);
+    a.add_imm(R7, 62);
+    // r7: the UDP payload, a BTH if RoCE.
+    a.label(Label::Bth);
+    if let Some(slot) = slot {
+        a.mov_reg(R4, R7);
+        a.add_imm(R4, 8);
+        a.jgt_reg(R4, R3, Label::Pass); // no BTH: the kernel's
+        // The destination QPN's top byte; a slot is its top six bits.
+        a.load(1, R5, R7, 5);
+        a.rsh_imm(R5, (super::super::share::QPN_SHIFT - 16) as i32);
+        a.jne(R5, slot as i32, Label::Pass);
+        a.load(1, R5, R7, 5);
+        a.jne(R5, 0, Label::Redirect);
+        a.load(2, R5, R7, 6);
+        a.jeq(R5, be16(1), Label::Pass); // QPN 1: the CM's
+    }
     a.label(Label::Redirect);
     a.load(4, R2, R6, 16); // rx_queue_index
     // r1 = the map (a 16-byte load of the map's descriptor).
@@ -274,7 +302,12 @@ mod tests {
 
     #[test]
     fn jumps_land_on_their_labels() {
-        let p = steering_program(4791, 7);
+        for p in [steering_program(4791, 7, None), steering_program(4791, 7, Some(5))] {
+            jumps_land(&p);
+        }
+    }
+
+    fn jumps_land(p: &[Insn]) {
         // Every jump stays inside the program, and the program ends with
         // `r0 = XDP_PASS; exit`.
         for (i, x) in p.iter().enumerate() {
@@ -286,6 +319,96 @@ mod tests {
         assert_eq!(p[p.len() - 2], insn(0xb7, R0, 0, 0, XDP_PASS));
         assert_eq!(p[p.len() - 1].code, 0x95);
         // The port is compared in network order.
-        assert!(p.iter().any(|x| x.code == 0x15 && x.imm == 0xb712));
+        assert!(p.iter().any(|x| x.code == 0x55 && x.imm == 0xb712));
+    }
+
+    /// What the program decides for `frame`: `Some(queue)` redirected to
+    /// the socket of the queue, `None` passed to the kernel. A small
+    /// interpreter of the instructions the assembler emits (the kernel's
+    /// verifier and the veth tests check the real thing).
+    fn verdict(p: &[Insn], frame: &[u8]) -> Option<u32> {
+        const DATA: u64 = 0x1000;
+        const CTX: u64 = 0x100;
+        let mut r = [0u64; 11];
+        r[1] = CTX;
+        let load = |addr: u64, n: usize| -> u64 {
+            let bytes: Vec<u8> = if (CTX..CTX + 24).contains(&addr) {
+                let ctx = [DATA as u32, DATA as u32 + frame.len() as u32, 0, 0, 3, 0];
+                ctx.iter()
+                    .flat_map(|w| w.to_le_bytes())
+                    .skip((addr - CTX) as usize)
+                    .take(n)
+                    .collect()
+            } else {
+                let at = (addr - DATA) as usize;
+                assert!(at + n <= frame.len(), "a read past the frame: the bounds checks fail");
+                frame[at..at + n].to_vec()
+            };
+            bytes.iter().rev().fold(0, |v, &b| v << 8 | u64::from(b))
+        };
+        let mut pc = 0usize;
+        loop {
+            let x = p[pc];
+            let (dst, src) = (usize::from(x.regs & 0xf), usize::from(x.regs >> 4));
+            let imm = x.imm as i64 as u64;
+            pc += 1;
+            let jump = |cond: bool, pc: &mut usize| {
+                if cond {
+                    *pc = (*pc as isize + x.off as isize) as usize;
+                }
+            };
+            match x.code {
+                0xbf => r[dst] = r[src],
+                0xb7 => r[dst] = imm,
+                0x07 => r[dst] = r[dst].wrapping_add(imm),
+                0x57 => r[dst] &= imm,
+                0x77 => r[dst] >>= imm,
+                0x61 => r[dst] = load(r[src].wrapping_add(x.off as i64 as u64), 4),
+                0x69 => r[dst] = load(r[src].wrapping_add(x.off as i64 as u64), 2),
+                0x71 => r[dst] = load(r[src].wrapping_add(x.off as i64 as u64), 1),
+                0x05 => jump(true, &mut pc),
+                0x15 => jump(r[dst] == imm, &mut pc),
+                0x55 => jump(r[dst] != imm, &mut pc),
+                0x2d => jump(r[dst] > r[src], &mut pc),
+                0x18 => pc += 1,
+                0x85 => return Some(r[2] as u32),
+                0x95 => return None,
+                c => panic!("opcode {c:#x} not interpreted"),
+            }
+        }
+    }
+
+    /// An IPv4 UDP frame to `port` carrying a BTH to `qpn` (or `len`
+    /// payload bytes of it).
+    fn frame(port: u16, qpn: u32, len: usize) -> Vec<u8> {
+        let mut f = vec![0u8; 42 + 12];
+        f[12..14].copy_from_slice(&[0x08, 0x00]);
+        f[14] = 0x45;
+        f[23] = 17;
+        f[36..38].copy_from_slice(&port.to_be_bytes());
+        f[42 + 5..42 + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        f.truncate(42 + len);
+        f
+    }
+
+    #[test]
+    fn a_shared_devices_program_takes_only_its_slots_qpns() {
+        let shift = crate::backend::share::QPN_SHIFT;
+        let alone = steering_program(4791, 7, None);
+        let shared = steering_program(4791, 7, Some(2));
+        let mine = (2 << shift) | 0x123;
+        assert_eq!(verdict(&alone, &frame(4791, 0x11, 12)), Some(3), "to the queue's socket");
+        assert_eq!(verdict(&alone, &frame(4791, 1, 12)), Some(3), "the CM's too, alone");
+        assert_eq!(verdict(&alone, &frame(4792, 0x11, 12)), None, "another port");
+        assert_eq!(verdict(&shared, &frame(4791, mine, 12)), Some(3));
+        assert_eq!(verdict(&shared, &frame(4791, (3 << shift) | 0x123, 12)), None, "slot 3's");
+        assert_eq!(verdict(&shared, &frame(4791, 0x11, 12)), None, "slot 0's");
+        assert_eq!(verdict(&shared, &frame(4791, 1, 12)), None, "the CM's: the group steers");
+        assert_eq!(verdict(&shared, &frame(4791, mine, 7)), None, "no whole BTH");
+        let slot0 = steering_program(4791, 7, Some(0));
+        assert_eq!(verdict(&slot0, &frame(4791, 0x11, 12)), Some(3));
+        assert_eq!(verdict(&slot0, &frame(4791, 1, 12)), None, "QPN 1 is no slot's");
+        assert_eq!(verdict(&slot0, &frame(4791, 0x101, 12)), Some(3));
+        assert_eq!(verdict(&slot0, &frame(4791, 1 << shift, 12)), None);
     }
 }

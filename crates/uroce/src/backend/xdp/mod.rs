@@ -16,9 +16,15 @@
 //! (veth and most drivers have no zero-copy), a socket on every receive
 //! queue, frames in several 4 KiB chunks where the kernel has multi-buffer
 //! sockets (Linux 6.6; RoCE MTU 4096 on links of MTU 4200 and more; else
-//! frames of one chunk, RoCE MTU 2048 at most), IPv4 and IPv6. One
-//! process per interface: an interface takes one XDP program. `UROCE_XDP_STATS=1`
-//! prints the sockets' counters when the backend closes.
+//! frames of one chunk, RoCE MTU 2048 at most), IPv4 and IPv6.
+//!
+//! Shared devices: an interface takes one XDP program, so the first
+//! context on it owns the sockets, and its program takes only the QPNs of
+//! the owner's slot; a later context of the device (another process, no
+//! privilege needed) finds the program there and is a plain `udp` member
+//! of the device's group, its datagrams passed to the kernel and steered
+//! to it by QPN. `UROCE_XDP_STATS=1` prints the sockets' counters when the
+//! backend closes.
 
 mod bpf;
 
@@ -116,8 +122,11 @@ fn context(what: &str, e: io::Error) -> io::Error {
 
 impl XdpBackend {
     /// Opens the backend for the device at `addr`: its interface, an XDP
-    /// program steering `addr`'s port to an AF_XDP socket per queue.
-    pub(crate) fn open(addr: SocketAddr) -> io::Result<Self> {
+    /// program steering `addr`'s port (this context's QPNs, on a shared
+    /// address) to an AF_XDP socket per queue. A context that finds
+    /// another member of the device owning the interface's program gets
+    /// the `udp` backend, a member of the device's group.
+    pub(crate) fn open(addr: SocketAddr) -> io::Result<Box<dyn Backend>> {
         let iface = crate::netif::interface_of(addr.ip()).ok_or_else(|| {
             io::Error::new(
                 io::ErrorKind::AddrNotAvailable,
@@ -130,8 +139,14 @@ impl XdpBackend {
             .ok()
             .and_then(|s| neigh::parse_mac(&s))
             .ok_or_else(|| io::Error::other(format!("AF_XDP backend: {iface} has no MAC")))?;
-        let udp = UdpBackend::bind_with_sharing(addr, false)?;
+        let udp = UdpBackend::bind_with_sharing(addr, true)?;
         let port = udp.local().port();
+        let slot = udp.slot();
+        // Another member's program: share the device through the kernel.
+        let member = |udp: UdpBackend| -> io::Result<Box<dyn Backend>> { Ok(Box::new(udp)) };
+        if slot.is_some_and(|(_, others)| others) && netlink::xdp_attached(ifindex)? {
+            return member(udp);
+        }
         let queues = std::fs::read_dir(format!("/sys/class/net/{iface}/queues"))
             .map(|d| {
                 d.filter_map(Result::ok)
@@ -141,12 +156,23 @@ impl XdpBackend {
             .unwrap_or(1)
             .max(1);
         let map = bpf::create_xskmap(queues).map_err(|e| context("creating the XSKMAP", e))?;
-        let prog = bpf::load_xdp(&bpf::steering_program(port, map.as_raw_fd()))
+        let owner = slot.map(|(s, _)| s as u32);
+        let prog = bpf::load_xdp(&bpf::steering_program(port, map.as_raw_fd(), owner))
             .map_err(|e| context("loading the program", e))?;
         // Native mode where the driver has it, else generic.
-        let link = bpf::attach_xdp(&prog, ifindex, bpf::XDP_FLAGS_DRV_MODE)
+        let link = match bpf::attach_xdp(&prog, ifindex, bpf::XDP_FLAGS_DRV_MODE)
             .or_else(|_| bpf::attach_xdp(&prog, ifindex, bpf::XDP_FLAGS_SKB_MODE))
-            .map_err(|e| context(&format!("attaching to {iface}"), e))?;
+        {
+            Ok(link) => link,
+            // Another member attached its own a moment before.
+            Err(e)
+                if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EEXIST))
+                    && udp.slot().is_some_and(|(_, others)| others) =>
+            {
+                return member(udp);
+            }
+            Err(e) => return Err(context(&format!("attaching to {iface}"), e)),
+        };
         let mut xsks = Vec::new();
         for q in 0..queues {
             let x = xsk::Xsk::open(ifindex, q)
@@ -158,7 +184,7 @@ impl XdpBackend {
             }
             xsks.push(x);
         }
-        Ok(Self {
+        Ok(Box::new(Self {
             udp,
             xsks,
             next_rx: 0,
@@ -170,7 +196,7 @@ impl XdpBackend {
             neigh: neigh::Neighbours::new(&iface, ifindex),
             counters: Counters::default(),
             long_frame: vec![0; xsk::MAX_FRAME],
-        })
+        }))
     }
 }
 
@@ -181,6 +207,28 @@ impl Backend for XdpBackend {
 
     fn tick(&mut self, now_ns: u64) {
         self.udp.tick(now_ns);
+    }
+
+    // The device's group is the `udp` backend's: its slot numbers the
+    // QPs and CM ids, and its table steers the CM's ports.
+    fn qpn_range(&self) -> (u32, u32) {
+        self.udp.qpn_range()
+    }
+
+    fn cm_id_prefix(&self) -> Option<(u32, u32)> {
+        self.udp.cm_id_prefix()
+    }
+
+    fn set_listening(&mut self, ports: &[u16]) -> bool {
+        self.udp.set_listening(ports)
+    }
+
+    fn publish_connections(&mut self, conns: &[super::Leftover]) -> bool {
+        self.udp.publish_connections(conns)
+    }
+
+    fn take_leftovers(&mut self) -> Vec<super::Leftover> {
+        self.udp.take_leftovers()
     }
 
     /// One packet per send, each with IP ID 0: what the kernel puts on a

@@ -1,12 +1,15 @@
 //! UNSAFE ISLAND (small): the kernel's IPv6 neighbour table, read by one
 //! `RTM_GETNEIGH` dump over a netlink socket (IPv6 has no `/proc` file for
-//! it). Only the socket calls are unsafe; the messages are parsed from
-//! bytes in safe code.
+//! it), and whether an interface has an XDP program (`RTM_GETLINK`: no
+//! privilege needed, unlike asking the BPF subsystem). Only the socket
+//! calls are unsafe; the messages are parsed from bytes in safe code.
 
 use std::io;
 use std::net::Ipv6Addr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 
+const RTM_NEWLINK: u16 = 16;
+const RTM_GETLINK: u16 = 18;
 const RTM_NEWNEIGH: u16 = 28;
 const RTM_GETNEIGH: u16 = 30;
 const NLMSG_ERROR: u16 = 2;
@@ -19,8 +22,71 @@ const NDA_LLADDR: u16 = 2;
 /// STALE, DELAY, PROBE, NOARP, PERMANENT.
 const NUD_USABLE: u16 = 0x02 | 0x04 | 0x08 | 0x10 | 0x40 | 0x80;
 
+/// `IFLA_XDP` and, nested in it, `IFLA_XDP_ATTACHED`.
+const IFLA_XDP: u16 = 43;
+const IFLA_XDP_ATTACHED: u16 = 2;
+
 /// Every usable IPv6 neighbour of interface `ifindex`: (address, MAC).
 pub(crate) fn ipv6_neighbours(ifindex: u32) -> io::Result<Vec<(Ipv6Addr, [u8; 6])>> {
+    // nlmsghdr (16 bytes) + ndmsg (12 bytes).
+    let mut req = [0u8; 28];
+    req[0..4].copy_from_slice(&28u32.to_ne_bytes());
+    req[4..6].copy_from_slice(&RTM_GETNEIGH.to_ne_bytes());
+    req[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    req[16] = libc::AF_INET6 as u8;
+    let mut out = Vec::new();
+    ask(&req, |b| parse_dump(b, ifindex, &mut out))?;
+    Ok(out)
+}
+
+/// Whether interface `ifindex` has an XDP program attached (any mode).
+pub(crate) fn xdp_attached(ifindex: u32) -> io::Result<bool> {
+    // nlmsghdr (16 bytes) + ifinfomsg (16 bytes): one link, no dump.
+    let mut req = [0u8; 32];
+    req[0..4].copy_from_slice(&32u32.to_ne_bytes());
+    req[4..6].copy_from_slice(&RTM_GETLINK.to_ne_bytes());
+    req[6..8].copy_from_slice(&NLM_F_REQUEST.to_ne_bytes());
+    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
+    req[20..24].copy_from_slice(&(ifindex as i32).to_ne_bytes());
+    let mut attached = None;
+    ask(&req, |b| {
+        attached = parse_link(b);
+        true
+    })?;
+    attached.ok_or_else(|| io::Error::other("netlink: no answer about the link"))
+}
+
+/// The `IFLA_XDP_ATTACHED` of the link message `b` (an `RTM_NEWLINK`):
+/// whether a program is attached; `None` for another message, or one
+/// without the attribute.
+fn parse_link(b: &[u8]) -> Option<bool> {
+    let len = u32_at(b, 0)? as usize;
+    if u16_at(b, 4)? != RTM_NEWLINK || len > b.len() {
+        return None;
+    }
+    let xdp = attrs(b.get(32..len)?).find(|&(ty, _)| ty & 0x3fff == IFLA_XDP)?.1;
+    let (_, v) = attrs(xdp).find(|&(ty, _)| ty == IFLA_XDP_ATTACHED)?;
+    Some(*v.first()? != 0)
+}
+
+/// Netlink attributes (type, value) packed in `a`, up to the first one
+/// that does not fit.
+fn attrs(mut a: &[u8]) -> impl Iterator<Item = (u16, &[u8])> {
+    std::iter::from_fn(move || {
+        let (len, ty) = (usize::from(u16_at(a, 0)?), u16_at(a, 2)?);
+        if len < 4 || len > a.len() {
+            return None;
+        }
+        let v = &a[4..len];
+        a = a.get(len.next_multiple_of(4)..).unwrap_or(&[]);
+        Some((ty, v))
+    })
+}
+
+/// Sends `req` to the kernel and hands each answering datagram to `take`
+/// until it says the answer is complete.
+fn ask(req: &[u8], mut take: impl FnMut(&[u8]) -> bool) -> io::Result<()> {
     // SAFETY: plain socket call; checked.
     let fd = unsafe {
         libc::socket(libc::AF_NETLINK, libc::SOCK_RAW | libc::SOCK_CLOEXEC, libc::NETLINK_ROUTE)
@@ -30,19 +96,11 @@ pub(crate) fn ipv6_neighbours(ifindex: u32) -> io::Result<Vec<(Ipv6Addr, [u8; 6]
     }
     // SAFETY: a new descriptor nobody else owns.
     let sock = unsafe { OwnedFd::from_raw_fd(fd) };
-    // nlmsghdr (16 bytes) + ndmsg (12 bytes).
-    let mut req = [0u8; 28];
-    req[0..4].copy_from_slice(&28u32.to_ne_bytes());
-    req[4..6].copy_from_slice(&RTM_GETNEIGH.to_ne_bytes());
-    req[6..8].copy_from_slice(&(NLM_F_REQUEST | NLM_F_DUMP).to_ne_bytes());
-    req[8..12].copy_from_slice(&1u32.to_ne_bytes());
-    req[16] = libc::AF_INET6 as u8;
     // SAFETY: sends our live buffer to the kernel (no address: a netlink
     // socket's default peer is the kernel).
     if unsafe { libc::send(sock.as_raw_fd(), req.as_ptr().cast(), req.len(), 0) } < 0 {
         return Err(io::Error::last_os_error());
     }
-    let mut out = Vec::new();
     let mut buf = vec![0u8; 32768];
     loop {
         // SAFETY: receives into our live buffer of its length.
@@ -50,8 +108,8 @@ pub(crate) fn ipv6_neighbours(ifindex: u32) -> io::Result<Vec<(Ipv6Addr, [u8; 6]
         if n < 0 {
             return Err(io::Error::last_os_error());
         }
-        if parse_dump(&buf[..n as usize], ifindex, &mut out) || n == 0 {
-            return Ok(out);
+        if n == 0 || take(&buf[..n as usize]) {
+            return Ok(());
         }
     }
 }
@@ -96,19 +154,12 @@ fn neighbour(m: &[u8], ifindex: u32) -> Option<(Ipv6Addr, [u8; 6])> {
         return None;
     }
     let (mut dst, mut mac) = (None, None);
-    let mut a = m.get(12..)?;
-    while let (Some(len), Some(ty)) = (u16_at(a, 0), u16_at(a, 2)) {
-        let len = usize::from(len);
-        if len < 4 || len > a.len() {
-            break;
-        }
-        let v = &a[4..len];
+    for (ty, v) in attrs(m.get(12..)?) {
         match ty {
             NDA_DST => dst = <[u8; 16]>::try_from(v).ok().map(Ipv6Addr::from),
             NDA_LLADDR => mac = <[u8; 6]>::try_from(v).ok(),
             _ => {}
         }
-        a = a.get(len.next_multiple_of(4)..).unwrap_or(&[]);
     }
     Some((dst?, mac?))
 }
@@ -169,5 +220,39 @@ mod tests {
         // Whatever it holds, the dump completes.
         let lo = crate::netif::index_of_name("lo").unwrap_or(1);
         assert!(ipv6_neighbours(lo).is_ok());
+        // Loopback has no XDP program here (nobody attaches one to it).
+        assert!(!xdp_attached(lo).unwrap());
+    }
+
+    /// An `RTM_NEWLINK` with an `IFLA_XDP` nest saying `attached`.
+    fn link(attached: u8) -> Vec<u8> {
+        let mut m = vec![0u8; 32];
+        m[4..6].copy_from_slice(&RTM_NEWLINK.to_ne_bytes());
+        // IFLA_MTU first, then IFLA_XDP (NLA_F_NESTED set) around
+        // IFLA_XDP_ATTACHED.
+        m.extend_from_slice(&8u16.to_ne_bytes());
+        m.extend_from_slice(&4u16.to_ne_bytes());
+        m.extend_from_slice(&1500u32.to_ne_bytes());
+        m.extend_from_slice(&12u16.to_ne_bytes());
+        m.extend_from_slice(&(IFLA_XDP | 0x8000).to_ne_bytes());
+        m.extend_from_slice(&5u16.to_ne_bytes());
+        m.extend_from_slice(&IFLA_XDP_ATTACHED.to_ne_bytes());
+        m.extend_from_slice(&[attached, 0, 0, 0]);
+        let len = m.len() as u32;
+        m[0..4].copy_from_slice(&len.to_ne_bytes());
+        m
+    }
+
+    #[test]
+    fn link_messages_say_whether_a_program_is_attached() {
+        assert_eq!(parse_link(&link(0)), Some(false));
+        assert_eq!(parse_link(&link(2)), Some(true), "XDP_ATTACHED_SKB");
+        let l = link(1);
+        for cut in 0..l.len() {
+            let _ = parse_link(&l[..cut]);
+        }
+        let mut other = link(1);
+        other[4..6].copy_from_slice(&NLMSG_ERROR.to_ne_bytes());
+        assert_eq!(parse_link(&other), None);
     }
 }
