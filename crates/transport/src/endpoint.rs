@@ -1040,7 +1040,8 @@ impl Endpoint {
 
     /// A relay datagram from another process's target QP for SRQ `srqn`
     /// here (see [`crate::xrc_relay`]): written into the WQE its claim
-    /// kept, completed on the SRQ's CQ. False if `pkt` is none.
+    /// kept, completed on the SRQ's CQ. False if `pkt` is no relay
+    /// datagram to a shared-domain SRQ here.
     fn relayed_in(
         &mut self,
         now: Instant,

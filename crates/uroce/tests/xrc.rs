@@ -10,26 +10,30 @@ use uroce::{
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 
-#[test]
-fn an_initiator_reaches_srqs_of_the_targets_domain() {
-    let (port, a, b) = uroce::testing::two_sides();
+/// An XRC initiator QP on side `a`, every WR signaled.
+fn initiator(a: &uroce::testing::Side, max_send_wr: u32) -> uroce::Qp {
     let cap = QpCaps {
-        max_send_wr: 16,
+        max_send_wr,
         max_recv_wr: 0,
         max_send_sge: 1,
         max_recv_sge: 0,
         max_inline_data: 0,
     };
-    let ini =
-        a.pd.create_qp(&QpInitAttr {
-            send_cq: &a.cq,
-            recv_cq: &a.cq,
-            cap,
-            qp_type: QpType::XrcSend,
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
+    let init = QpInitAttr {
+        send_cq: &a.cq,
+        recv_cq: &a.cq,
+        cap,
+        qp_type: QpType::XrcSend,
+        sq_sig_all: true,
+        srq: None,
+    };
+    a.pd.create_qp(&init).unwrap()
+}
+
+#[test]
+fn an_initiator_reaches_srqs_of_the_targets_domain() {
+    let (port, a, b) = uroce::testing::two_sides();
+    let ini = initiator(&a, 16);
     assert!(ini.post_recv(&[RecvWr { wr_id: 0, sgl: &[] }]).is_err(), "no receive queue");
     let xrcd = b.ctx.open_xrcd().unwrap();
     let (cq1, cq2) = (b.ctx.create_cq(16).unwrap(), b.ctx.create_cq(16).unwrap());
@@ -92,23 +96,7 @@ fn an_initiator_reaches_srqs_of_the_targets_domain() {
 #[test]
 fn an_srq_of_another_domain_is_never_reached() {
     let (port, a, b) = uroce::testing::two_sides();
-    let cap = QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 0,
-        max_send_sge: 1,
-        max_recv_sge: 0,
-        max_inline_data: 0,
-    };
-    let ini =
-        a.pd.create_qp(&QpInitAttr {
-            send_cq: &a.cq,
-            recv_cq: &a.cq,
-            cap,
-            qp_type: QpType::XrcSend,
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
+    let ini = initiator(&a, 4);
     let (d1, d2) = (b.ctx.open_xrcd().unwrap(), b.ctx.open_xrcd().unwrap());
     let attr = SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 };
     let foreign = d2.create_srq(&b.pd, &b.cq, &attr).unwrap();
@@ -133,23 +121,7 @@ fn an_srq_of_another_domain_is_never_reached() {
 #[test]
 fn an_opened_target_outlives_its_creator() {
     let (port, a, b) = uroce::testing::two_sides();
-    let cap = QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 0,
-        max_send_sge: 1,
-        max_recv_sge: 0,
-        max_inline_data: 0,
-    };
-    let ini =
-        a.pd.create_qp(&QpInitAttr {
-            send_cq: &a.cq,
-            recv_cq: &a.cq,
-            cap,
-            qp_type: QpType::XrcSend,
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
+    let ini = initiator(&a, 4);
     let (xrcd, other) = (b.ctx.open_xrcd().unwrap(), b.ctx.open_xrcd().unwrap());
     let srq =
         xrcd.create_srq(&b.pd, &b.cq, &SrqAttr { max_wr: 4, max_sge: 1, srq_limit: 0 }).unwrap();
@@ -204,23 +176,7 @@ fn a_domain_shared_by_two_contexts_of_a_device_relays_to_the_srqs_owner() {
     let (opd, ocq) = (owner.alloc_pd().unwrap(), owner.create_cq(16).unwrap());
     let srq = xo.create_srq(&opd, &ocq, &SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
     let tgt = xb.create_target_qp().unwrap();
-    let cap = QpCaps {
-        max_send_wr: 4,
-        max_recv_wr: 0,
-        max_send_sge: 1,
-        max_recv_sge: 0,
-        max_inline_data: 0,
-    };
-    let ini =
-        a.pd.create_qp(&QpInitAttr {
-            send_cq: &a.cq,
-            recv_cq: &a.cq,
-            cap,
-            qp_type: QpType::XrcSend,
-            sq_sig_all: true,
-            srq: None,
-        })
-        .unwrap();
+    let ini = initiator(&a, 4);
     let (ia, ib) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
     uroce::connect(&ini, ib, port, tgt.qpn(), 1, 2, ALL).unwrap();
     uroce::connect(&tgt, ia, port, ini.qpn(), 2, 1, ALL).unwrap();
