@@ -15,6 +15,7 @@
 //! descriptor of the link closes, however the process ends.
 
 use std::io;
+use std::net::IpAddr;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
 
 const BPF_MAP_CREATE: libc::c_int = 0;
@@ -59,8 +60,6 @@ const R7: u8 = 7;
 #[derive(Debug, Clone, Copy)]
 enum Label {
     Pass,
-    V6,
-    Bth,
     Redirect,
 }
 
@@ -70,7 +69,7 @@ enum Label {
 struct Asm {
     code: Vec<Insn>,
     jumps: Vec<(usize, Label)>,
-    labels: [Option<usize>; 4],
+    labels: [Option<usize>; 2],
 }
 
 impl Asm {
@@ -109,6 +108,11 @@ impl Asm {
     fn jne(&mut self, dst: u8, imm: i32, to: Label) {
         self.jump(0x55, dst, 0, imm, to);
     }
+    /// `if (u32)dst != (u32)imm goto to` (a 32-bit compare: a 64-bit one
+    /// sign-extends the immediate).
+    fn jne32(&mut self, dst: u8, imm: i32, to: Label) {
+        self.jump(0x56, dst, 0, imm, to);
+    }
     /// `if dst == imm goto to`.
     fn jeq(&mut self, dst: u8, imm: i32, to: Label) {
         self.jump(0x15, dst, 0, imm, to);
@@ -116,9 +120,6 @@ impl Asm {
     /// `if dst > src goto to` (unsigned).
     fn jgt_reg(&mut self, dst: u8, src: u8, to: Label) {
         self.jump(0x2d, dst, src, 0, to);
-    }
-    fn goto(&mut self, to: Label) {
-        self.jump(0x05, 0, 0, 0, to);
     }
     fn label(&mut self, l: Label) {
         self.labels[l as usize] = Some(self.code.len());
@@ -145,43 +146,66 @@ const fn be16(v: u16) -> i32 {
     v.swap_bytes() as i32
 }
 
-/// The steering program for UDP port `port`, its XSKMAP referred to by
+/// A little-endian load of four network-order bytes.
+fn le32(b: [u8; 4]) -> i32 {
+    i32::from_le_bytes(b)
+}
+
+/// The steering program for UDP port `port` of address `addr` (the
+/// device's: datagrams to the interface's other addresses, another
+/// device's or kernel rxe's, and to the device's other GIDs, which its
+/// `udp` socket takes, go to the kernel), its XSKMAP referred to by
 /// descriptor `map_fd` (patched in by the kernel at load). `slot`: the
 /// owner's slot on a shared device (its QPNs only; QPN 1 to the kernel).
-pub(crate) fn steering_program(port: u16, map_fd: RawFd, slot: Option<u32>) -> Vec<Insn> {
+pub(crate) fn steering_program(
+    port: u16,
+    addr: IpAddr,
+    map_fd: RawFd,
+    slot: Option<u32>,
+) -> Vec<Insn> {
     let mut a = Asm::default();
     a.mov_reg(R6, R1);
     a.load(4, R2, R6, 0); // data
     a.load(4, R3, R6, 4); // data_end
-    // Ethernet (14) + IPv4 (20) + UDP (8).
-    a.need(42);
-    a.load(2, R5, R2, 12);
-    a.jne(R5, be16(0x0800), Label::V6);
-    a.load(1, R5, R2, 23);
-    a.jne(R5, 17, Label::Pass); // not UDP
-    a.load(1, R5, R2, 14);
-    a.and_imm(R5, 0x0f);
-    a.jne(R5, 5, Label::Pass); // options: the kernel's
-    a.load(2, R5, R2, 20);
-    a.and_imm(R5, be16(0x3fff));
-    a.jne(R5, 0, Label::Pass); // a fragment: the kernel reassembles
-    a.load(2, R5, R2, 36);
-    a.jne(R5, be16(port), Label::Pass);
-    a.mov_reg(R7, R2);
-    a.add_imm(R7, 42);
-    a.goto(Label::Bth);
-    a.label(Label::V6);
-    a.jne(R5, be16(0x86dd), Label::Pass);
-    // Ethernet (14) + IPv6 (40) + UDP (8).
-    a.need(62);
-    a.load(1, R5, R2, 20);
-    a.jne(R5, 17, Label::Pass); // not UDP, or an extension header
-    a.load(2, R5, R2, 56);
-    a.jne(R5, be16(port), Label::Pass);
-    a.mov_reg(R7, R2);
-    a.add_imm(R7, 62);
+    match addr {
+        IpAddr::V4(v4) => {
+            // Ethernet (14) + IPv4 (20) + UDP (8).
+            a.need(42);
+            a.load(2, R5, R2, 12);
+            a.jne(R5, be16(0x0800), Label::Pass);
+            a.load(1, R5, R2, 23);
+            a.jne(R5, 17, Label::Pass); // not UDP
+            a.load(1, R5, R2, 14);
+            a.and_imm(R5, 0x0f);
+            a.jne(R5, 5, Label::Pass); // options: the kernel's
+            a.load(2, R5, R2, 20);
+            a.and_imm(R5, be16(0x3fff));
+            a.jne(R5, 0, Label::Pass); // a fragment: the kernel reassembles
+            a.load(2, R5, R2, 36);
+            a.jne(R5, be16(port), Label::Pass);
+            a.load(4, R5, R2, 30);
+            a.jne32(R5, le32(v4.octets()), Label::Pass);
+            a.mov_reg(R7, R2);
+            a.add_imm(R7, 42);
+        }
+        IpAddr::V6(v6) => {
+            // Ethernet (14) + IPv6 (40) + UDP (8).
+            a.need(62);
+            a.load(2, R5, R2, 12);
+            a.jne(R5, be16(0x86dd), Label::Pass);
+            a.load(1, R5, R2, 20);
+            a.jne(R5, 17, Label::Pass); // not UDP, or an extension header
+            a.load(2, R5, R2, 56);
+            a.jne(R5, be16(port), Label::Pass);
+            for (i, w) in v6.octets().chunks(4).enumerate() {
+                a.load(4, R5, R2, 38 + 4 * i as i16);
+                a.jne32(R5, le32([w[0], w[1], w[2], w[3]]), Label::Pass);
+            }
+            a.mov_reg(R7, R2);
+            a.add_imm(R7, 62);
+        }
+    }
     // r7: the UDP payload, a BTH if RoCE.
-    a.label(Label::Bth);
     if let Some(slot) = slot {
         a.mov_reg(R4, R7);
         a.add_imm(R4, 8);
@@ -302,8 +326,10 @@ mod tests {
 
     #[test]
     fn jumps_land_on_their_labels() {
-        for p in [steering_program(4791, 7, None), steering_program(4791, 7, Some(5))] {
-            jumps_land(&p);
+        for addr in [ADDR, ADDR6] {
+            for slot in [None, Some(5)] {
+                jumps_land(&steering_program(4791, addr, 7, slot));
+            }
         }
     }
 
@@ -311,7 +337,7 @@ mod tests {
         // Every jump stays inside the program, and the program ends with
         // `r0 = XDP_PASS; exit`.
         for (i, x) in p.iter().enumerate() {
-            if matches!(x.code, 0x05 | 0x15 | 0x55 | 0x2d) {
+            if matches!(x.code, 0x05 | 0x15 | 0x55 | 0x56 | 0x2d) {
                 let to = i as isize + 1 + x.off as isize;
                 assert!((0..p.len() as isize).contains(&to), "jump {i} leaves the program");
             }
@@ -369,6 +395,7 @@ mod tests {
                 0x05 => jump(true, &mut pc),
                 0x15 => jump(r[dst] == imm, &mut pc),
                 0x55 => jump(r[dst] != imm, &mut pc),
+                0x56 => jump(r[dst] as u32 != imm as u32, &mut pc),
                 0x2d => jump(r[dst] > r[src], &mut pc),
                 0x18 => pc += 1,
                 0x85 => return Some(r[2] as u32),
@@ -378,24 +405,45 @@ mod tests {
         }
     }
 
-    /// An IPv4 UDP frame to `port` carrying a BTH to `qpn` (or `len`
+    const ADDR: IpAddr = IpAddr::V4(std::net::Ipv4Addr::new(10, 0, 0, 200));
+    const ADDR6: IpAddr = IpAddr::V6(std::net::Ipv6Addr::new(0xfd00, 0, 0, 0, 0, 0, 0xab, 0x8001));
+
+    /// A UDP frame to `port` of `addr` carrying a BTH to `qpn` (or `len`
     /// payload bytes of it).
-    fn frame(port: u16, qpn: u32, len: usize) -> Vec<u8> {
-        let mut f = vec![0u8; 42 + 12];
-        f[12..14].copy_from_slice(&[0x08, 0x00]);
-        f[14] = 0x45;
-        f[23] = 17;
-        f[36..38].copy_from_slice(&port.to_be_bytes());
-        f[42 + 5..42 + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
-        f.truncate(42 + len);
+    fn frame_to(addr: IpAddr, port: u16, qpn: u32, len: usize) -> Vec<u8> {
+        let (mut f, at) = match addr {
+            IpAddr::V4(v4) => {
+                let mut f = vec![0u8; 42 + 12];
+                f[12..14].copy_from_slice(&[0x08, 0x00]);
+                f[14] = 0x45;
+                f[23] = 17;
+                f[30..34].copy_from_slice(&v4.octets());
+                (f, 34)
+            }
+            IpAddr::V6(v6) => {
+                let mut f = vec![0u8; 62 + 12];
+                f[12..14].copy_from_slice(&[0x86, 0xdd]);
+                f[14] = 0x60;
+                f[20] = 17;
+                f[38..54].copy_from_slice(&v6.octets());
+                (f, 54)
+            }
+        };
+        f[at + 2..at + 4].copy_from_slice(&port.to_be_bytes());
+        f[at + 8 + 5..at + 8 + 8].copy_from_slice(&qpn.to_be_bytes()[1..]);
+        f.truncate(at + 8 + len);
         f
+    }
+
+    fn frame(port: u16, qpn: u32, len: usize) -> Vec<u8> {
+        frame_to(ADDR, port, qpn, len)
     }
 
     #[test]
     fn a_shared_devices_program_takes_only_its_slots_qpns() {
         let shift = crate::backend::share::QPN_SHIFT;
-        let alone = steering_program(4791, 7, None);
-        let shared = steering_program(4791, 7, Some(2));
+        let alone = steering_program(4791, ADDR, 7, None);
+        let shared = steering_program(4791, ADDR, 7, Some(2));
         let mine = (2 << shift) | 0x123;
         assert_eq!(verdict(&alone, &frame(4791, 0x11, 12)), Some(3), "to the queue's socket");
         assert_eq!(verdict(&alone, &frame(4791, 1, 12)), Some(3), "the CM's too, alone");
@@ -405,10 +453,26 @@ mod tests {
         assert_eq!(verdict(&shared, &frame(4791, 0x11, 12)), None, "slot 0's");
         assert_eq!(verdict(&shared, &frame(4791, 1, 12)), None, "the CM's: the group steers");
         assert_eq!(verdict(&shared, &frame(4791, mine, 7)), None, "no whole BTH");
-        let slot0 = steering_program(4791, 7, Some(0));
+        let slot0 = steering_program(4791, ADDR, 7, Some(0));
         assert_eq!(verdict(&slot0, &frame(4791, 0x11, 12)), Some(3));
         assert_eq!(verdict(&slot0, &frame(4791, 1, 12)), None, "QPN 1 is no slot's");
         assert_eq!(verdict(&slot0, &frame(4791, 0x101, 12)), Some(3));
         assert_eq!(verdict(&slot0, &frame(4791, 1 << shift, 12)), None);
+    }
+
+    #[test]
+    fn only_the_devices_own_address_goes_to_its_sockets() {
+        let other4: IpAddr = "10.0.0.201".parse().unwrap();
+        let other6: IpAddr = "fd00::ab:8002".parse().unwrap();
+        for slot in [None, Some(0)] {
+            let v4 = steering_program(4791, ADDR, 7, slot);
+            let v6 = steering_program(4791, ADDR6, 7, slot);
+            assert_eq!(verdict(&v4, &frame_to(ADDR, 4791, 0x11, 12)), Some(3));
+            assert_eq!(verdict(&v4, &frame_to(other4, 4791, 0x11, 12)), None, "another address");
+            assert_eq!(verdict(&v4, &frame_to(ADDR6, 4791, 0x11, 12)), None, "IPv6: a GID's");
+            assert_eq!(verdict(&v6, &frame_to(ADDR6, 4791, 0x11, 12)), Some(3));
+            assert_eq!(verdict(&v6, &frame_to(other6, 4791, 0x11, 12)), None);
+            assert_eq!(verdict(&v6, &frame_to(ADDR, 4791, 0x11, 12)), None);
+        }
     }
 }

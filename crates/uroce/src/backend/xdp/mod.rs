@@ -157,7 +157,7 @@ impl XdpBackend {
             .max(1);
         let map = bpf::create_xskmap(queues).map_err(|e| context("creating the XSKMAP", e))?;
         let owner = slot.map(|(s, _)| s as u32);
-        let prog = bpf::load_xdp(&bpf::steering_program(port, map.as_raw_fd(), owner))
+        let prog = bpf::load_xdp(&bpf::steering_program(port, addr.ip(), map.as_raw_fd(), owner))
             .map_err(|e| context("loading the program", e))?;
         // Native mode where the driver has it, else generic.
         let link = match bpf::attach_xdp(&prog, ifindex, bpf::XDP_FLAGS_DRV_MODE)
