@@ -689,3 +689,70 @@ fn perftest_runs_on_each_gid_index() {
         assert!(row >= 1, "no result row: {all}");
     }
 }
+
+/// One XRC domain, two client processes on host b (one device), the
+/// server on host a, host b's link losing 2 % of the RoCE datagrams it
+/// receives and duplicating 1 % of those it sends (nftables): Debian's
+/// `ibv_xsrq_pingpong -c 2` sends to each client's SRQ through both
+/// clients' target QPs in turn, so half the messages cross from one
+/// client process to the other through the domain's table and relay,
+/// while RC recovers what the link loses.
+#[test]
+fn xsrq_pingpong_serves_two_clients_of_one_device_over_a_lossy_link() {
+    if !can_run() {
+        return;
+    }
+    let hosts = Hosts::new();
+    // Host b's end of the veth pair (as `Hosts::new` names it).
+    let dev = format!("ueb{}", std::process::id() % 100_000);
+    let rules = format!(
+        "table inet uroce_loss {{\n\
+         chain input {{\n\
+         type filter hook input priority 0;\n\
+         udp dport 4791 numgen random mod 1000 < 20 counter drop\n\
+         }}\n\
+         }}\n\
+         table netdev uroce_dup {{\n\
+         chain egress {{\n\
+         type filter hook egress device {dev} priority 0;\n\
+         udp dport 4791 numgen random mod 1000 < 10 counter dup to {dev}\n\
+         }}\n\
+         }}\n"
+    );
+    let mut nft = Command::new("ip")
+        .args(["netns", "exec", &hosts.b, "nft", "-f", "-"])
+        .stdin(Stdio::piped())
+        .spawn()
+        .unwrap();
+    std::io::Write::write_all(&mut nft.stdin.take().unwrap(), rules.as_bytes()).unwrap();
+    assert!(nft.wait().unwrap().success(), "nft rules on host b");
+    let port = uroce::testing::free_tcp_port().to_string();
+    let args = ["ibv_xsrq_pingpong", "-g", "0", "-n", "300", "-p", &port];
+    let server = hosts.cmd(true, &[&args[..], &["-c", "2"]].concat()).spawn().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    hosts.wait_listening(port.parse().unwrap(), deadline);
+    let clients: Vec<_> = (0..2)
+        .map(|_| hosts.cmd(false, &[&args[..], &[ADDR_A]].concat()).spawn().unwrap())
+        .collect();
+    let outs: Vec<_> = clients.into_iter().map(|c| finish(c, deadline)).collect();
+    let (so, st) = finish(server, deadline + Duration::from_secs(5));
+    let mut all = format!("--- server ---\n{}", text(&so));
+    for (o, _) in &outs {
+        all += &format!("\n--- client ---\n{}", text(o));
+    }
+    assert!(!st && outs.iter().all(|(_, t)| !t), "timed out: {all}");
+    assert!(so.status.success() && outs.iter().all(|(o, _)| o.status.success()), "failed: {all}");
+    assert_eq!(all.matches("success").count(), 3, "{all}");
+    let counters = Command::new("ip")
+        .args(["netns", "exec", &hosts.b, "nft", "list", "ruleset"])
+        .output()
+        .unwrap();
+    let listed = String::from_utf8_lossy(&counters.stdout);
+    let packets: Vec<u64> = listed
+        .split("packets ")
+        .skip(1)
+        .filter_map(|s| s.split_whitespace().next()?.parse().ok())
+        .collect();
+    assert!(packets.len() == 2 && packets.iter().all(|&n| n > 0), "faults injected: {listed}");
+    eprintln!("xsrq -c 2 over a lossy link: drops, duplicates {packets:?}");
+}
