@@ -212,6 +212,9 @@ counters! {
     dpdk_arp_requests,
     /// ICMP and ICMPv6 echo requests to the device's addresses answered.
     dpdk_echo_replies,
+    /// Port unreachable errors sent for UDP datagrams to the device's
+    /// addresses at ports nothing listens on (at most 100 a second).
+    dpdk_port_unreachables,
     /// Frames dropped because too many waited for unresolved MACs, or
     /// their neighbour never answered.
     dpdk_no_neighbour,

@@ -300,8 +300,8 @@ impl Relays {
         Some(t)
     }
 
-    /// Whether `pkt` (to QPN `qpn`, from `from` to `to`) is a relay
-    /// datagram: only such are given to [`Relays::arrived`].
+    /// Whether `pkt` (from `from` to `to`) is a relay datagram: only such
+    /// are given to [`Relays::arrived`].
     pub(crate) fn is_relay(pkt: &RocePacket<&[u8]>, from: IpAddr, to: IpAddr) -> bool {
         from == to
             && pkt.bth().opcode() == Opcode::UD_SEND_ONLY

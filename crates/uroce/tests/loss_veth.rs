@@ -17,7 +17,7 @@
 //! nftables. Without them it is skipped, except under CI, where it fails.
 
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::IpAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
 use std::time::{Duration, Instant};
 
@@ -584,6 +584,7 @@ fn loss_suite_over_veth() {
             send_raw_frames(&big_frames());
             return line(&mut std::io::stdout(), "NOISE DONE");
         }
+        Ok(r) if r.starts_with("refused:") => return refused(r[8..].parse().unwrap()),
         Ok("ud-server") => return ud_echo(true),
         Ok("ud-client") => return ud_echo(false),
         Ok("hold") => {
@@ -700,6 +701,25 @@ fn noise() {
         }
     }
     line(&mut std::io::stdout(), &format!("NOISE DONE {to_kernel}"));
+}
+
+/// Sends to a closed port of `to` until an ICMP port unreachable makes the
+/// socket report ECONNREFUSED, as a kernel's does (30 s at most; meanwhile
+/// the address may not be resolved yet); says REFUSED.
+fn refused(to: IpAddr) {
+    let any: SocketAddr = if to.is_ipv4() { "0.0.0.0:0" } else { "[::]:0" }.parse().unwrap();
+    let s = std::net::UdpSocket::bind(any).unwrap();
+    s.connect(SocketAddr::new(to, 9)).unwrap();
+    s.set_read_timeout(Some(Duration::from_millis(200))).unwrap();
+    let end = Instant::now() + Duration::from_secs(30);
+    while Instant::now() < end {
+        let r = s.send(b"probe").and_then(|_| s.recv(&mut [0u8; 16]).map(|_| ()));
+        if r.is_err_and(|e| e.kind() == std::io::ErrorKind::ConnectionRefused) {
+            return line(&mut std::io::stdout(), "REFUSED");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    panic!("no port unreachable from {to}");
 }
 
 /// Frames of each kind the noise sends raw (`bad_frames`).
@@ -1311,8 +1331,15 @@ fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    // And says "port unreachable" for a port nothing listens on.
+    let probe = spawn(&net.a, "refused:10.231.0.2", None);
     let (t, done) = run_pair_with_end(&net, Some("dpdk"), None, None);
     assert!(ping.wait().unwrap().success(), "ping answered by the DPDK backend");
+    let said = probe.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&said.stdout).contains("REFUSED"),
+        "port unreachable from the DPDK side"
+    );
     // "SERVER OK <checked> xdp <4 counts> dpdk <rcvd> <sent> <arp replies> <arp requests> dropped <n>"
     let dpdk: Vec<u64> = done.split(' ').skip(9).take(4).map(|n| n.parse().unwrap()).collect();
     assert!(dpdk[0] > 1000 && dpdk[1] > 1000, "frames through the DPDK port: {done}");
@@ -1348,8 +1375,14 @@ fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
         .stdout(Stdio::null())
         .spawn()
         .unwrap();
+    let probe = spawn(&net.b, "refused:fd31::1", None);
     run_ud(&net, None, Some("dpdk"), true);
     assert!(ping6.wait().unwrap().success(), "ping6 answered by the DPDK backend");
+    let said = probe.wait_with_output().unwrap();
+    assert!(
+        String::from_utf8_lossy(&said.stdout).contains("REFUSED"),
+        "ICMPv6 port unreachable from DPDK"
+    );
     for ns in [&net.a, &net.b] {
         let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{ns}"));
     }

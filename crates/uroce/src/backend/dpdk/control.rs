@@ -1,8 +1,8 @@
 //! The control traffic a port with no kernel behind it must handle itself:
 //! ARP and IPv6 neighbour discovery (answering for our addresses, asking
 //! for peers'), ICMP and ICMPv6 echo (ping), and the ICMP errors that say a
-//! peer's port is closed. Pure functions over frames: what came, and the
-//! frame to send back, written into a buffer.
+//! port is closed (a peer's, read; ours, sent). Pure functions over frames:
+//! what came, and the frame to send back, written into a buffer.
 
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
@@ -37,6 +37,8 @@ pub(super) enum Kind {
     Roce,
     /// ICMP or IGMP (IPv4), ICMPv6 (with MLD).
     Icmp,
+    /// A UDP datagram to another port: nothing listens there.
+    ClosedPort,
     Other,
 }
 
@@ -60,7 +62,11 @@ pub(super) fn classify(f: &[u8], port: u16) -> Kind {
         IPPROTO_IGMP if ethertype == ETHERTYPE_IPV4 => Kind::Icmp,
         IPPROTO_UDP => {
             let to_port = ip.get(l4 + 2..l4 + 4).map(|p| u16::from_be_bytes([p[0], p[1]]));
-            if to_port == Some(port) { Kind::Roce } else { Kind::Other }
+            match to_port {
+                Some(p) if p == port => Kind::Roce,
+                Some(_) => Kind::ClosedPort,
+                None => Kind::Other,
+            }
         }
         IPPROTO_ICMP if ethertype == ETHERTYPE_IPV4 => Kind::Icmp,
         IPPROTO_ICMPV6 if ethertype == ETHERTYPE_IPV6 => Kind::Icmp,
@@ -279,9 +285,9 @@ fn icmp6(b: &[u8]) -> Icmp {
         }
         _ if ndp::icmpv6_checksum(from, to, m) != 0 => Icmp::Other,
         ndp::ECHO_REQUEST if m[1] == 0 => Icmp::Echo { to: IpAddr::V6(to) },
-        // Destination unreachable (1), port unreachable (4): the invoking
+        // Destination unreachable, port unreachable (4): the invoking
         // packet's IPv6 header and what of it fits follow.
-        1 if m[1] == 4 => {
+        ICMPV6_UNREACHABLE if m[1] == 4 => {
             let q = &m[8..];
             if q.len() < IPV6_HEADER_LEN || q[6] != IPPROTO_UDP {
                 return Icmp::Other;
@@ -433,6 +439,96 @@ pub(super) fn echo_reply(f: &[u8], out: &mut [u8], mac: [u8; 6]) -> Option<usize
     }
 }
 
+/// The longest ICMP error (IPv4: RFC 1812's 576 bytes; IPv6: the minimum
+/// MTU, RFC 4443), quote included.
+const ERROR_MAX_V4: usize = 576;
+const ERROR_MAX_V6: usize = 1280;
+
+/// Writes the port unreachable error (ICMP type 3 code 3, ICMPv6 type 1
+/// code 4) for the UDP datagram `f` (see [`Kind::ClosedPort`]) to one of
+/// `ours`, from `mac`, quoting as much of the datagram as the error may
+/// hold; its length. `None` (no error sent, as RFC 1122 and 4443 say) for
+/// a datagram to another address (multicast and broadcast included), from
+/// an address no error may go to (unspecified, multicast, broadcast,
+/// loopback), or a fragment past the first.
+pub(super) fn port_unreachable(
+    f: &[u8],
+    out: &mut [u8],
+    mac: [u8; 6],
+    ours: &[IpAddr],
+) -> Option<usize> {
+    let mut to = [0u8; 6];
+    to.copy_from_slice(f.get(6..12)?);
+    if to[0] & 1 != 0 {
+        return None; // a multicast or broadcast sender's MAC: forged
+    }
+    let ethertype = f.get(12..14)?;
+    match u16::from_be_bytes([ethertype[0], ethertype[1]]) {
+        ETHERTYPE_IPV4 => {
+            let ip = Ipv4Packet::new_checked(&f[ETH_HEADER_LEN..]).ok()?;
+            let (src, dst) = (ip.src(), ip.dst());
+            if !ours.contains(&IpAddr::V4(dst))
+                || src.is_unspecified()
+                || src.is_multicast()
+                || src.is_broadcast()
+                || src.is_loopback()
+                || ip.frag_offset() != 0
+                || !ip.checksum_ok()
+            {
+                return None;
+            }
+            let whole = f.get(ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len())?;
+            let quote = &whole[..whole.len().min(ERROR_MAX_V4 - IPV4_HEADER_LEN - 8)];
+            let m = 8 + quote.len();
+            let n = ETH_HEADER_LEN + IPV4_HEADER_LEN + m;
+            let eth = EthernetRepr { dst: to, src: mac, vlan_tci: None, ethertype: ETHERTYPE_IPV4 };
+            let reply = Ipv4Repr {
+                src: dst,
+                dst: src,
+                tos: 0,
+                ident: 0,
+                dont_frag: false,
+                ttl: 64,
+                protocol: IPPROTO_ICMP,
+                payload_len: m,
+            };
+            eth.emit(out.get_mut(..n)?).ok()?;
+            reply.emit(&mut out[ETH_HEADER_LEN..]).ok()?;
+            let r = &mut out[ETH_HEADER_LEN + IPV4_HEADER_LEN..n];
+            r[..8].copy_from_slice(&[3, 3, 0, 0, 0, 0, 0, 0]);
+            r[8..].copy_from_slice(quote);
+            let c = checksum::checksum(r);
+            r[2..4].copy_from_slice(&c.to_be_bytes());
+            Some(n)
+        }
+        ETHERTYPE_IPV6 => {
+            let ip = Ipv6Packet::new_checked(&f[ETH_HEADER_LEN..]).ok()?;
+            let (src, dst) = (ip.src(), ip.dst());
+            if !ours.contains(&IpAddr::V6(dst))
+                || src.is_unspecified()
+                || src.is_multicast()
+                || src.is_loopback()
+            {
+                return None;
+            }
+            let whole =
+                f.get(ETH_HEADER_LEN..ETH_HEADER_LEN + IPV6_HEADER_LEN + ip.payload_len())?;
+            let quote = &whole[..whole.len().min(ERROR_MAX_V6 - IPV6_HEADER_LEN - 8)];
+            icmpv6_frame(out, (mac, to), (dst, src), 64, |b| {
+                let r = b.get_mut(..8 + quote.len())?;
+                r[..8].copy_from_slice(&[ICMPV6_UNREACHABLE, 4, 0, 0, 0, 0, 0, 0]);
+                r[8..].copy_from_slice(quote);
+                ndp::set_icmpv6_checksum(dst, src, r);
+                Some(r.len())
+            })
+        }
+        _ => None,
+    }
+}
+
+/// ICMPv6 destination unreachable (RFC 4443).
+const ICMPV6_UNREACHABLE: u8 = 1;
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -452,7 +548,7 @@ mod tests {
         f[14 + 9] = 17;
         f[14 + 22..14 + 24].copy_from_slice(&4791u16.to_be_bytes());
         assert_eq!(classify(&f, 4791), Kind::Roce);
-        assert_eq!(classify(&f, 4792), Kind::Other);
+        assert_eq!(classify(&f, 4792), Kind::ClosedPort);
         f[14 + 9] = 6; // TCP
         assert_eq!(classify(&f, 4791), Kind::Other);
         f[14 + 9] = 1;
@@ -574,6 +670,73 @@ mod tests {
         }
     }
 
+    /// A UDP datagram of `len` payload bytes from `from` (MAC A) to `to`
+    /// (MAC B), as a peer's kernel sends it.
+    fn udp_frame(from: SocketAddr, to: SocketAddr, len: usize) -> Vec<u8> {
+        let path =
+            crate::backend::frame::Path { src_mac: MAC_A, dst_mac: MAC_B, src: from, dst: to };
+        let payload: Vec<u8> = (0..len).map(|i| i as u8).collect();
+        let mut f = vec![0u8; len + 100];
+        let n = crate::backend::frame::build(&mut f, &path, &payload, 7, 0).unwrap();
+        f.truncate(n);
+        f
+    }
+
+    /// A datagram to a closed port of ours gets a port unreachable error
+    /// that quotes it (a peer's host reads it as we read theirs: the
+    /// same parser), at most 576 bytes over IPv4 and 1280 over IPv6; none
+    /// for a datagram to another address, from a multicast or unspecified
+    /// source, or for a later fragment.
+    #[test]
+    fn closed_ports_answer_port_unreachable() {
+        for (me, peer) in [("10.0.0.2", "10.0.0.1"), ("fd31::2", "fd31::1")] {
+            let (me, peer): (IpAddr, IpAddr) = (me.parse().unwrap(), peer.parse().unwrap());
+            let (to, from) = (SocketAddr::new(me, 9), SocketAddr::new(peer, 40000));
+            let f = udp_frame(from, to, 100);
+            assert_eq!(classify(&f, 4791), Kind::ClosedPort);
+            let mut out = [0u8; 2048];
+            let n = port_unreachable(&f, &mut out, MAC_B, &[me]).unwrap();
+            assert_eq!(
+                (&out[..6], &out[6..12]),
+                (&MAC_A[..], &MAC_B[..]),
+                "back to the sender's MAC"
+            );
+            assert_eq!(icmp(&out[..n]), Icmp::Unreachable { src: from, dst: to });
+            // A long datagram is quoted in part.
+            let long = udp_frame(from, to, 3000);
+            let n = port_unreachable(&long, &mut out, MAC_B, &[me]).unwrap();
+            assert_eq!(n - 14, if me.is_ipv4() { 576 } else { 1280 });
+            assert_eq!(icmp(&out[..n]), Icmp::Unreachable { src: from, dst: to });
+            // Not ours, or not to be answered.
+            assert_eq!(port_unreachable(&f, &mut out, MAC_B, &[peer]), None, "another address");
+            let bogus: IpAddr = if me.is_ipv4() { "224.0.0.9" } else { "ff02::9" }.parse().unwrap();
+            let from_group = udp_frame(SocketAddr::new(bogus, 5), to, 10);
+            assert_eq!(port_unreachable(&from_group, &mut out, MAC_B, &[me]), None, "multicast");
+            let mut odd_mac = f.clone();
+            odd_mac[6] |= 1;
+            assert_eq!(port_unreachable(&odd_mac, &mut out, MAC_B, &[me]), None, "group MAC");
+            if me.is_ipv4() {
+                let mut frag = f.clone();
+                frag[14 + 7] = 1; // fragment offset 8
+                let c = checksum::checksum(&{
+                    let mut h = frag[14..34].to_vec();
+                    h[10..12].fill(0);
+                    h
+                });
+                frag[14 + 10..14 + 12].copy_from_slice(&c.to_be_bytes());
+                assert_eq!(
+                    port_unreachable(&frag, &mut out, MAC_B, &[me]),
+                    None,
+                    "a later fragment"
+                );
+            }
+            // Truncated frames: no panic, no error sent.
+            for cut in 0..f.len() {
+                let _ = port_unreachable(&f[..cut], &mut out, MAC_B, &[me]);
+            }
+        }
+    }
+
     /// Membership reports and leaves (IGMPv2, MLDv1) verify as a router
     /// checks them: header and message checksums, router alert, hop limit
     /// 1, the link-local source for MLD; routers' queries are read back.
@@ -659,6 +822,8 @@ mod tests {
             let mut req = [0u8; 256];
             let n = build_echo(&mut req, (a, b), 8, 128);
             add(&|o| echo_reply(&req[..n], o, MAC_B));
+            let dgram = udp_frame(SocketAddr::new(a, 40000), SocketAddr::new(b, 9), 40);
+            add(&|o| port_unreachable(&dgram, o, MAC_B, &[b]));
         }
         // A pcap file (version 2.4, Ethernet) of them.
         let mut pcap = Vec::new();
@@ -695,13 +860,15 @@ mod tests {
             "Multicast Listener Done",
             "Router Alert",
             "Echo (ping) reply",
+            "Port unreachable",
         ] {
             assert!(text.contains(want), "no {want}: {text}");
         }
         // Every message's checksum (the ARP request has none), and the
-        // IPv4 headers' (the two IGMP frames and the echo reply).
+        // IPv4 headers' (the two IGMP frames, the echo reply, the port
+        // unreachable and the header it quotes).
         assert_eq!(text.matches("[Checksum Status: Good]").count(), frames.len() - 1, "{text}");
-        assert_eq!(text.matches("[Header checksum status: Good]").count(), 3, "{text}");
+        assert_eq!(text.matches("[Header checksum status: Good]").count(), 5, "{text}");
     }
 
     /// Port unreachable, as Linux sends it (the quoted datagram's IP header

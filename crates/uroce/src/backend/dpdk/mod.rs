@@ -101,7 +101,15 @@ pub(crate) struct DpdkBackend {
     counters: Counters,
     /// When the link was last checked (the driver's nanoseconds).
     link_checked_ns: u64,
+    /// The driver's time at the last tick (nanoseconds).
+    now_ns: u64,
+    /// Port unreachable errors sent in the current second: (the second,
+    /// how many).
+    unreachables: (u64, u32),
 }
+
+/// The most port unreachable errors sent in a second.
+const UNREACHABLES_PER_SEC: u32 = 100;
 
 /// What the backend counts (`uroce stat`'s `dpdk_*`).
 #[derive(Debug, Default, Clone, Copy)]
@@ -119,6 +127,7 @@ struct Counters {
     echo_replies: u64,
     no_neighbour: u64,
     group_reports: u64,
+    port_unreachables: u64,
 }
 
 fn refused(what: &str, e: io::Error) -> io::Error {
@@ -170,6 +179,8 @@ impl DpdkBackend {
             gone: Vec::new(),
             counters: Counters::default(),
             link_checked_ns: 0,
+            now_ns: 0,
+            unreachables: (0, 0),
         };
         LINK_UP.store(b.port.as_ref().is_some_and(ffi::Port::link_up), Ordering::Relaxed);
         b.announce(addr.ip());
@@ -286,6 +297,28 @@ impl DpdkBackend {
         }
     }
 
+    /// A UDP datagram to a port nothing listens on came (`f`, copied out
+    /// of the port): a port unreachable error back, as a kernel sends
+    /// one, so that the sender's socket learns it at once; at most
+    /// [`UNREACHABLES_PER_SEC`] a second (the kernel limits them too).
+    fn on_closed_port(&mut self, f: &[u8]) {
+        self.counters.other += 1;
+        let second = self.now_ns / 1_000_000_000;
+        if self.unreachables.0 != second {
+            self.unreachables = (second, 0);
+        }
+        if self.unreachables.1 >= UNREACHABLES_PER_SEC {
+            return;
+        }
+        let mac = self.mac;
+        let ips = std::mem::take(&mut self.ips);
+        if self.control(|out| control::port_unreachable(f, out, mac, &ips)) {
+            self.counters.port_unreachables += 1;
+            self.unreachables.1 += 1;
+        }
+        self.ips = ips;
+    }
+
     /// An ICMP or ICMPv6 frame came (`f`, copied out of the port).
     fn on_icmp(&mut self, f: &[u8]) {
         match control::icmp(f) {
@@ -361,6 +394,7 @@ impl Backend for DpdkBackend {
     }
 
     fn tick(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
         if now_ns.saturating_sub(self.link_checked_ns) >= LINK_CHECK.as_nanos() as u64 {
             self.link_checked_ns = now_ns;
             if let Some(p) = self.port.as_ref() {
@@ -436,7 +470,11 @@ impl Backend for DpdkBackend {
                     buf[..f.len()].copy_from_slice(f);
                     Step::Icmp(f.len())
                 }
-                Kind::Icmp | Kind::Other => Step::Other,
+                Kind::ClosedPort if f.len() <= buf.len() => {
+                    buf[..f.len()].copy_from_slice(f);
+                    Step::ClosedPort(f.len())
+                }
+                Kind::Icmp | Kind::ClosedPort | Kind::Other => Step::Other,
                 Kind::Roce => match frame::parse(f, udp_port) {
                     Ok(p) => {
                         let n = p.payload.len();
@@ -469,6 +507,7 @@ impl Backend for DpdkBackend {
             match step {
                 Step::Arp(a, n) => self.on_arp(&a[..n]),
                 Step::Icmp(n) => self.on_icmp(&buf[..n]),
+                Step::ClosedPort(n) => self.on_closed_port(&buf[..n]),
                 Step::Other => self.counters.other += 1,
                 Step::Malformed => self.counters.malformed += 1,
                 Step::BadChecksum => self.counters.bad_checksum += 1,
@@ -513,6 +552,7 @@ impl Backend for DpdkBackend {
         stats.dpdk_arp_replies += c.arp_replies;
         stats.dpdk_arp_requests += c.arp_requests;
         stats.dpdk_echo_replies += c.echo_replies;
+        stats.dpdk_port_unreachables += c.port_unreachables;
         stats.dpdk_no_neighbour += c.no_neighbour;
         stats.dpdk_group_reports += c.group_reports;
         if let Some(p) = self.port.as_ref() {
@@ -590,6 +630,8 @@ enum Step {
     /// An ICMP or ICMPv6 message, its frame copied into the receive
     /// buffer (its length).
     Icmp(usize),
+    /// A UDP datagram to a port nothing listens on, likewise.
+    ClosedPort(usize),
     Roce(Received, [u8; 6]),
     Other,
     Malformed,
