@@ -569,6 +569,10 @@ impl Registry {
             predict_leave(&self.file, self.slot);
             let _ = std::fs::remove_file(connections_path(&self.path, self.slot));
         }
+        // Gone from now on, not only once the file closes: a member that
+        // leaves right after us (under the lock we still hold) must not
+        // see our slot alive and leave the files to no one.
+        let _ = ofd_lock::unlock(&self.file, lock_byte(self.slot));
         let others = (0..SLOTS).any(|s| s != self.slot && slot_alive(&self.file, s));
         if !others && same_file(&self.file, &self.path) {
             // Removed under the lock; a context that opened it and waits
