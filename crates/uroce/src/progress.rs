@@ -80,7 +80,11 @@ impl Activity {
         std::thread::yield_now();
         let took = yielded.elapsed();
         let next = if took > CROWDED {
-            crate::timeline::event("poll-yield", took.as_micros() as u64, 0);
+            crate::timeline::event(
+                "poll-yield",
+                took.as_micros() as u64,
+                crate::sched::current_cpu(),
+            );
             YIELD_AFTER_MIN.as_nanos() as u64
         } else {
             // Alone: count the next wait from now.
@@ -203,6 +207,7 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
     let mut spin = weak.upgrade().map_or(Duration::from_micros(50), |i| i.spin());
     let mut last_work = StdInstant::now();
     let mut published: Option<StdInstant> = None;
+    let mut crowding = Crowding::default();
     loop {
         let Some(inner) = Held::upgrade(weak, activity) else { return };
         if inner.stopped() {
@@ -219,7 +224,7 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
             let state = &inner.activity().thread_state;
             state.store(PARKED, Ordering::SeqCst);
             drop(inner);
-            crate::timeline::event("park", 0, 0);
+            crate::timeline::event("park", 0, crate::sched::current_cpu());
             std::thread::park_timeout(STEP_ASIDE - since_app);
             if let Some(i) = weak.upgrade() {
                 i.activity().thread_state.store(RUNNING, Ordering::SeqCst);
@@ -238,16 +243,17 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
             // completion event. Without a strong reference: an application
             // that closes the context gets its port back at once.
             drop(inner);
-            if crate::timeline::on() {
-                let yielded = StdInstant::now();
-                std::thread::yield_now();
-                let took = yielded.elapsed();
-                if took > Duration::from_micros(20) {
-                    crate::timeline::event("yield", took.as_micros() as u64, 0);
-                }
-            } else {
-                std::thread::yield_now();
+            let yielded = StdInstant::now();
+            std::thread::yield_now();
+            let took = yielded.elapsed();
+            if took > Duration::from_micros(20) {
+                crate::timeline::event(
+                    "yield",
+                    took.as_micros() as u64,
+                    crate::sched::current_cpu(),
+                );
             }
+            crowding.after_yield(took, yielded);
             continue;
         }
         // Going to sleep: if traffic comes back soon after, the window was
@@ -264,14 +270,18 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
         }
         let fds = inner.sleep_fds();
         inner.release_polling();
-        crate::timeline::event("sleep", spin.as_micros() as u64, 0);
+        crate::timeline::event("sleep", spin.as_micros() as u64, crate::sched::current_cpu());
         if fds.len() <= 1 {
             std::thread::sleep(wait.min(Duration::from_micros(100)));
         } else {
             crate::backend::wait_readable(&fds, Some(wait));
         }
         activity.thread_mark.store(FREE, Ordering::SeqCst);
-        crate::timeline::event("woke", slept.elapsed().as_micros() as u64, 0);
+        crate::timeline::event(
+            "woke",
+            slept.elapsed().as_micros() as u64,
+            crate::sched::current_cpu(),
+        );
         if let Some(i) = weak.upgrade() {
             i.activity().thread_state.store(RUNNING, Ordering::SeqCst);
             i.drain_bell();
@@ -284,6 +294,71 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
         last_work = StdInstant::now();
     }
 }
+
+/// Yields in a row that let another thread run before the progress
+/// thread moves to another CPU.
+const CROWDED_YIELDS: u32 = 2;
+
+/// Tells when the progress thread shares its CPU with a busy thread, and
+/// moves it.
+struct Crowding {
+    long_yields: u32,
+    last_move: Option<StdInstant>,
+    /// The least time between moves: doubled by a move after which the
+    /// thread is crowded again at once (every CPU is busy), reset by one
+    /// that leaves it alone for a while.
+    every: Duration,
+}
+
+impl Default for Crowding {
+    fn default() -> Self {
+        Self { long_yields: 0, last_move: None, every: MOVE_EVERY_MIN }
+    }
+}
+
+impl Crowding {
+    /// A yield of the busy-poll window, made at `at`, took `took`: more
+    /// than `CROWDED` says another thread ran on this CPU meanwhile.
+    /// Moves the thread when that keeps happening.
+    fn after_yield(&mut self, took: Duration, at: StdInstant) {
+        if self.should_move(took, at) && crate::sched::move_to_another_cpu() {
+            crate::timeline::event(
+                "moved",
+                self.every.as_micros() as u64,
+                crate::sched::current_cpu(),
+            );
+        }
+    }
+
+    fn should_move(&mut self, took: Duration, at: StdInstant) -> bool {
+        if took <= CROWDED {
+            self.long_yields = 0;
+            return false;
+        }
+        self.long_yields += 1;
+        if self.long_yields < CROWDED_YIELDS {
+            return false;
+        }
+        self.long_yields = 0;
+        if let Some(t) = self.last_move {
+            let since = at.duration_since(t);
+            if since < self.every {
+                return false;
+            }
+            self.every = if since < self.every * 2 {
+                (self.every * 2).min(MOVE_EVERY_MAX)
+            } else {
+                MOVE_EVERY_MIN
+            };
+        }
+        self.last_move = Some(at);
+        true
+    }
+}
+
+/// Bounds of the time between two moves of the progress thread.
+const MOVE_EVERY_MIN: Duration = Duration::from_micros(100);
+const MOVE_EVERY_MAX: Duration = Duration::from_millis(10);
 
 /// The progress thread's strong reference to its context, with
 /// `Activity::thread_mark` kept true to it: `HOLDS` only while the
@@ -383,6 +458,32 @@ mod tests {
     /// sent (a preempted test thread can make one gap look isolated).
     fn any_queued(a: &Activity, n: usize) -> Option<Post> {
         (0..n).map(|_| a.on_post(a.wall_ns(), 0, false)).find(|p| *p != Post::Send)
+    }
+
+    /// Two crowded yields in a row move the thread; moves that do not
+    /// help (crowded again at once) come less often, and a move that
+    /// helped lets the next come soon.
+    #[test]
+    fn a_crowded_progress_thread_moves_and_backs_off_when_moves_do_not_help() {
+        let t0 = StdInstant::now();
+        let long = CROWDED * 3;
+        let mut c = Crowding::default();
+        // One long yield is not enough; a short one starts the count again.
+        assert!(!c.should_move(long, t0));
+        assert!(!c.should_move(Duration::ZERO, t0));
+        assert!(!c.should_move(long, t0));
+        assert!(c.should_move(long, t0));
+        // Crowded again at once: not before `every`, and then the wait doubles.
+        let at = |us: u64| t0 + Duration::from_micros(us);
+        assert!(!c.should_move(long, at(50)));
+        assert!(!c.should_move(long, at(60)));
+        assert!(!c.should_move(long, at(120)));
+        assert!(c.should_move(long, at(130)));
+        assert_eq!(c.every, MOVE_EVERY_MIN * 2);
+        // A move that kept it alone for a while resets the wait.
+        assert!(!c.should_move(long, at(20_000)));
+        assert!(c.should_move(long, at(20_010)));
+        assert_eq!(c.every, MOVE_EVERY_MIN);
     }
 
     /// Empty polls yield only after `yield_after_ns` of finding nothing; a
