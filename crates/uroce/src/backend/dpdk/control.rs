@@ -109,6 +109,37 @@ fn icmpv6_frame(
     Some(at + len)
 }
 
+/// Writes an ICMP frame (IPv4) from `mac`/`src` to `to`/`dst`: `body`
+/// writes the message after the headers and says its length; its
+/// checksum is then computed over it. The frame's length.
+fn icmp4_frame(
+    out: &mut [u8],
+    (mac, to): ([u8; 6], [u8; 6]),
+    (src, dst): (Ipv4Addr, Ipv4Addr),
+    tos: u8,
+    body: impl FnOnce(&mut [u8]) -> Option<usize>,
+) -> Option<usize> {
+    let at = ETH_HEADER_LEN + IPV4_HEADER_LEN;
+    let len = body(out.get_mut(at..)?)?;
+    EthernetRepr { dst: to, src: mac, vlan_tci: None, ethertype: ETHERTYPE_IPV4 }.emit(out).ok()?;
+    let ip = Ipv4Repr {
+        src,
+        dst,
+        tos,
+        ident: 0,
+        dont_frag: false,
+        ttl: 64,
+        protocol: IPPROTO_ICMP,
+        payload_len: len,
+    };
+    ip.emit(&mut out[ETH_HEADER_LEN..]).ok()?;
+    let m = out.get_mut(at..at + len)?;
+    m.get_mut(2..4)?.fill(0);
+    let c = checksum::checksum(m);
+    m[2..4].copy_from_slice(&c.to_be_bytes());
+    Some(at + len)
+}
+
 /// Writes a neighbour solicitation or advertisement frame from `mac`/`src`
 /// to `to`/`dst`; its length.
 pub(super) fn ndp_frame(
@@ -400,28 +431,12 @@ pub(super) fn echo_reply(f: &[u8], out: &mut [u8], mac: [u8; 6]) -> Option<usize
         ETHERTYPE_IPV4 => {
             let ip = Ipv4Packet::new_checked(&f[ETH_HEADER_LEN..]).ok()?;
             let m = ip.payload();
-            let n = ETH_HEADER_LEN + IPV4_HEADER_LEN + m.len();
-            let eth = EthernetRepr { dst: to, src: mac, vlan_tci: None, ethertype: ETHERTYPE_IPV4 };
-            let reply = Ipv4Repr {
-                src: ip.dst(),
-                dst: ip.src(),
-                tos: ip.tos(),
-                ident: 0,
-                dont_frag: false,
-                ttl: 64,
-                protocol: IPPROTO_ICMP,
-                payload_len: m.len(),
-            };
-            eth.emit(out.get_mut(..n)?).ok()?;
-            reply.emit(&mut out[ETH_HEADER_LEN..]).ok()?;
-            let r = &mut out[ETH_HEADER_LEN + IPV4_HEADER_LEN..n];
-            r.copy_from_slice(m);
-            // Type 0 (echo reply), the checksum over the message anew.
-            r[0] = 0;
-            r[2..4].fill(0);
-            let c = checksum::checksum(r);
-            r[2..4].copy_from_slice(&c.to_be_bytes());
-            Some(n)
+            icmp4_frame(out, (mac, to), (ip.dst(), ip.src()), ip.tos(), |b| {
+                let r = b.get_mut(..m.len())?;
+                r.copy_from_slice(m);
+                r[0] = 0; // echo reply
+                Some(m.len())
+            })
         }
         ETHERTYPE_IPV6 => {
             let ip = Ipv6Packet::new_checked(&f[ETH_HEADER_LEN..]).ok()?;
@@ -479,27 +494,12 @@ pub(super) fn port_unreachable(
             }
             let whole = f.get(ETH_HEADER_LEN..ETH_HEADER_LEN + ip.total_len())?;
             let quote = &whole[..whole.len().min(ERROR_MAX_V4 - IPV4_HEADER_LEN - 8)];
-            let m = 8 + quote.len();
-            let n = ETH_HEADER_LEN + IPV4_HEADER_LEN + m;
-            let eth = EthernetRepr { dst: to, src: mac, vlan_tci: None, ethertype: ETHERTYPE_IPV4 };
-            let reply = Ipv4Repr {
-                src: dst,
-                dst: src,
-                tos: 0,
-                ident: 0,
-                dont_frag: false,
-                ttl: 64,
-                protocol: IPPROTO_ICMP,
-                payload_len: m,
-            };
-            eth.emit(out.get_mut(..n)?).ok()?;
-            reply.emit(&mut out[ETH_HEADER_LEN..]).ok()?;
-            let r = &mut out[ETH_HEADER_LEN + IPV4_HEADER_LEN..n];
-            r[..8].copy_from_slice(&[3, 3, 0, 0, 0, 0, 0, 0]);
-            r[8..].copy_from_slice(quote);
-            let c = checksum::checksum(r);
-            r[2..4].copy_from_slice(&c.to_be_bytes());
-            Some(n)
+            icmp4_frame(out, (mac, to), (dst, src), 0, |b| {
+                let r = b.get_mut(..8 + quote.len())?;
+                r[..8].copy_from_slice(&[3, 3, 0, 0, 0, 0, 0, 0]);
+                r[8..].copy_from_slice(quote);
+                Some(r.len())
+            })
         }
         ETHERTYPE_IPV6 => {
             let ip = Ipv6Packet::new_checked(&f[ETH_HEADER_LEN..]).ok()?;
