@@ -22,10 +22,81 @@ const NEXT_HOP_BY_HOP: u8 = 0;
 /// The all-routers groups, where leaves go (IGMP, MLD).
 const ALL_ROUTERS_V4: Ipv4Addr = Ipv4Addr::new(224, 0, 0, 2);
 const ALL_ROUTERS_V6: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 2);
-/// ICMPv6 types of MLD (RFC 2710): query, report, done.
+/// Where IGMPv3 and MLDv2 reports go (RFC 3376, RFC 3810): the groups of
+/// the routers that speak them.
+const ALL_V3_ROUTERS_V4: Ipv4Addr = Ipv4Addr::new(224, 0, 0, 22);
+const ALL_V3_ROUTERS_V6: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 0x16);
+/// ICMPv6 types of MLD (RFC 2710): query, report, done; MLDv2's report
+/// (RFC 3810).
 const MLD_QUERY: u8 = 130;
 const MLD_REPORT: u8 = 131;
 const MLD_DONE: u8 = 132;
+const MLDV2_REPORT: u8 = 143;
+/// IGMP message types: query, the v1, v2 and v3 reports, v2's leave.
+const IGMP_QUERY: u8 = 0x11;
+const IGMPV1_REPORT: u8 = 0x12;
+const IGMPV2_REPORT: u8 = 0x16;
+const IGMPV2_LEAVE: u8 = 0x17;
+const IGMPV3_REPORT: u8 = 0x22;
+/// How long a host speaks an older version after hearing an older
+/// querier (RFC 3376 8.12 and RFC 3810 9.12, with the default robustness
+/// 2, query interval 125 s and response interval 10 s).
+const OLDER_QUERIER_PRESENT_NS: u64 = 260_000_000_000;
+
+/// The version of the membership reports a host sends on one family.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub(super) enum ReportVersion {
+    /// IGMPv1 (RFC 1112): reports, no leave.
+    V1,
+    /// IGMPv2 (RFC 2236), or MLDv1 (RFC 2710) for IPv6.
+    V2,
+    /// IGMPv3 (RFC 3376), or MLDv2 (RFC 3810): what a host speaks until
+    /// it hears an older querier, as Linux does.
+    V3,
+}
+
+/// What a membership report says of its group.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Membership {
+    /// Just joined (IGMPv3/MLDv2: a change to exclude nothing).
+    Joined,
+    /// Just left (IGMPv3/MLDv2: a change to include nothing).
+    Left,
+    /// Still joined, in answer to a query (IGMPv3/MLDv2: exclude mode).
+    Current,
+}
+
+/// The report version of one family: the oldest querier heard within the
+/// last `OLDER_QUERIER_PRESENT_NS` sets it (RFC 3376 7.2.1, RFC 3810 8.2.1).
+#[derive(Debug, Default)]
+pub(super) struct Compat {
+    /// Until when (ns) a v1 querier, and a v2 one, counts as present.
+    v1_until: u64,
+    v2_until: u64,
+}
+
+impl Compat {
+    /// A query of `version` came at `now_ns`.
+    pub(super) fn heard(&mut self, version: ReportVersion, now_ns: u64) {
+        let until = now_ns.saturating_add(OLDER_QUERIER_PRESENT_NS);
+        match version {
+            ReportVersion::V1 => self.v1_until = until,
+            ReportVersion::V2 => self.v2_until = until,
+            ReportVersion::V3 => {}
+        }
+    }
+
+    /// The version to report in at `now_ns`.
+    pub(super) fn version(&self, now_ns: u64) -> ReportVersion {
+        if now_ns < self.v1_until {
+            ReportVersion::V1
+        } else if now_ns < self.v2_until {
+            ReportVersion::V2
+        } else {
+            ReportVersion::V3
+        }
+    }
+}
 /// The all-nodes group, where unsolicited advertisements go.
 pub(super) const ALL_NODES: Ipv6Addr = Ipv6Addr::new(0xff02, 0, 0, 0, 0, 0, 0, 1);
 
@@ -205,8 +276,8 @@ pub(super) enum Icmp {
     /// a datagram of ours from `src`.
     Unreachable { src: SocketAddr, dst: SocketAddr },
     /// A multicast router asks which groups are joined: all (`None`) or
-    /// one (IGMP or MLD).
-    Query { group: Option<IpAddr> },
+    /// one (IGMP or MLD), in the query of `version`.
+    Query { group: Option<IpAddr>, version: ReportVersion },
     /// Anything else, or a message that does not verify.
     Other,
 }
@@ -269,23 +340,37 @@ fn quoted4(q: &[u8]) -> Icmp {
     }
 }
 
-/// An IGMP query (any version: a v1/v2 query is 8 bytes, a v3 one longer;
-/// the IPv4 header's and the message's checksums verified).
+/// An IGMP query, its version told as RFC 3376 7.1 tells it: 8 bytes with
+/// a zero maximum response time is v1, 8 bytes v2, 12 or more v3 (other
+/// lengths are ignored); the IPv4 header's and the message's checksums
+/// verified.
 fn igmp(ip: &Ipv4Packet<&[u8]>) -> Icmp {
     let m = ip.payload();
-    if !ip.checksum_ok() || m.len() < 8 || m[0] != 0x11 || checksum::checksum(m) != 0 {
+    let version = match m.len() {
+        8 if m.get(1) == Some(&0) => ReportVersion::V1,
+        8 => ReportVersion::V2,
+        12.. => ReportVersion::V3,
+        _ => return Icmp::Other,
+    };
+    if !ip.checksum_ok() || m[0] != IGMP_QUERY || checksum::checksum(m) != 0 {
         return Icmp::Other;
     }
     let g = Ipv4Addr::new(m[4], m[5], m[6], m[7]);
-    Icmp::Query { group: (!g.is_unspecified()).then_some(IpAddr::V4(g)) }
+    Icmp::Query { group: (!g.is_unspecified()).then_some(IpAddr::V4(g)), version }
 }
 
-/// An MLD query (v1 or v2) behind its hop-by-hop header `h` (the packet's
-/// payload), from `from` to `to`.
+/// An MLD query behind its hop-by-hop header `h` (the packet's payload),
+/// from `from` to `to`: 24 bytes is MLDv1, 28 or more MLDv2 (RFC 3810
+/// 8.1; other lengths are ignored).
 fn mld_query(from: Ipv6Addr, to: Ipv6Addr, h: &[u8]) -> Icmp {
     let len = usize::from(h.get(1).copied().unwrap_or(0)) * 8 + 8;
     let Some(m) = h.get(len..) else { return Icmp::Other };
-    if h[0] != IPPROTO_ICMPV6 || m.len() < 24 || m[0] != MLD_QUERY || m[1] != 0 {
+    let version = match m.len() {
+        24 => ReportVersion::V2,
+        28.. => ReportVersion::V3,
+        _ => return Icmp::Other,
+    };
+    if h[0] != IPPROTO_ICMPV6 || m[0] != MLD_QUERY || m[1] != 0 {
         return Icmp::Other;
     }
     if ndp::icmpv6_checksum(from, to, m) != 0 {
@@ -294,7 +379,7 @@ fn mld_query(from: Ipv6Addr, to: Ipv6Addr, h: &[u8]) -> Icmp {
     let mut g = [0u8; 16];
     g.copy_from_slice(&m[8..24]);
     let g = Ipv6Addr::from(g);
-    Icmp::Query { group: (!g.is_unspecified()).then_some(IpAddr::V6(g)) }
+    Icmp::Query { group: (!g.is_unspecified()).then_some(IpAddr::V6(g)), version }
 }
 
 fn icmp6(b: &[u8]) -> Icmp {
@@ -348,51 +433,78 @@ pub(super) fn link_local(mac: [u8; 6]) -> Ipv6Addr {
 }
 
 /// Writes the frame that tells multicast routers (and snooping switches)
-/// from `mac` that `group` is joined, or left when `leave`: an IGMPv2
-/// report or leave (RFC 2236) from `me`, or an MLDv1 report or done (RFC
-/// 2710) from our link-local address; each with the router alert option
-/// and a hop limit of 1. `None` when `me` is not of `group`'s family.
+/// from `mac` what `what` says of `group`, in the report `version`: from
+/// `me`, IGMPv1 (no leave: `None`), IGMPv2 (a leave to all routers) or an
+/// IGMPv3 report with one group record; from our link-local address,
+/// MLDv1 (a done to all routers; `V1` is v1 too) or an MLDv2 report with
+/// one record. Each with the router alert option and a hop limit of 1, as
+/// Linux sends them. `None` when `me` is not of `group`'s family.
 pub(super) fn membership_frame(
     out: &mut [u8],
     mac: [u8; 6],
-    me: IpAddr,
-    group: IpAddr,
-    leave: bool,
+    (me, group): (IpAddr, IpAddr),
+    what: Membership,
+    version: ReportVersion,
 ) -> Option<usize> {
+    // IGMPv3 and MLDv2 record types (RFC 3376 4.2.12): MODE_IS_EXCLUDE,
+    // CHANGE_TO_INCLUDE_MODE, CHANGE_TO_EXCLUDE_MODE, with no sources.
+    let record = match what {
+        Membership::Current => 2,
+        Membership::Left => 3,
+        Membership::Joined => 4,
+    };
+    let left = what == Membership::Left;
     match (me, group) {
         (IpAddr::V4(me), IpAddr::V4(g)) => {
-            let dst = if leave { ALL_ROUTERS_V4 } else { g };
+            let (kind, dst, len) = match version {
+                ReportVersion::V1 if left => return None,
+                ReportVersion::V1 => (IGMPV1_REPORT, g, 8),
+                ReportVersion::V2 if left => (IGMPV2_LEAVE, ALL_ROUTERS_V4, 8),
+                ReportVersion::V2 => (IGMPV2_REPORT, g, 8),
+                ReportVersion::V3 => (IGMPV3_REPORT, ALL_V3_ROUTERS_V4, 16),
+            };
             let to = ndp::multicast_mac(IpAddr::V4(dst));
-            let n = ETH_HEADER_LEN + 24 + 8;
+            let n = ETH_HEADER_LEN + 24 + len;
             let f = out.get_mut(..n)?;
             EthernetRepr { dst: to, src: mac, vlan_tci: None, ethertype: ETHERTYPE_IPV4 }
                 .emit(f)
                 .ok()?;
-            // IPv4 with one option, router alert (RFC 2113): IHL 6, total
-            // 32 bytes, DF, TTL 1; TOS 0xc0 (internetwork control), as
-            // Linux sends IGMP.
+            // IPv4 with one option, router alert (RFC 2113): IHL 6, DF,
+            // TTL 1; TOS 0xc0 (internetwork control), as Linux sends IGMP.
             let ip = &mut f[ETH_HEADER_LEN..];
             ip[..24].fill(0);
-            (ip[0], ip[1], ip[3], ip[6], ip[8], ip[9]) = (0x46, 0xc0, 32, 0x40, 1, IPPROTO_IGMP);
+            (ip[0], ip[1], ip[6], ip[8], ip[9]) = (0x46, 0xc0, 0x40, 1, IPPROTO_IGMP);
+            ip[2..4].copy_from_slice(&(24 + len as u16).to_be_bytes());
             ip[20..22].copy_from_slice(&[0x94, 0x04]);
             ip[12..16].copy_from_slice(&me.octets());
             ip[16..20].copy_from_slice(&dst.octets());
             let c = checksum::checksum(&ip[..24]);
             ip[10..12].copy_from_slice(&c.to_be_bytes());
-            let m = &mut ip[24..32];
+            let m = &mut ip[24..24 + len];
             m.fill(0);
-            m[0] = if leave { 0x17 } else { 0x16 };
-            m[4..8].copy_from_slice(&g.octets());
+            m[0] = kind;
+            if version == ReportVersion::V3 {
+                // One group record: its type, no auxiliary data or sources.
+                m[7] = 1;
+                m[8] = record;
+                m[12..16].copy_from_slice(&g.octets());
+            } else {
+                m[4..8].copy_from_slice(&g.octets());
+            }
             let c = checksum::checksum(m);
             m[2..4].copy_from_slice(&c.to_be_bytes());
             Some(n)
         }
         (IpAddr::V6(_), IpAddr::V6(g)) => {
             let src = link_local(mac);
-            let dst = if leave { ALL_ROUTERS_V6 } else { g };
+            let (kind, dst, len) = match version {
+                ReportVersion::V1 | ReportVersion::V2 if left => (MLD_DONE, ALL_ROUTERS_V6, 24),
+                ReportVersion::V1 | ReportVersion::V2 => (MLD_REPORT, g, 24),
+                ReportVersion::V3 => (MLDV2_REPORT, ALL_V3_ROUTERS_V6, 28),
+            };
             let to = ndp::multicast_mac(IpAddr::V6(dst));
             let at = ETH_HEADER_LEN + IPV6_HEADER_LEN;
-            let n = at + 8 + 24;
+            let n = at + 8 + len;
             let f = out.get_mut(..n)?;
             EthernetRepr { dst: to, src: mac, vlan_tci: None, ethertype: ETHERTYPE_IPV6 }
                 .emit(f)
@@ -404,7 +516,7 @@ pub(super) fn membership_frame(
                 flow_label: 0,
                 next_header: NEXT_HOP_BY_HOP,
                 hop_limit: 1,
-                payload_len: 8 + 24,
+                payload_len: 8 + len,
             };
             ip.emit(&mut f[ETH_HEADER_LEN..]).ok()?;
             // Hop-by-hop: next ICMPv6, 8 bytes, router alert (value 0:
@@ -412,8 +524,14 @@ pub(super) fn membership_frame(
             f[at..at + 8].copy_from_slice(&[IPPROTO_ICMPV6, 0, 5, 2, 0, 0, 1, 0]);
             let m = &mut f[at + 8..];
             m.fill(0);
-            m[0] = if leave { MLD_DONE } else { MLD_REPORT };
-            m[8..24].copy_from_slice(&g.octets());
+            m[0] = kind;
+            if version == ReportVersion::V3 {
+                m[7] = 1;
+                m[8] = record;
+                m[12..28].copy_from_slice(&g.octets());
+            } else {
+                m[8..24].copy_from_slice(&g.octets());
+            }
             ndp::set_icmpv6_checksum(src, dst, m);
             Some(n)
         }
@@ -737,58 +855,158 @@ mod tests {
         }
     }
 
-    /// Membership reports and leaves (IGMPv2, MLDv1) verify as a router
+    /// Membership reports and leaves of every version verify as a router
     /// checks them: header and message checksums, router alert, hop limit
-    /// 1, the link-local source for MLD; routers' queries are read back.
+    /// 1, the link-local source for MLD, the destination each version
+    /// names; routers' queries are read back with their version.
     #[test]
     fn membership_reports_verify_and_queries_are_read() {
+        use Membership::{Current, Joined, Left};
+        use ReportVersion::{V1, V2, V3};
         let me4: IpAddr = "10.0.0.1".parse().unwrap();
         let me6: IpAddr = "fd31::1".parse().unwrap();
         let g4: IpAddr = "239.255.77.1".parse().unwrap();
         let g6: IpAddr = "ff0e::77".parse().unwrap();
         let mut out = [0u8; 256];
-        for leave in [false, true] {
-            let n = membership_frame(&mut out, MAC_A, me4, g4, leave).unwrap();
-            let ip = Ipv4Packet::new_checked(&out[ETH_HEADER_LEN..n]).unwrap();
-            assert!(ip.checksum_ok());
-            assert_eq!((ip.header_len(), ip.ttl(), ip.protocol()), (24, 1, IPPROTO_IGMP));
-            assert_eq!(&out[ETH_HEADER_LEN + 20..ETH_HEADER_LEN + 22], &[0x94, 0x04]);
-            assert_eq!(checksum::checksum(ip.payload()), 0);
-            let to = if leave { ALL_ROUTERS_V4 } else { Ipv4Addr::new(239, 255, 77, 1) };
-            assert_eq!((ip.dst(), out[..6] == ndp::multicast_mac(IpAddr::V4(to))), (to, true));
-            assert_eq!(ip.payload()[0], if leave { 0x17 } else { 0x16 });
-            assert_eq!(classify(&out[..n], 4791), Kind::Icmp);
-            assert_eq!(icmp(&out[..n]), Icmp::Other, "a report is no query");
-            let n = membership_frame(&mut out, MAC_A, me6, g6, leave).unwrap();
-            let ip = Ipv6Packet::new_checked(&out[ETH_HEADER_LEN..n]).unwrap();
-            assert_eq!((ip.next_header(), ip.hop_limit()), (NEXT_HOP_BY_HOP, 1));
-            assert_eq!(ip.src(), v6("fe80::ff:fe00:1"), "link-local of 02:00:00:00:00:01");
-            let m = &ip.payload()[8..];
-            assert_eq!(m[0], if leave { MLD_DONE } else { MLD_REPORT });
-            assert_eq!(ndp::icmpv6_checksum(ip.src(), ip.dst(), m), 0);
-            assert_eq!(classify(&out[..n], 4791), Kind::Icmp);
+        for version in [V1, V2, V3] {
+            for what in [Joined, Left, Current] {
+                let frame = membership_frame(&mut out, MAC_A, (me4, g4), what, version);
+                let Some(n) = frame else {
+                    assert_eq!((version, what), (V1, Left), "IGMPv1 alone has no leave");
+                    continue;
+                };
+                let ip = Ipv4Packet::new_checked(&out[ETH_HEADER_LEN..n]).unwrap();
+                assert!(ip.checksum_ok());
+                assert_eq!((ip.header_len(), ip.ttl(), ip.protocol()), (24, 1, IPPROTO_IGMP));
+                assert_eq!(&out[ETH_HEADER_LEN + 20..ETH_HEADER_LEN + 22], &[0x94, 0x04]);
+                let m = ip.payload();
+                assert_eq!(checksum::checksum(m), 0);
+                let (kind, to) = match (version, what) {
+                    (V1, _) => (IGMPV1_REPORT, g4),
+                    (V2, Left) => (IGMPV2_LEAVE, IpAddr::V4(ALL_ROUTERS_V4)),
+                    (V2, _) => (IGMPV2_REPORT, g4),
+                    (V3, _) => (IGMPV3_REPORT, IpAddr::V4(ALL_V3_ROUTERS_V4)),
+                };
+                assert_eq!((IpAddr::V4(ip.dst()), out[..6] == ndp::multicast_mac(to)), (to, true));
+                assert_eq!(m[0], kind);
+                if version == V3 {
+                    // One record, of the type `what` says, for the group.
+                    let record = [Joined, Left, Current].iter().position(|w| *w == what);
+                    assert_eq!(
+                        (m.len(), &m[6..8], m[8]),
+                        (16, &[0, 1][..], [4, 3, 2][record.unwrap()])
+                    );
+                    assert_eq!(&m[9..12], &[0, 0, 0], "no auxiliary data, no sources");
+                    assert_eq!(&m[12..16], &[239, 255, 77, 1]);
+                } else {
+                    assert_eq!((m.len(), &m[4..8]), (8, &[239, 255, 77, 1][..]));
+                }
+                assert_eq!(classify(&out[..n], 4791), Kind::Icmp);
+                assert_eq!(icmp(&out[..n]), Icmp::Other, "a report is no query");
+                let n = membership_frame(&mut out, MAC_A, (me6, g6), what, version).unwrap();
+                let ip = Ipv6Packet::new_checked(&out[ETH_HEADER_LEN..n]).unwrap();
+                assert_eq!((ip.next_header(), ip.hop_limit()), (NEXT_HOP_BY_HOP, 1));
+                assert_eq!(ip.src(), v6("fe80::ff:fe00:1"), "link-local of 02:00:00:00:00:01");
+                let m = &ip.payload()[8..];
+                let (kind, to) = match (version, what) {
+                    (V3, _) => (MLDV2_REPORT, ALL_V3_ROUTERS_V6),
+                    (_, Left) => (MLD_DONE, ALL_ROUTERS_V6),
+                    _ => (MLD_REPORT, v6("ff0e::77")),
+                };
+                assert_eq!((m[0], ip.dst()), (kind, to));
+                assert_eq!(out[..6], ndp::multicast_mac(IpAddr::V6(to)));
+                if version == V3 {
+                    assert_eq!(
+                        (m.len(), &m[6..8], &m[12..28]),
+                        (28, &[0, 1][..], &v6("ff0e::77").octets()[..])
+                    );
+                } else {
+                    assert_eq!((m.len(), &m[8..24]), (24, &v6("ff0e::77").octets()[..]));
+                }
+                assert_eq!(ndp::icmpv6_checksum(ip.src(), ip.dst(), m), 0);
+                assert_eq!(classify(&out[..n], 4791), Kind::Icmp);
+            }
         }
-        assert!(membership_frame(&mut out, MAC_A, me4, g6, false).is_none(), "families differ");
-        // Queries: an IGMPv2 general one, an MLD one for a group; damaged
-        // ones are no queries.
-        let n = membership_frame(&mut out, MAC_A, me4, g4, false).unwrap();
-        let at = ETH_HEADER_LEN + 24;
-        out[at] = 0x11;
-        out[at + 4..at + 8].fill(0);
-        out[at + 2..at + 4].fill(0);
-        let c = checksum::checksum(&out[at..at + 8]);
-        out[at + 2..at + 4].copy_from_slice(&c.to_be_bytes());
-        assert_eq!(icmp(&out[..n]), Icmp::Query { group: None });
-        out[at + 7] ^= 1;
-        assert_eq!(icmp(&out[..n]), Icmp::Other);
-        let n = membership_frame(&mut out, MAC_A, me6, g6, false).unwrap();
-        let at = ETH_HEADER_LEN + IPV6_HEADER_LEN + 8;
-        out[at] = MLD_QUERY;
-        let (src, dst) = (link_local(MAC_A), v6("ff0e::77"));
-        ndp::set_icmpv6_checksum(src, dst, &mut out[at..n]);
-        assert_eq!(icmp(&out[..n]), Icmp::Query { group: Some(g6) });
-        out[n - 1] ^= 1;
-        assert_eq!(icmp(&out[..n]), Icmp::Other);
+        assert!(
+            membership_frame(&mut out, MAC_A, (me4, g6), Joined, V3).is_none(),
+            "families differ"
+        );
+        // Queries, each of its version by its length: IGMPv1 (no maximum
+        // response time), v2, v3 (12 bytes and more); MLDv1, MLDv2 (28
+        // bytes and more); damaged ones and odd lengths are no queries.
+        let igmp_query = |len: usize, max_resp: u8, group: [u8; 4]| {
+            let mut f = vec![0u8; ETH_HEADER_LEN + 20 + len];
+            f[12..14].copy_from_slice(&ETHERTYPE_IPV4.to_be_bytes());
+            let ip = Ipv4Repr {
+                src: Ipv4Addr::new(10, 0, 0, 9),
+                dst: Ipv4Addr::new(224, 0, 0, 1),
+                tos: 0xc0,
+                ident: 0,
+                dont_frag: false,
+                ttl: 1,
+                protocol: IPPROTO_IGMP,
+                payload_len: len,
+            };
+            ip.emit(&mut f[ETH_HEADER_LEN..]).unwrap();
+            let m = &mut f[ETH_HEADER_LEN + 20..];
+            (m[0], m[1]) = (IGMP_QUERY, max_resp);
+            m[4..8].copy_from_slice(&group);
+            let c = checksum::checksum(m);
+            m[2..4].copy_from_slice(&c.to_be_bytes());
+            f
+        };
+        assert_eq!(icmp(&igmp_query(8, 0, [0; 4])), Icmp::Query { group: None, version: V1 });
+        assert_eq!(icmp(&igmp_query(8, 100, [0; 4])), Icmp::Query { group: None, version: V2 });
+        let q = igmp_query(12, 100, [239, 255, 77, 1]);
+        assert_eq!(icmp(&q), Icmp::Query { group: Some(g4), version: V3 });
+        assert_eq!(icmp(&igmp_query(10, 100, [0; 4])), Icmp::Other, "9 to 11 bytes: ignored");
+        let mut bad = q.clone();
+        *bad.last_mut().unwrap() ^= 1;
+        assert_eq!(icmp(&bad), Icmp::Other);
+        let mld_query = |len: usize| {
+            let mut f = vec![0u8; 256];
+            let (src, dst) = (v6("fe80::9"), v6("ff02::1"));
+            let n = icmpv6_frame(&mut f, (MAC_B, MAC_A), (src, dst), 1, |b| {
+                b[..8].copy_from_slice(&[IPPROTO_ICMPV6, 0, 5, 2, 0, 0, 1, 0]);
+                let m = &mut b[8..8 + len];
+                m.fill(0);
+                m[0] = MLD_QUERY;
+                m[8..24].copy_from_slice(&v6("ff0e::77").octets());
+                ndp::set_icmpv6_checksum(src, dst, m);
+                Some(8 + len)
+            })
+            .unwrap();
+            f[ETH_HEADER_LEN + 6] = NEXT_HOP_BY_HOP;
+            f.truncate(n);
+            f
+        };
+        assert_eq!(icmp(&mld_query(24)), Icmp::Query { group: Some(g6), version: V2 });
+        assert_eq!(icmp(&mld_query(28)), Icmp::Query { group: Some(g6), version: V3 });
+        assert_eq!(icmp(&mld_query(26)), Icmp::Other, "25 to 27 bytes: ignored");
+        let mut bad = mld_query(28);
+        *bad.last_mut().unwrap() ^= 1;
+        assert_eq!(icmp(&bad), Icmp::Other);
+    }
+
+    /// A host reports in v3 (IGMPv3, MLDv2) until it hears an older
+    /// querier, then in the oldest version heard for 260 s after the last
+    /// such query.
+    #[test]
+    fn reports_follow_the_oldest_querier_heard() {
+        use ReportVersion::{V1, V2, V3};
+        let s = 1_000_000_000u64;
+        let mut c = Compat::default();
+        assert_eq!(c.version(0), V3);
+        c.heard(V3, 5 * s);
+        assert_eq!(c.version(5 * s), V3);
+        c.heard(V2, 10 * s);
+        assert_eq!((c.version(10 * s), c.version(269 * s)), (V2, V2));
+        c.heard(V1, 20 * s);
+        assert_eq!((c.version(21 * s), c.version(279 * s)), (V1, V1));
+        assert_eq!(c.version(280 * s), V3, "both older queriers timed out");
+        c.heard(V2, 300 * s);
+        c.heard(V2, 400 * s);
+        assert_eq!((c.version(659 * s), c.version(660 * s)), (V2, V3), "260 s after the last");
     }
 
     /// Wireshark's dissectors (tshark, which the test command installs)
@@ -813,9 +1031,16 @@ mod tests {
         add(&|o| ask_frame(o, MAC_A, a4, b4));
         add(&|o| ask_frame(o, MAC_A, a6, b6));
         add(&|o| announce_frame(o, MAC_A, a6));
+        let mut igmp_frames = 0;
         for (me, g) in [(a4, "239.255.77.1"), (a6, "ff0e::77")] {
-            for leave in [false, true] {
-                add(&|o| membership_frame(o, MAC_A, me, g.parse().unwrap(), leave));
+            for version in [ReportVersion::V1, ReportVersion::V2, ReportVersion::V3] {
+                for what in [Membership::Joined, Membership::Left, Membership::Current] {
+                    let g = g.parse().unwrap();
+                    if membership_frame(&mut [0; 512], MAC_A, (me, g), what, version).is_some() {
+                        add(&|o| membership_frame(o, MAC_A, (me, g), what, version));
+                        igmp_frames += usize::from(me.is_ipv4());
+                    }
+                }
             }
         }
         for (a, b) in [(a4, b4), (a6, b6)] {
@@ -858,6 +1083,10 @@ mod tests {
             "Leave Group",
             "Multicast Listener Report",
             "Multicast Listener Done",
+            "Multicast Listener Report Message v2",
+            "Change To Exclude Mode",
+            "Change To Include Mode",
+            "Mode Is Exclude",
             "Router Alert",
             "Echo (ping) reply",
             "Port unreachable",
@@ -865,10 +1094,11 @@ mod tests {
             assert!(text.contains(want), "no {want}: {text}");
         }
         // Every message's checksum (the ARP request has none), and the
-        // IPv4 headers' (the two IGMP frames, the echo reply, the port
+        // IPv4 headers' (the IGMP frames, the echo reply, the port
         // unreachable and the header it quotes).
         assert_eq!(text.matches("[Checksum Status: Good]").count(), frames.len() - 1, "{text}");
-        assert_eq!(text.matches("[Header checksum status: Good]").count(), 5, "{text}");
+        let headers = text.matches("[Header checksum status: Good]").count();
+        assert_eq!(headers, igmp_frames + 3, "{text}");
     }
 
     /// Port unreachable, as Linux sends it (the quoted datagram's IP header

@@ -22,10 +22,11 @@
 //! that come in several (a port that scatters) are joined.
 //!
 //! Multicast routers and snooping switches are told of the groups joined
-//! (IGMPv2, MLDv1 from the port's link-local address, their queries
-//! answered). What it does not do (yet): sending ICMP errors, the local shared-memory path, several contexts on one port (one
-//! process, one context per port: DPDK starts once per process and a port
-//! has one owner).
+//! (IGMPv3 and MLDv2, MLD from the port's link-local address, or the older
+//! version an older querier speaks; their queries answered). What it does
+//! not do (yet): the local shared-memory path, several contexts on one
+//! port (one process, one context per port: DPDK starts once per process
+//! and a port has one owner).
 
 #![deny(unsafe_code)]
 
@@ -44,7 +45,7 @@ use uroce_wire::eth::{ETH_HEADER_LEN, ETHERTYPE_IPV4};
 use uroce_wire::ndp::NdpRepr;
 
 use super::{Backend, Received, SendBatch, frame};
-use control::{Icmp, Kind};
+use control::{Icmp, Kind, Membership};
 
 /// Whether devices use this backend (`UROCE_BACKEND=dpdk`).
 pub(crate) fn selected() -> bool {
@@ -106,6 +107,9 @@ pub(crate) struct DpdkBackend {
     /// Port unreachable errors sent in the current second: (the second,
     /// how many).
     unreachables: (u64, u32),
+    /// The IGMP and MLD versions our reports take (older queriers heard).
+    igmp: control::Compat,
+    mld: control::Compat,
 }
 
 /// The most port unreachable errors sent in a second.
@@ -181,6 +185,8 @@ impl DpdkBackend {
             link_checked_ns: 0,
             now_ns: 0,
             unreachables: (0, 0),
+            igmp: control::Compat::default(),
+            mld: control::Compat::default(),
         };
         LINK_UP.store(b.port.as_ref().is_some_and(ffi::Port::link_up), Ordering::Relaxed);
         b.announce(addr.ip());
@@ -199,17 +205,21 @@ impl DpdkBackend {
                 self.counters.arp_replies += 1;
                 // Solicitations for it go to its solicited-node group: a
                 // switch that snoops MLD forwards them once it is reported.
-                self.report(IpAddr::V6(uroce_wire::ndp::solicited_node(a)), false);
+                let group = IpAddr::V6(uroce_wire::ndp::solicited_node(a));
+                self.report(group, Membership::Joined);
             }
         }
     }
 
-    /// Reports `group` joined (or left) to multicast routers and snooping
-    /// switches, from our first address of its family.
-    fn report(&mut self, group: IpAddr, leave: bool) {
+    /// Tells multicast routers and snooping switches what `what` says of
+    /// `group`, from our first address of its family, in the version the
+    /// family's queriers speak.
+    fn report(&mut self, group: IpAddr, what: Membership) {
         let Some(&me) = self.ips.iter().find(|a| a.is_ipv4() == group.is_ipv4()) else { return };
         let mac = self.mac;
-        if self.control(|out| control::membership_frame(out, mac, me, group, leave)) {
+        let compat = if group.is_ipv4() { &self.igmp } else { &self.mld };
+        let version = compat.version(self.now_ns);
+        if self.control(|out| control::membership_frame(out, mac, (me, group), what, version)) {
             self.counters.group_reports += 1;
         }
     }
@@ -336,11 +346,15 @@ impl DpdkBackend {
             }
             // A router asks (IGMP or MLD): report the groups asked about
             // (a query from another family's router asks for none of ours).
-            Icmp::Query { group } => {
+            // A query of an older version makes our reports that version
+            // for a while, as routers of it need.
+            Icmp::Query { group, version } => {
                 let v4 = f.get(12..14) == Some(&ETHERTYPE_IPV4.to_be_bytes()[..]);
+                let compat = if v4 { &mut self.igmp } else { &mut self.mld };
+                compat.heard(version, self.now_ns);
                 for g in self.reported_groups() {
                     if g.is_ipv4() == v4 && group.is_none_or(|q| q == g) {
-                        self.report(g, false);
+                        self.report(g, Membership::Current);
                     }
                 }
             }
@@ -590,8 +604,8 @@ impl Backend for DpdkBackend {
 
     /// RoCE datagrams to `group` are taken from now on (the port receives
     /// every multicast frame: see `shim.c`); multicast routers and
-    /// snooping switches are told (IGMPv2 or MLDv1 report, and the
-    /// routers' queries answered).
+    /// snooping switches are told (an IGMPv3 or MLDv2 report, or the older
+    /// version an older querier asks for; queries answered).
     fn join(&mut self, group: IpAddr) -> io::Result<()> {
         if !group.is_multicast() {
             return Err(io::Error::new(
@@ -601,7 +615,7 @@ impl Backend for DpdkBackend {
         }
         if !self.groups.contains(&group) {
             self.groups.push(group);
-            self.report(group, false);
+            self.report(group, Membership::Joined);
         }
         Ok(())
     }
@@ -609,7 +623,7 @@ impl Backend for DpdkBackend {
     fn leave(&mut self, group: IpAddr) {
         if self.groups.contains(&group) {
             self.groups.retain(|&g| g != group);
-            self.report(group, true);
+            self.report(group, Membership::Left);
         }
     }
 
