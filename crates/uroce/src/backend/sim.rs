@@ -12,10 +12,16 @@
 //! for bit for the same seed (keys, packets, faults, completions, times),
 //! the whole verbs stack included: CQs, channels, events, SRQs, memory
 //! windows.
+//!
+//! Multicast: a port that joins a group receives every datagram sent to
+//! the group at its port number, from other ports and its own (as a kernel
+//! socket with `IP_MULTICAST_LOOP`, the default). The faults are drawn
+//! once per datagram on the direction sender → group, before it is copied
+//! to the members (one segment, as a LAN: a loss loses it for all).
 
 use std::collections::VecDeque;
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Instant as StdInstant;
 use uroce_transport::fastmap::FastMap;
@@ -28,9 +34,19 @@ use uroce_wire::UdpDatagram;
 use crate::config::DeviceConfig;
 use crate::device::Device;
 
+/// A datagram waiting in a port's inbox.
+struct Arrived {
+    from: SocketAddr,
+    /// Its destination address: the port's, or a group it joined.
+    to: IpAddr,
+    payload: Vec<u8>,
+}
+
 struct World {
     net: SimNet,
-    inboxes: FastMap<SocketAddr, VecDeque<(SocketAddr, Vec<u8>)>>,
+    inboxes: FastMap<SocketAddr, VecDeque<Arrived>>,
+    /// The members (ports) of each multicast group and port number.
+    groups: FastMap<SocketAddr, Vec<SocketAddr>>,
     origin: StdInstant,
     /// The virtual clock, for a virtual network.
     virtual_now: Option<Instant>,
@@ -52,8 +68,16 @@ impl World {
             let Ok(d) = UdpDatagram::parse(&bytes) else { continue };
             let to = SocketAddr::new(d.ip.dst(), d.udp.dst_port());
             let from = SocketAddr::new(d.ip.src(), d.udp.src_port());
-            if let Some(q) = self.inboxes.get_mut(&to) {
-                q.push_back((from, d.udp.payload().to_vec()));
+            let unicast = [to];
+            let members = match self.groups.get(&to) {
+                Some(m) if to.ip().is_multicast() => m.as_slice(),
+                _ => &unicast[..],
+            };
+            for m in members {
+                if let Some(q) = self.inboxes.get_mut(m) {
+                    let payload = d.udp.payload().to_vec();
+                    q.push_back(Arrived { from, to: to.ip(), payload });
+                }
             }
         }
     }
@@ -89,6 +113,7 @@ impl SimNetwork {
             world: Arc::new(Mutex::new(World {
                 net: SimNet::new(seed, link),
                 inboxes: FastMap::default(),
+                groups: FastMap::default(),
                 origin: StdInstant::now(),
                 virtual_now,
                 seed,
@@ -224,13 +249,18 @@ impl SimPort {
         w.net.send(now, self.local.ip(), dst.ip(), dg);
     }
 
-    fn recv_one(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr)> {
+    fn recv_one(&mut self, buf: &mut [u8]) -> Option<(usize, SocketAddr, IpAddr)> {
         let mut w = self.net.lock();
         w.route();
-        let (from, p) = w.inboxes.get_mut(&self.local)?.pop_front()?;
-        let n = p.len().min(buf.len());
-        buf[..n].copy_from_slice(&p[..n]);
-        Some((n, from))
+        let a = w.inboxes.get_mut(&self.local)?.pop_front()?;
+        let n = a.payload.len().min(buf.len());
+        buf[..n].copy_from_slice(&a.payload[..n]);
+        Some((n, a.from, a.to))
+    }
+
+    /// This port's membership of `group` (at the port's number).
+    fn group_key(&self, group: IpAddr) -> SocketAddr {
+        SocketAddr::new(group, self.local.port())
     }
 }
 
@@ -258,8 +288,7 @@ impl super::Backend for SimPort {
     }
 
     fn recv(&mut self, buf: &mut [u8]) -> std::io::Result<Option<super::Received>> {
-        let to = self.local.ip();
-        Ok(self.recv_one(buf).map(|(len, from)| super::Received {
+        Ok(self.recv_one(buf).map(|(len, from, to)| super::Received {
             len,
             seg: len,
             from,
@@ -291,11 +320,31 @@ impl super::Backend for SimPort {
 
     fn unbind_local(&mut self, _ip: std::net::IpAddr) {}
 
-    fn join(&mut self, _group: std::net::IpAddr) -> std::io::Result<()> {
-        Err(std::io::ErrorKind::Unsupported.into())
+    fn join(&mut self, group: IpAddr) -> std::io::Result<()> {
+        if !group.is_multicast() || group.is_ipv4() != self.local.is_ipv4() {
+            return Err(std::io::ErrorKind::InvalidInput.into());
+        }
+        let key = self.group_key(group);
+        let local = self.local;
+        let mut w = self.net.lock();
+        let members = w.groups.entry(key).or_default();
+        if !members.contains(&local) {
+            members.push(local);
+        }
+        Ok(())
     }
 
-    fn leave(&mut self, _group: std::net::IpAddr) {}
+    fn leave(&mut self, group: IpAddr) {
+        let key = self.group_key(group);
+        let local = self.local;
+        let mut w = self.net.lock();
+        if let Some(members) = w.groups.get_mut(&key) {
+            members.retain(|m| *m != local);
+            if members.is_empty() {
+                w.groups.remove(&key);
+            }
+        }
+    }
 
     fn recv_group(&mut self, _buf: &mut [u8]) -> Option<(usize, SocketAddr, std::net::IpAddr)> {
         None
@@ -304,6 +353,12 @@ impl super::Backend for SimPort {
 
 impl Drop for SimPort {
     fn drop(&mut self) {
-        self.net.lock().inboxes.remove(&self.local);
+        let local = self.local;
+        let mut w = self.net.lock();
+        w.inboxes.remove(&local);
+        w.groups.retain(|_, members| {
+            members.retain(|m| *m != local);
+            !members.is_empty()
+        });
     }
 }
