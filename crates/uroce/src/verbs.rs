@@ -458,7 +458,7 @@ impl Context {
         let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let targets = Mutex::new(HashMap::new());
         if let Some(t) = &shared {
-            let domain = Arc::new(crate::xrc_share::Domain(t.clone()));
+            let domain = Arc::new(crate::xrc_share::Domain::new(t.clone()));
             self.inner.lock().ep.share_xrcd(id, domain);
         }
         Xrcd { inner: Arc::new(XrcdInner { ctx: self.inner.clone(), id, targets, shared }) }

@@ -30,6 +30,8 @@ use std::sync::{Arc, Mutex};
 
 use uroce_transport::{SharedDomain, SharedSrq};
 
+use uroce_transport::fastmap::FastMap;
+
 use crate::ofd_lock;
 
 /// Entries: XRC SRQs a domain can have on one device, all processes
@@ -42,6 +44,9 @@ const FILE_LEN: usize = HEADER + ENTRIES * ENTRY;
 const OPEN_BYTE: u64 = 1 << 20;
 /// Entry `i`'s owner holds a write lock on byte `LIVE_BASE + i`.
 const LIVE_BASE: u64 = 2 << 20;
+/// Where in the header: a count of the changes to the entries' SRQ
+/// numbers, which lookups key their index of the table by.
+const H_GENERATION: usize = 0;
 /// Where in an entry: the SRQ number (0: free), WQEs posted, claimed.
 const E_SRQN: usize = 0;
 const E_POSTED: usize = 8;
@@ -183,6 +188,22 @@ impl Table {
         HEADER + i * ENTRY
     }
 
+    /// Whether entry `i`'s owner (this opener or another) is alive.
+    fn live(&self, i: usize) -> bool {
+        self.owned.lock().unwrap_or_else(|e| e.into_inner())[i]
+            || ofd_lock::held_by_other(&self.file, LIVE_BASE + i as u64)
+    }
+
+    fn generation(&self) -> &AtomicU64 {
+        self.map.u64_at(H_GENERATION)
+    }
+
+    /// Entry `i` now lists `srqn` (0: none).
+    fn set_srqn(&self, i: usize, srqn: u32) {
+        self.map.u32_at(self.entry(i) + E_SRQN).store(srqn, Ordering::Release);
+        self.generation().fetch_add(1, Ordering::AcqRel);
+    }
+
     /// Lists SRQ `srqn` (new, no WQE posted) as this opener's: the claims
     /// its WQEs are taken against. `None` when the table is full.
     pub(crate) fn register(self: &Arc<Self>, srqn: u32) -> Option<Arc<dyn SharedSrq>> {
@@ -202,7 +223,7 @@ impl Table {
             }
             self.map.u64_at(at + E_POSTED).store(0, Ordering::Release);
             self.map.u64_at(at + E_CLAIMED).store(0, Ordering::Release);
-            word.store(srqn, Ordering::Release);
+            self.set_srqn(i, srqn);
             *mine = true;
             return Some(Arc::new(Owned { entry: Entry::new(self.clone(), i, srqn) }));
         }
@@ -224,18 +245,69 @@ impl Drop for Table {
     }
 }
 
-/// A table as the endpoint looks other processes' SRQs up in it.
+/// A table as the endpoint looks other processes' SRQs up in it: through
+/// an index of the entries by SRQ number, made again when the table's
+/// generation says an entry changed, so that a request naming a number
+/// nobody has (a hostile peer's, each packet) costs a hash lookup, not a
+/// scan of the table.
 #[derive(Debug)]
-pub(crate) struct Domain(pub(crate) Arc<Table>);
+pub(crate) struct Domain {
+    table: Arc<Table>,
+    index: Mutex<Index>,
+}
+
+#[derive(Debug)]
+struct Index {
+    /// The table's generation the index was made at.
+    generation: u64,
+    entries: FastMap<u32, usize>,
+}
+
+impl Domain {
+    pub(crate) fn new(table: Arc<Table>) -> Self {
+        let index = Index { generation: u64::MAX, entries: FastMap::default() };
+        Self { table, index: Mutex::new(index) }
+    }
+
+    /// The entry listing `srqn`, from the index (made again first if the
+    /// table changed since).
+    fn lookup(&self, srqn: u32) -> Option<usize> {
+        let t = &self.table;
+        let mut index = self.index.lock().unwrap_or_else(|e| e.into_inner());
+        // Read before the entries: a change made during the scan moves it
+        // on, and the next lookup scans again.
+        let generation = t.generation().load(Ordering::Acquire);
+        if index.generation != generation {
+            index.entries.clear();
+            for i in 0..ENTRIES {
+                let n = t.map.u32_at(t.entry(i) + E_SRQN).load(Ordering::Acquire);
+                if n == 0 {
+                    continue;
+                }
+                // Two entries of one number: a killed owner's, still
+                // listed, and the live one of the process that has its
+                // numbers now. The live one wins.
+                if let Some(&j) = index.entries.get(&n)
+                    && t.live(j)
+                {
+                    continue;
+                }
+                index.entries.insert(n, i);
+            }
+            index.generation = generation;
+        }
+        let i = *index.entries.get(&srqn)?;
+        (t.map.u32_at(t.entry(i) + E_SRQN).load(Ordering::Acquire) == srqn).then_some(i)
+    }
+}
 
 impl SharedDomain for Domain {
     fn find(&self, srqn: u32) -> Option<Arc<dyn SharedSrq>> {
-        let t = &self.0;
+        let t = &self.table;
         if srqn == 0 {
             return None;
         }
-        let i = (0..ENTRIES)
-            .find(|&i| t.map.u32_at(t.entry(i) + E_SRQN).load(Ordering::Acquire) == srqn)?;
+        let i = self.lookup(srqn)?;
         if t.owned.lock().unwrap_or_else(|e| e.into_inner())[i] {
             // Ours: the SRQ is in this context (a wrong domain's, then).
             return None;
@@ -303,12 +375,15 @@ impl SharedSrq for Owned {
 impl Drop for Owned {
     fn drop(&mut self) {
         let e = &self.entry;
-        let _ = e.table.map.u32_at(e.table.entry(e.i) + E_SRQN).compare_exchange(
+        let cleared = e.table.map.u32_at(e.table.entry(e.i) + E_SRQN).compare_exchange(
             e.srqn,
             0,
             Ordering::AcqRel,
             Ordering::Acquire,
         );
+        if cleared.is_ok() {
+            e.table.generation().fetch_add(1, Ordering::AcqRel);
+        }
         let _ = ofd_lock::unlock(&e.table.file, LIVE_BASE + e.i as u64);
         e.table.owned.lock().unwrap_or_else(|p| p.into_inner())[e.i] = false;
     }
@@ -396,9 +471,12 @@ mod tests {
     fn claims_follow_posts_and_a_gone_srq_is_no_longer_found() {
         let (a, b, path) = two();
         let owned = a.register(0x4_0000).unwrap();
-        assert!(Domain(a.clone()).find(0x4_0000).is_none(), "the owner finds its own elsewhere");
-        let view = Domain(b.clone()).find(0x4_0000).unwrap();
-        assert!(Domain(b.clone()).find(0x4_0001).is_none());
+        assert!(
+            Domain::new(a.clone()).find(0x4_0000).is_none(),
+            "the owner finds its own elsewhere"
+        );
+        let view = Domain::new(b.clone()).find(0x4_0000).unwrap();
+        assert!(Domain::new(b.clone()).find(0x4_0001).is_none());
         assert!(view.alive() && !view.claim(), "nothing posted: nothing to claim");
         owned.posted(2);
         assert!(view.claim() && owned.claim(), "two posted, two claims");
@@ -407,7 +485,7 @@ mod tests {
         assert!(view.claim());
         drop(owned);
         assert!(!view.alive(), "destroyed");
-        assert!(Domain(b.clone()).find(0x4_0000).is_none());
+        assert!(Domain::new(b.clone()).find(0x4_0000).is_none());
         drop((a, b, view));
         assert!(!path.exists(), "the last to close removes the table");
     }
@@ -416,7 +494,7 @@ mod tests {
     fn a_dead_owners_entry_is_known_dead_and_taken_again() {
         let (a, b, path) = two();
         let owned = a.register(0x8_0000).unwrap();
-        let view = Domain(b.clone()).find(0x8_0000).unwrap();
+        let view = Domain::new(b.clone()).find(0x8_0000).unwrap();
         // Its process killed: the kernel drops its locks (here, by hand;
         // the entry stays listed, as a killed process leaves it).
         ofd_lock::unlock(&a.file, LIVE_BASE).unwrap();
@@ -424,9 +502,61 @@ mod tests {
         assert!(!view.alive(), "a claim that finds none looks for the owner");
         let again = b.register(0x9_0000).unwrap();
         let c = third(&path);
-        assert!(Domain(c.clone()).find(0x9_0000).is_some(), "the dead entry taken for a new SRQ");
-        assert!(Domain(c.clone()).find(0x8_0000).is_none());
+        assert!(
+            Domain::new(c.clone()).find(0x9_0000).is_some(),
+            "the dead entry taken for a new SRQ"
+        );
+        assert!(Domain::new(c.clone()).find(0x8_0000).is_none());
         assert_eq!(b.owned.lock().unwrap().iter().position(|&m| m), Some(0), "entry 0 again");
         drop((owned, again));
+    }
+
+    /// Lookups go through an index kept by the table's generation: a new
+    /// SRQ is found at once, a number nobody has costs no scan, and of two
+    /// entries of one number (a killed owner's left listed, and the live
+    /// one of the process that has its numbers now) the live one is found.
+    #[test]
+    fn lookups_follow_the_table_and_prefer_the_live_entry() {
+        let (a, b, path) = two();
+        let domain = Domain::new(b.clone());
+        assert!(domain.find(0x5_0000).is_none());
+        let generation = domain.index.lock().unwrap().generation;
+        assert!(domain.find(0x5_0001).is_none());
+        assert_eq!(domain.index.lock().unwrap().generation, generation, "no change, no scan");
+        let first = a.register(0x5_0000).unwrap();
+        assert!(domain.find(0x5_0000).is_some(), "registered: found at once");
+        drop(first);
+        assert!(domain.find(0x5_0000).is_none(), "destroyed: gone at once");
+        // Two entries of one number, the dead one first and then last: a
+        // killed process's entry left listed (its lock gone), the live one
+        // another process's.
+        for dead_first in [true, false] {
+            let (dead, live) = if dead_first { (0, 1) } else { (1, 0) };
+            let c = third(&path);
+            let filler = a.register(0x6_0000).unwrap();
+            let srq = c.register(0x5_0000).unwrap();
+            assert_eq!(c.owned.lock().unwrap().iter().position(|&m| m), Some(1));
+            if !dead_first {
+                // Swap: the live SRQ's number in entry 0, the dead one's
+                // in entry 1 (the filler's entry made dead below).
+                drop(filler);
+                drop(srq);
+                let srq = a.register(0x5_0000).unwrap();
+                let filler = c.register(0x6_0000).unwrap();
+                c.set_srqn(1, 0x5_0000);
+                ofd_lock::unlock(&c.file, LIVE_BASE + 1).unwrap();
+                let view = domain.find(0x5_0000).unwrap();
+                srq.posted(1);
+                assert!(view.claim(), "the live entry's WQE ({live})");
+                drop((filler, srq, view, c));
+                continue;
+            }
+            a.set_srqn(dead, 0x5_0000);
+            ofd_lock::unlock(&a.file, LIVE_BASE + dead as u64).unwrap();
+            let view = domain.find(0x5_0000).unwrap();
+            srq.posted(1);
+            assert!(view.claim(), "the live entry's WQE ({live})");
+            drop((filler, srq, view, c));
+        }
     }
 }
