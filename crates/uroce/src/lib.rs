@@ -401,6 +401,20 @@ pub mod testing {
         out
     }
 
+    /// Appends every completion `cq` has now to `out` (the seeded
+    /// simulations poll this way between steps of the virtual clock).
+    pub fn poll_all(cq: &crate::Cq, out: &mut Vec<crate::Completion>) {
+        use crate::{Completion, WcOpcode, WcStatus};
+        let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 16];
+        loop {
+            let n = cq.poll(&mut wc).expect("polling the CQ");
+            out.extend_from_slice(&wc[..n]);
+            if n < wc.len() {
+                return;
+            }
+        }
+    }
+
     /// Two contexts on 127.0.0.1 and 127.0.0.2 (one UDP port), each with
     /// a PD and a CQ of 64 entries: the two sides of a test.
     pub fn two_sides() -> (u16, Side, Side) {

@@ -10,26 +10,16 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use uroce::testing::poll_all;
 use uroce::{
     Access, Completion, Cq, LinkConfig, QpCaps, QpInitAttr, QpType, RecvWr, SendWr, SimNetwork,
-    WcOpcode, WcStatus,
+    WcStatus,
 };
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 const QKEY: u32 = 0x0123_4567;
 const GRH: usize = 40;
 const LEN: usize = 300;
-
-fn poll_all(cq: &Cq, out: &mut Vec<Completion>) {
-    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 16];
-    loop {
-        let n = cq.poll(&mut wc).unwrap();
-        out.extend_from_slice(&wc[..n]);
-        if n < wc.len() {
-            return;
-        }
-    }
-}
 
 /// The datagram number `i` sent (its bytes say which it is).
 fn datagram(i: usize) -> Vec<u8> {

@@ -9,25 +9,15 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use uroce::testing::poll_all;
 use uroce::{
     Access, Completion, Cq, LinkConfig, MwType, QpCaps, QpInitAttr, QpType, RecvWr, SendWr,
-    SimNetwork, SrqAttr, WcOpcode, WcStatus, WrOpcode,
+    SimNetwork, SrqAttr, WcStatus, WrOpcode,
 };
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 const MW_BIND: Access = Access(1 | 2 | 4 | 8 | 16);
 const QKEY: u32 = 0x1111_2222;
-
-fn poll_all(cq: &Cq, out: &mut Vec<Completion>) {
-    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 16];
-    loop {
-        let n = cq.poll(&mut wc).unwrap();
-        out.extend_from_slice(&wc[..n]);
-        if n < wc.len() {
-            return;
-        }
-    }
-}
 
 /// One seeded run; returns its trace (what must repeat bit for bit).
 fn run(seed: u64) -> String {

@@ -12,24 +12,14 @@
 use std::net::IpAddr;
 use std::time::Duration;
 
+use uroce::testing::poll_all;
 use uroce::{
-    Access, Completion, Cq, LinkConfig, Mr, Pd, QpCaps, QpInitAttr, QpType, RecvWr, SendWr,
-    SimNetwork, SrqAttr, WcOpcode, WcStatus, WrOpcode,
+    Access, LinkConfig, Mr, Pd, QpCaps, QpInitAttr, QpType, RecvWr, SendWr, SimNetwork, SrqAttr,
+    WcOpcode, WcStatus, WrOpcode,
 };
 
 const ALL: Access = Access(1 | 2 | 4 | 8);
 const ODP_LEN: usize = 256 * 1024;
-
-fn poll_all(cq: &Cq, out: &mut Vec<Completion>) {
-    let mut wc = [Completion::new(0, WcStatus::Success, WcOpcode::Send, 0, false); 16];
-    loop {
-        let n = cq.poll(&mut wc).unwrap();
-        out.extend_from_slice(&wc[..n]);
-        if n < wc.len() {
-            return;
-        }
-    }
-}
 
 /// An on-demand region over fresh anonymous pages that are never
 /// touched here (the mapping lives for the rest of the test process).
