@@ -464,8 +464,16 @@ impl Endpoint {
         }
         let slot = self.qps.remove(&qpn)?;
         self.stats.accumulate(slot.qp.stats());
-        if slot.xrcd.is_some() {
+        if let Some(xrcd) = slot.xrcd {
             self.relays.forget_target(qpn);
+            // A message for another process's SRQ was coming in: its claim
+            // kept one of the owner's WQEs, which no relay will now take.
+            if let Some(srqn) = slot.xrc_msg_srq
+                && let Some(srq) = self.relay_srqs.get(&(u64::from(xrcd) << 32 | u64::from(srqn)))
+                && let Some(claims) = srq.shared()
+            {
+                claims.release();
+            }
         }
         Some((slot.qp, left))
     }

@@ -48,6 +48,10 @@ impl SrqGauge {
 pub trait SharedSrq: Send + Sync + std::fmt::Debug {
     /// Reserves one WQE posted and not yet reserved; false if none is.
     fn claim(&self) -> bool;
+    /// Gives back a claim whose message will never come (the target QP
+    /// that made it went in the middle of the message): the WQE it kept
+    /// is free for another.
+    fn release(&self);
     /// The owner posted `n` more WQEs.
     fn posted(&self, n: u32);
     /// Whether the SRQ still exists (not destroyed, its owner alive).

@@ -413,6 +413,10 @@ impl SharedSrq for Claims {
             .fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| (c < posted).then_some(c + 1))
             .is_ok()
     }
+    fn release(&self) {
+        let _ =
+            self.claimed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1));
+    }
     fn posted(&self, n: u32) {
         self.posted.fetch_add(n, Ordering::AcqRel);
     }
@@ -595,4 +599,27 @@ fn a_message_for_another_processs_srq_is_relayed_to_it() {
 fn completions_of(o: &Owner) -> Vec<uroce_transport::Completion> {
     let mut ring = o.ep.cq(o.cq).unwrap().lock();
     std::iter::from_fn(|| ring.pop()).collect()
+}
+
+/// A target QP destroyed in the middle of a message for another process's
+/// SRQ gives back the claim its first packet took: the owner's WQE is
+/// free for the next message, which no relay of the broken one takes.
+#[test]
+fn a_target_destroyed_mid_message_gives_its_claim_back() {
+    let now = Instant::ZERO;
+    let mut h = host(now);
+    let table = Arc::new(Table::default());
+    h.ep.share_xrcd(DOMAIN, table.clone());
+    let mut o = owner(&table);
+    o.post(90, 2 * LEN as u32);
+    let first = request(XRC_SEND_FIRST, h.tgt, FIRST_PSN, Some(o.srqn));
+    let out = deliver_raw(&mut h, now, &first, &[5u8; 1024]);
+    let answers = o.take(now, out);
+    assert!(!answers.iter().any(is_rnr), "the first packet is taken: {answers:?}");
+    assert_eq!(o.claims.claimed.load(Ordering::Acquire), 1, "against a claim");
+    assert!(!o.claims.claim(), "the only WQE is kept for the message");
+    h.ep.remove_qp(h.tgt).unwrap();
+    assert_eq!(o.claims.claimed.load(Ordering::Acquire), 0, "given back");
+    assert!(o.claims.claim(), "the WQE is free again");
+    assert!(completions_of(&o).is_empty(), "nothing was relayed");
 }

@@ -351,6 +351,16 @@ impl Entry {
     }
 }
 
+impl Entry {
+    /// One claim given back (none below zero).
+    fn release(&self) {
+        if self.listed() {
+            let claimed = self.word(E_CLAIMED);
+            let _ = claimed.fetch_update(Ordering::AcqRel, Ordering::Acquire, |c| c.checked_sub(1));
+        }
+    }
+}
+
 /// The owner's entry: posts count here; dropped with the SRQ, it frees
 /// the entry.
 #[derive(Debug)]
@@ -361,6 +371,10 @@ struct Owned {
 impl SharedSrq for Owned {
     fn claim(&self) -> bool {
         self.entry.claim()
+    }
+
+    fn release(&self) {
+        self.entry.release();
     }
 
     fn posted(&self, n: u32) {
@@ -407,6 +421,10 @@ impl SharedSrq for View {
             self.dead.store(true, Ordering::Release);
         }
         false
+    }
+
+    fn release(&self) {
+        self.entry.release();
     }
 
     fn posted(&self, _n: u32) {}
@@ -481,6 +499,12 @@ mod tests {
         owned.posted(2);
         assert!(view.claim() && owned.claim(), "two posted, two claims");
         assert!(!view.claim() && !owned.claim(), "none left");
+        view.release();
+        assert!(owned.claim(), "a claim given back is free again");
+        owned.release();
+        owned.release();
+        owned.release();
+        assert!(view.claim() && view.claim() && !view.claim(), "no count below zero");
         owned.posted(1);
         assert!(view.claim());
         drop(owned);
