@@ -334,11 +334,9 @@ pub struct Endpoint {
     /// QPNs handed out: `first .. end`.
     qpn_range: (u32, u32),
     next_cq: u32,
-    /// XRC domains shared with other processes, by domain.
-    shared_xrcds: FastMap<u32, Arc<dyn SharedDomain>>,
-    /// Other processes' SRQs that target QPs here named, by domain and
-    /// SRQ number (`xrcd << 32 | srqn`).
-    relay_srqs: FastMap<u64, Srq>,
+    /// XRC domains shared with other processes, and the relays to their
+    /// SRQs.
+    shared_xrc: SharedXrc,
     /// Messages relayed to and from other processes' SRQs.
     relays: Relays,
     /// Device-wide counters: drops before a QP is found, and the counts of
@@ -373,8 +371,7 @@ impl Endpoint {
             next_qpn: FIRST_QPN,
             qpn_range: (FIRST_QPN, MULTICAST_QPN),
             next_cq: 1,
-            shared_xrcds: FastMap::default(),
-            relay_srqs: FastMap::default(),
+            shared_xrc: SharedXrc::default(),
             relays: Relays::default(),
             stats: Stats::default(),
         }
@@ -469,7 +466,7 @@ impl Endpoint {
             // A message for another process's SRQ was coming in: its claim
             // kept one of the owner's WQEs, which no relay will now take.
             if let Some(srqn) = slot.xrc_msg_srq
-                && let Some(srq) = self.relay_srqs.get(&(u64::from(xrcd) << 32 | u64::from(srqn)))
+                && let Some(srq) = self.shared_xrc.srqs.get(&SharedXrc::key(xrcd, srqn))
                 && let Some(claims) = srq.shared()
             {
                 claims.release();
@@ -540,7 +537,7 @@ impl Endpoint {
     /// `domain` finds, and relay them (see [`crate::xrc_relay`]); its
     /// SRQs here should be made [`Srq::set_shared`].
     pub fn share_xrcd(&mut self, xrcd: u32, domain: Arc<dyn SharedDomain>) {
-        self.shared_xrcds.insert(xrcd, domain);
+        self.shared_xrc.domains.insert(xrcd, domain);
     }
 
     /// The UDP port the device receives on (RoCEv2's 4791 unless told):
@@ -551,8 +548,8 @@ impl Endpoint {
 
     /// Stops sharing XRC domain `xrcd` (its last handle here closed).
     pub fn unshare_xrcd(&mut self, xrcd: u32) {
-        self.shared_xrcds.remove(&xrcd);
-        self.relay_srqs.retain(|k, _| (k >> 32) as u32 != xrcd);
+        self.shared_xrc.domains.remove(&xrcd);
+        self.shared_xrc.srqs.retain(|k, _| (k >> 32) as u32 != xrcd);
     }
 
     /// Removes an SRQ.
@@ -734,19 +731,12 @@ impl Endpoint {
             let Some((srq, xrc)) =
                 srq.and_then(|s| s.xrc().filter(|x| x.xrcd == xrcd).map(|x| (s, x)))
             else {
+                let relay = (&mut self.shared_xrc, &mut self.relays);
                 if let Some(n) = srqn
-                    && Self::relay_out(
-                        &self.shared_xrcds,
-                        &mut self.relay_srqs,
-                        &mut self.relays,
-                        slot,
-                        (now, from, to),
-                        (xrcd, n),
-                        pkt,
-                        mem,
-                        &mut self.stats.xrc_relayed_out,
-                    )
+                    && let Some(relayed) =
+                        SharedXrc::relay_out(relay, slot, (now, from, to), (xrcd, n), pkt, mem)
                 {
+                    self.stats.xrc_relayed_out += relayed;
                     self.touch(qpn);
                     return;
                 }
@@ -995,57 +985,6 @@ impl Endpoint {
         }
     }
 
-    /// A request to target QP `slot` (of domain `xrcd`) naming SRQ `srqn`
-    /// that no SRQ here has: if another process of a shared domain has
-    /// it, the request is taken for a relay (true); else false.
-    #[allow(clippy::too_many_arguments)]
-    fn relay_out(
-        shared: &FastMap<u32, Arc<dyn SharedDomain>>,
-        relay_srqs: &mut FastMap<u64, Srq>,
-        relays: &mut Relays,
-        slot: &mut Slot,
-        (now, from, to): (Instant, IpAddr, IpAddr),
-        (xrcd, srqn): (u32, u32),
-        pkt: &RocePacket<&[u8]>,
-        mem: &dyn Memory,
-        relayed: &mut u64,
-    ) -> bool {
-        let Some(domain) = shared.get(&xrcd) else { return false };
-        let key = u64::from(xrcd) << 32 | u64::from(srqn);
-        if relay_srqs.get(&key).is_some_and(|s| !s.shared().is_some_and(|c| c.alive())) {
-            // Destroyed (or its owner gone) since: looked up afresh.
-            relay_srqs.remove(&key);
-        }
-        let srq = match relay_srqs.entry(key) {
-            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
-            std::collections::hash_map::Entry::Vacant(e) => {
-                let Some(found) = domain.find(srqn) else { return false };
-                let xrc = crate::srq::XrcSrq { xrcd, pd: crate::srq::RELAY_PD, cq: 0 };
-                e.insert(Srq::new_relay(xrc, found))
-            }
-        };
-        let position = pkt.info().position;
-        let psn = pkt.bth().psn();
-        let in_sequence = psn == slot.qp.expected_psn();
-        slot.qp.set_xrc_pd(crate::srq::RELAY_PD);
-        let through = RelayMemory { inner: mem, relays };
-        slot.qp.handle_datagram_srq(now, from, to, pkt, &through, srq);
-        if in_sequence && slot.qp.expected_psn() != psn {
-            match position {
-                Position::First => slot.xrc_msg_srq = Some(srqn),
-                Position::Last | Position::Only => slot.xrc_msg_srq = None,
-                Position::Middle => {}
-            }
-        }
-        slot.qp.publish_gauge();
-        let sgid_index = slot.qp.attr().path.map_or(0, |p| p.sgid_index);
-        while let Some(c) = slot.qp.poll_completion() {
-            relays.completed(srqn, to, sgid_index, c);
-            *relayed += 1;
-        }
-        true
-    }
-
     /// A relay datagram from another process's target QP for SRQ `srqn`
     /// here (see [`crate::xrc_relay`]): written into the WQE its claim
     /// kept, completed on the SRQ's CQ. False if `pkt` is no relay
@@ -1087,5 +1026,72 @@ impl Endpoint {
                 self.events.push_back(DeviceEvent::SrqLimitReached { srq: id });
             }
         }
+    }
+}
+
+/// What an endpoint keeps for the XRC domains it shares with other
+/// processes (see [`crate::xrc_relay`]).
+#[derive(Debug, Default)]
+struct SharedXrc {
+    /// The shared domains, by domain.
+    domains: FastMap<u32, Arc<dyn SharedDomain>>,
+    /// Other processes' SRQs that target QPs here named, by
+    /// [`SharedXrc::key`].
+    srqs: FastMap<u64, Srq>,
+}
+
+impl SharedXrc {
+    /// The key of SRQ `srqn` of domain `xrcd`.
+    fn key(xrcd: u32, srqn: u32) -> u64 {
+        u64::from(xrcd) << 32 | u64::from(srqn)
+    }
+
+    /// A request to target QP `slot` (of domain `xrcd`) naming SRQ `srqn`
+    /// that no SRQ here has: if another process of a shared domain has
+    /// it, the request is taken for a relay (`Some`: how many messages
+    /// it completed, now on their way); else `None`.
+    fn relay_out(
+        (this, relays): (&mut Self, &mut Relays),
+        slot: &mut Slot,
+        (now, from, to): (Instant, IpAddr, IpAddr),
+        (xrcd, srqn): (u32, u32),
+        pkt: &RocePacket<&[u8]>,
+        mem: &dyn Memory,
+    ) -> Option<u64> {
+        let domain = this.domains.get(&xrcd)?;
+        let key = Self::key(xrcd, srqn);
+        if this.srqs.get(&key).is_some_and(|s| !s.shared().is_some_and(|c| c.alive())) {
+            // Destroyed (or its owner gone) since: looked up afresh.
+            this.srqs.remove(&key);
+        }
+        let srq = match this.srqs.entry(key) {
+            std::collections::hash_map::Entry::Occupied(e) => e.into_mut(),
+            std::collections::hash_map::Entry::Vacant(e) => {
+                let found = domain.find(srqn)?;
+                let xrc = crate::srq::XrcSrq { xrcd, pd: crate::srq::RELAY_PD, cq: 0 };
+                e.insert(Srq::new_relay(xrc, found))
+            }
+        };
+        let position = pkt.info().position;
+        let psn = pkt.bth().psn();
+        let in_sequence = psn == slot.qp.expected_psn();
+        slot.qp.set_xrc_pd(crate::srq::RELAY_PD);
+        let through = RelayMemory { inner: mem, relays };
+        slot.qp.handle_datagram_srq(now, from, to, pkt, &through, srq);
+        if in_sequence && slot.qp.expected_psn() != psn {
+            match position {
+                Position::First => slot.xrc_msg_srq = Some(srqn),
+                Position::Last | Position::Only => slot.xrc_msg_srq = None,
+                Position::Middle => {}
+            }
+        }
+        slot.qp.publish_gauge();
+        let sgid_index = slot.qp.attr().path.map_or(0, |p| p.sgid_index);
+        let mut relayed = 0;
+        while let Some(c) = slot.qp.poll_completion() {
+            relays.completed(srqn, to, sgid_index, c);
+            relayed += 1;
+        }
+        Some(relayed)
     }
 }
