@@ -110,6 +110,10 @@ fn context(what: &str, e: io::Error) -> io::Error {
         " (an AF_XDP socket needs CAP_NET_RAW)"
     } else if denied {
         " (the XDP program needs CAP_BPF and CAP_NET_ADMIN, or root)"
+    } else if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EEXIST))
+        && what.starts_with("opening the socket")
+    {
+        " (the queue has an AF_XDP socket of another tool)"
     } else if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EEXIST)) {
         " (the interface has an XDP program already: another uroce process, or another tool)"
     } else if e.raw_os_error() == Some(libc::ENOBUFS) {

@@ -24,6 +24,9 @@ pub(crate) const MAX_RX_FRAME: usize = FRAME - 256;
 /// frame and more); a longer one is dropped whole.
 pub(crate) const MAX_FRAME: usize = 3 * MAX_RX_FRAME;
 /// Frames handed to the kernel for reception.
+/// How long a queue may still hold the socket of a process that ended
+/// (seen to take over 100 ms on a loaded machine).
+const XSK_GONE_WITHIN: std::time::Duration = std::time::Duration::from_secs(3);
 const RX_FRAMES: u32 = 1024;
 /// Frames for transmission.
 const TX_FRAMES: u32 = 1024;
@@ -227,6 +230,11 @@ fn setsockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
 
 impl Xsk {
     /// A socket on queue `queue` of interface `ifindex`, in copy mode.
+    /// A queue that still has another socket (`EBUSY`) is waited on for
+    /// `XSK_GONE_WITHIN`: the kernel lets go of an ended process's socket
+    /// in deferred work, after its descriptors are closed (the caller
+    /// attached the interface's program, so no live member of the device
+    /// has one).
     pub(crate) fn open(ifindex: u32, queue: u32) -> io::Result<Self> {
         // SAFETY: plain socket call; checked.
         let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
@@ -308,7 +316,8 @@ impl Xsk {
             x.fill.write(at.wrapping_add(i), u64::from(i) * FRAME as u64);
         }
         x.fill.produce(RX_FRAMES);
-        let bind = |flags: u16| {
+        let start = std::time::Instant::now();
+        let bind = |flags: u16| loop {
             let sa = SockaddrXdp {
                 family: libc::AF_XDP as u16,
                 flags,
@@ -319,7 +328,15 @@ impl Xsk {
             // SAFETY: a live sockaddr_xdp of the size passed.
             let r =
                 unsafe { libc::bind(raw, (&raw const sa).cast(), size_of::<SockaddrXdp>() as u32) };
-            if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
+            if r == 0 {
+                return Ok(());
+            }
+            let e = io::Error::last_os_error();
+            // The queue still has the socket of a process that ended.
+            if e.raw_os_error() != Some(libc::EBUSY) || start.elapsed() >= XSK_GONE_WITHIN {
+                return Err(e);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
         };
         // Multi-buffer where the kernel has it (EINVAL before 6.6).
         let mut x = x;
