@@ -1255,19 +1255,29 @@ fn processes_share_one_device() {
     for p in &ports {
         uroce::testing::wait_tcp_listening(p.parse().unwrap(), Duration::from_secs(20));
     }
-    let clients: Vec<Child> = ports
+    // Line-buffered, so that the first client's column header (printed
+    // once its QP is connected, as its run starts) arrives at once.
+    let mut clients: Vec<Child> = ports
         .iter()
         .map(|p| {
-            let mut a = args(p);
+            let mut a = vec!["-oL".to_string(), "ib_write_bw".into()];
+            a.extend(args(p));
             a.push("127.0.0.1".into());
             let a: Vec<&str> = a.iter().map(String::as_str).collect();
-            cmd(&tool("ib_write_bw"), &a, "127.0.0.2", udp).spawn().unwrap()
+            cmd(&tool("stdbuf"), &a, "127.0.0.2", udp).spawn().unwrap()
         })
         .collect();
-    std::thread::sleep(Duration::from_millis(1500));
+    // The first server is killed in the middle of its client's run: once
+    // the client started it (however long that takes on a loaded
+    // machine), a second into its three.
+    let (started, watched) = watch_for(clients[0].stdout.take().unwrap(), "#bytes");
+    let running = started.recv_timeout(Duration::from_secs(30)).is_ok();
+    std::thread::sleep(Duration::from_secs(1));
     let _ = servers[0].kill();
     let deadline = Instant::now() + Duration::from_secs(30);
-    let outs: Vec<(Output, bool)> = clients.into_iter().map(|c| finish(c, deadline)).collect();
+    let mut outs: Vec<(Output, bool)> = clients.into_iter().map(|c| finish(c, deadline)).collect();
+    outs[0].0.stdout = watched.join().unwrap();
+    assert!(running, "the first client never started:\n{}", text(&outs[0].0));
     let souts: Vec<(Output, bool)> = servers.into_iter().map(|s| finish(s, deadline)).collect();
     let all = outs
         .iter()
@@ -1286,6 +1296,30 @@ fn processes_share_one_device() {
         let rows = perftest_rows(&text(o));
         assert!(rows.iter().any(|r| r.len() >= 4 && r[3] > 0.0), "no bandwidth:\n{all}");
     }
+}
+
+/// Reads `out` to its end on a thread, which returns all of it; the
+/// receiver hears once a line containing `marker` came.
+fn watch_for(
+    out: std::process::ChildStdout,
+    marker: &'static str,
+) -> (std::sync::mpsc::Receiver<()>, std::thread::JoinHandle<Vec<u8>>) {
+    use std::io::BufRead;
+    let (tx, rx) = std::sync::mpsc::channel();
+    let reader = std::thread::spawn(move || {
+        let mut all = Vec::new();
+        let mut lines = std::io::BufReader::new(out);
+        let mut line = String::new();
+        while lines.read_line(&mut line).is_ok_and(|n| n > 0) {
+            if line.contains(marker) {
+                let _ = tx.send(());
+            }
+            all.extend_from_slice(line.as_bytes());
+            line.clear();
+        }
+        all
+    });
+    (rx, reader)
 }
 
 /// rping's server and client as two processes on one device address: the
