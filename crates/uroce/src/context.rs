@@ -545,23 +545,29 @@ extern "C" fn send_held_acks_at_exit() {
             }
         }
         // A context being dropped on its progress thread: let it end (its
-        // backend removes its files). A second at most: on a loaded
-        // machine the thread may wait that long for a CPU (a tenth of one
-        // left a context's files behind under CI's load).
+        // backend removes its files). `EXIT_WAIT` at most: on a loaded
+        // machine the thread may wait long for a CPU (a tenth of a second
+        // left a context's files behind under CI's load, and once a whole
+        // second did, ci55).
         let t = std::time::Instant::now();
-        while DROPPING.load(Ordering::SeqCst) > 0 && t.elapsed() < Duration::from_secs(1) {
+        while DROPPING.load(Ordering::SeqCst) > 0 && t.elapsed() < EXIT_WAIT {
             std::thread::sleep(Duration::from_micros(200));
         }
         crate::timeline::write();
     });
 }
 
-/// `lock`, giving up after about a second of contention: a pass that
-/// holds the driver ends in microseconds, unless its thread waits for a
-/// CPU, which under load takes far longer than that; only a thread
-/// stopped in the middle of a verb holds it for good.
+/// The longest the process's exit waits for a context's progress thread
+/// (its pass, its lock, its closing): a pass ends in microseconds, unless
+/// its thread waits for a CPU, which on a loaded machine has taken over a
+/// second; only a thread stopped in the middle of a verb holds it for
+/// good, and then the exit is this much late.
+const EXIT_WAIT: Duration = Duration::from_secs(5);
+
+/// `lock`, giving up after `EXIT_WAIT` of contention.
 fn try_lock_briefly<T>(m: &Mutex<T>) -> Option<MutexGuard<'_, T>> {
-    for _ in 0..10_000 {
+    let t = std::time::Instant::now();
+    while t.elapsed() < EXIT_WAIT {
         match m.try_lock() {
             Ok(g) => return Some(g),
             Err(std::sync::TryLockError::Poisoned(e)) => return Some(e.into_inner()),
@@ -598,7 +604,7 @@ impl Drop for Context {
         if Arc::strong_count(&self.inner) == 2 && self.inner.activity.thread_holds() {
             self.inner.stop.store(true, Ordering::SeqCst);
             let t = std::time::Instant::now();
-            while Arc::strong_count(&self.inner) > 1 && t.elapsed() < Duration::from_secs(1) {
+            while Arc::strong_count(&self.inner) > 1 && t.elapsed() < EXIT_WAIT {
                 std::thread::yield_now();
             }
         }
