@@ -653,6 +653,10 @@ impl Driven for Inner {
     fn prepare_sleep(&self) -> bool {
         self.lock().prepare_sleep()
     }
+
+    fn waker_cpu(&self) -> Option<u64> {
+        self.lock().take_waker_cpu()
+    }
 }
 
 impl std::os::fd::AsFd for Context {

@@ -342,6 +342,11 @@ impl Driver {
     }
 
     /// See [`Backend::prepare_sleep`].
+    /// See [`Backend::take_waker_cpu`].
+    pub(crate) fn take_waker_cpu(&mut self) -> Option<u64> {
+        self.backend.take_waker_cpu()
+    }
+
     pub(crate) fn prepare_sleep(&mut self) -> bool {
         self.backend.prepare_sleep()
     }

@@ -194,6 +194,8 @@ pub(crate) trait Driven {
     /// Tells the backend the thread is about to sleep; false if work came
     /// meanwhile (see `Backend::prepare_sleep`).
     fn prepare_sleep(&self) -> bool;
+    /// The CPU the sender of the doorbell that woke the thread ran on.
+    fn waker_cpu(&self) -> Option<u64>;
 }
 
 /// The background thread of one context: it runs progress while there is
@@ -208,6 +210,7 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
     let mut last_work = StdInstant::now();
     let mut published: Option<StdInstant> = None;
     let mut crowding = Crowding::default();
+    let mut woke = false;
     loop {
         let Some(inner) = Held::upgrade(weak, activity) else { return };
         if inner.stopped() {
@@ -232,6 +235,18 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
             continue;
         }
         let (worked, deadline) = inner.pass();
+        if std::mem::take(&mut woke) {
+            // A local sender's doorbell wakes the thread on the sender's
+            // CPU, where it now takes turns with the sender: off it at
+            // once, if another CPU is idle.
+            let here = crate::sched::current_cpu();
+            if inner.waker_cpu() == Some(here)
+                && crowding.woken_onto_sender(StdInstant::now())
+                && crate::sched::move_to_another_cpu()
+            {
+                crate::timeline::event("moved", 0, crate::sched::current_cpu());
+            }
+        }
         if worked {
             last_work = StdInstant::now();
             continue;
@@ -286,6 +301,7 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
             i.activity().thread_state.store(RUNNING, Ordering::SeqCst);
             i.drain_bell();
         }
+        woke = true;
         spin = if slept.elapsed() < (spin * 4).max(SOON_AFTER) {
             (spin * 2).min(SPIN_MAX)
         } else {
@@ -328,6 +344,13 @@ impl Crowding {
                 crate::sched::current_cpu(),
             );
         }
+    }
+
+    /// Woken at `at` onto the CPU of the local sender that woke it: moves
+    /// now, within the same limits as [`Crowding::should_move`].
+    fn woken_onto_sender(&mut self, at: StdInstant) -> bool {
+        self.long_yields = CROWDED_YIELDS - 1;
+        self.should_move(CROWDED * 2, at)
     }
 
     fn should_move(&mut self, took: Duration, at: StdInstant) -> bool {
@@ -484,6 +507,10 @@ mod tests {
         assert!(!c.should_move(long, at(20_000)));
         assert!(c.should_move(long, at(20_010)));
         assert_eq!(c.every, MOVE_EVERY_MIN);
+        // Woken onto the sender's CPU: at once, but not more often.
+        assert!(!c.woken_onto_sender(at(20_050)), "within `every` of the last move");
+        assert!(c.woken_onto_sender(at(20_200)));
+        assert_eq!(c.long_yields, 0);
     }
 
     /// Empty polls yield only after `yield_after_ns` of finding nothing; a

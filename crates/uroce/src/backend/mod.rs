@@ -136,6 +136,12 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
     /// Descriptors to sleep on while idle (none: the progress thread naps).
     fn raw_fds(&self) -> Vec<i32>;
 
+    /// The CPU that the sender of the last doorbell read ran on (the
+    /// local path's senders wake a sleeping receiver with one), once.
+    fn take_waker_cpu(&mut self) -> Option<u64> {
+        None
+    }
+
     /// The progress thread is about to sleep on [`Backend::raw_fds`]: a
     /// backend whose packets can arrive without making them readable (the
     /// local path's shared memory) asks its senders to wake it; false if

@@ -57,6 +57,8 @@ pub(crate) struct UdpBackend {
     /// sockets were last read (see `recv_any`).
     since_local: u32,
     since_socket: u32,
+    /// The CPU the last doorbell's sender ran on (see `shm::doorbell`).
+    waker_cpu: Option<u64>,
 }
 
 /// How many packets in a row `recv` takes from the local path before it
@@ -429,6 +431,7 @@ impl UdpBackend {
             local_streak: 0,
             since_local: LOCAL_HOT,
             since_socket: 0,
+            waker_cpu: None,
         })
     }
 
@@ -585,6 +588,7 @@ impl UdpBackend {
             };
             if super::shm::is_doorbell(&buf[..r.len]) {
                 // It woke us; the packets are in the inbox.
+                self.waker_cpu = super::shm::doorbell_cpu(&buf[..r.len]);
                 continue;
             }
             let Some(sharing) = &mut self.ports[i].sharing else {
@@ -776,6 +780,10 @@ impl super::Backend for UdpBackend {
 
     fn raw_fds(&self) -> Vec<i32> {
         self.fds()
+    }
+
+    fn take_waker_cpu(&mut self) -> Option<u64> {
+        self.waker_cpu.take()
     }
 
     fn prepare_sleep(&mut self) -> bool {

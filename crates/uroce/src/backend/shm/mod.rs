@@ -62,10 +62,14 @@ const OWNER_BYTE: u64 = 0;
 const DOORBELL_LEN: usize = 16;
 const DOORBELL_TAG: [u8; 8] = *b"uroce-db";
 
-/// The doorbell datagram for the context that owns `qpn`.
+/// The doorbell datagram for the context that owns `qpn`, with the CPU
+/// the sender runs on in its second byte (255: unknown): the receiver's
+/// progress thread, which the kernel wakes on that CPU, moves off it if
+/// another is idle (see `progress`).
 pub(crate) fn doorbell(qpn: u32) -> [u8; DOORBELL_LEN] {
     let mut d = [0u8; DOORBELL_LEN];
     d[0] = 0xff;
+    d[1] = u8::try_from(crate::sched::current_cpu()).unwrap_or(u8::MAX);
     d[2..4].copy_from_slice(&0xffffu16.to_be_bytes());
     d[5..8].copy_from_slice(&qpn.to_be_bytes()[1..]);
     d[8..].copy_from_slice(&DOORBELL_TAG);
@@ -75,6 +79,11 @@ pub(crate) fn doorbell(qpn: u32) -> [u8; DOORBELL_LEN] {
 /// Whether a received datagram is a doorbell (it carries nothing).
 pub(crate) fn is_doorbell(d: &[u8]) -> bool {
     d.len() == DOORBELL_LEN && d[0] == 0xff && d[8..] == DOORBELL_TAG
+}
+
+/// The CPU a doorbell's sender ran on, if it said.
+pub(crate) fn doorbell_cpu(d: &[u8]) -> Option<u64> {
+    d.get(1).filter(|&&c| c != u8::MAX).map(|&c| u64::from(c))
 }
 
 /// Whether the local path may be used (`UROCE_NO_SHM` turns it off, for
@@ -671,6 +680,22 @@ mod tests {
                 return SocketAddr::new("127.0.0.1".parse().unwrap(), port);
             }
         }
+    }
+
+    /// A doorbell names its QPN where the steering reads it and carries
+    /// the sender's CPU; anything else is no doorbell.
+    #[test]
+    fn a_doorbell_carries_its_senders_cpu() {
+        let d = doorbell(0x04_0011);
+        assert!(is_doorbell(&d));
+        assert_eq!(crate::backend::dest_qpn(&d), 0x04_0011);
+        let cpu = crate::sched::current_cpu();
+        // The thread may have moved between the two reads.
+        assert!(doorbell_cpu(&d).is_some_and(|c| c < 256), "{d:?} on CPU {cpu}");
+        let mut unknown = d;
+        unknown[1] = u8::MAX;
+        assert_eq!(doorbell_cpu(&unknown), None);
+        assert!(!is_doorbell(&d[..15]) && !is_doorbell(&[0u8; 16]));
     }
 
     /// Runs `step` with a clock advancing by `RECHECK_NS` each time until
