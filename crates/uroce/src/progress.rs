@@ -347,12 +347,14 @@ impl Crowding {
     }
 
     /// Woken at `at` onto the CPU of the local sender that woke it: moves
-    /// now, within the same limits as [`Crowding::should_move`].
+    /// now, within the limits of [`Crowding::may_move`].
     fn woken_onto_sender(&mut self, at: StdInstant) -> bool {
-        self.long_yields = CROWDED_YIELDS - 1;
-        self.should_move(CROWDED * 2, at)
+        self.long_yields = 0;
+        self.may_move(at)
     }
 
+    /// Counts a yield that took `took`: `CROWDED_YIELDS` crowded ones in a
+    /// row ask for a move (see [`Crowding::may_move`]).
     fn should_move(&mut self, took: Duration, at: StdInstant) -> bool {
         if took <= CROWDED {
             self.long_yields = 0;
@@ -363,6 +365,13 @@ impl Crowding {
             return false;
         }
         self.long_yields = 0;
+        self.may_move(at)
+    }
+
+    /// Whether a move at `at` is due: not within `every` of the last, which
+    /// doubles when the last did not help for long and comes back to its
+    /// least when it did.
+    fn may_move(&mut self, at: StdInstant) -> bool {
         if let Some(t) = self.last_move {
             let since = at.duration_since(t);
             if since < self.every {
