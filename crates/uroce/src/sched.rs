@@ -92,7 +92,8 @@ pub(crate) fn move_to_another_cpu() -> bool {
     moved
 }
 
-/// The CPU the calling thread runs on (for the timeline).
+/// The CPU the calling thread runs on (for the timeline, and in a local
+/// path doorbell).
 pub(crate) fn current_cpu() -> u64 {
     // SAFETY: sched_getcpu takes no arguments.
     unsafe { libc::sched_getcpu() }.max(0) as u64
