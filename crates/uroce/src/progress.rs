@@ -80,11 +80,7 @@ impl Activity {
         std::thread::yield_now();
         let took = yielded.elapsed();
         let next = if took > CROWDED {
-            crate::timeline::event(
-                "poll-yield",
-                took.as_micros() as u64,
-                crate::sched::current_cpu(),
-            );
+            crate::timeline::event("poll-yield", took.as_micros() as u64, 0);
             YIELD_AFTER_MIN.as_nanos() as u64
         } else {
             // Alone: count the next wait from now.
@@ -227,7 +223,7 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
             let state = &inner.activity().thread_state;
             state.store(PARKED, Ordering::SeqCst);
             drop(inner);
-            crate::timeline::event("park", 0, crate::sched::current_cpu());
+            crate::timeline::event("park", 0, 0);
             std::thread::park_timeout(STEP_ASIDE - since_app);
             if let Some(i) = weak.upgrade() {
                 i.activity().thread_state.store(RUNNING, Ordering::SeqCst);
@@ -244,7 +240,7 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
                 && crowding.woken_onto_sender(StdInstant::now())
                 && crate::sched::move_to_another_cpu()
             {
-                crate::timeline::event("moved", 0, crate::sched::current_cpu());
+                crate::timeline::event("moved", 0, 0);
             }
         }
         if worked {
@@ -262,11 +258,7 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
             std::thread::yield_now();
             let took = yielded.elapsed();
             if took > Duration::from_micros(20) {
-                crate::timeline::event(
-                    "yield",
-                    took.as_micros() as u64,
-                    crate::sched::current_cpu(),
-                );
+                crate::timeline::event("yield", took.as_micros() as u64, 0);
             }
             crowding.after_yield(took, yielded);
             continue;
@@ -285,29 +277,39 @@ pub(crate) fn progress_thread<T: Driven>(weak: &Weak<T>, activity: &Activity) {
         }
         let fds = inner.sleep_fds();
         inner.release_polling();
-        crate::timeline::event("sleep", spin.as_micros() as u64, crate::sched::current_cpu());
-        if fds.len() <= 1 {
+        crate::timeline::event("sleep", spin.as_micros() as u64, 0);
+        // A nap (no descriptor to sleep on) cannot tell work from time.
+        let timed_out = if fds.len() <= 1 {
             std::thread::sleep(wait.min(Duration::from_micros(100)));
+            false
         } else {
-            crate::backend::wait_readable(&fds, Some(wait));
-        }
+            !crate::backend::wait_readable(&fds, Some(wait))
+        };
         activity.thread_mark.store(FREE, Ordering::SeqCst);
-        crate::timeline::event(
-            "woke",
-            slept.elapsed().as_micros() as u64,
-            crate::sched::current_cpu(),
-        );
+        crate::timeline::event("woke", slept.elapsed().as_micros() as u64, 0);
         if let Some(i) = weak.upgrade() {
             i.activity().thread_state.store(RUNNING, Ordering::SeqCst);
             i.drain_bell();
         }
         woke = true;
-        spin = if slept.elapsed() < (spin * 4).max(SOON_AFTER) {
-            (spin * 2).min(SPIN_MAX)
-        } else {
-            (spin / 2).max(SPIN_MIN)
-        };
+        spin = adapt_spin(spin, slept.elapsed(), timed_out);
         last_work = StdInstant::now();
+    }
+}
+
+/// The busy-poll window after a sleep of `slept`: work that came soon
+/// after the thread went to sleep says the window was too short; work that
+/// came late, that it was too long. A sleep that its timeout ended (an
+/// idle device's, or a timer's) says nothing about the traffic, and keeps
+/// the window: otherwise the idle time before a run would shrink it to the
+/// least, and the run would begin with a sleep and a wake-up per burst.
+fn adapt_spin(spin: Duration, slept: Duration, timed_out: bool) -> Duration {
+    if timed_out {
+        spin
+    } else if slept < (spin * 4).max(SOON_AFTER) {
+        (spin * 2).min(SPIN_MAX)
+    } else {
+        (spin / 2).max(SPIN_MIN)
     }
 }
 
@@ -338,11 +340,7 @@ impl Crowding {
     /// Moves the thread when that keeps happening.
     fn after_yield(&mut self, took: Duration, at: StdInstant) {
         if self.should_move(took, at) && crate::sched::move_to_another_cpu() {
-            crate::timeline::event(
-                "moved",
-                self.every.as_micros() as u64,
-                crate::sched::current_cpu(),
-            );
+            crate::timeline::event("moved", self.every.as_micros() as u64, 0);
         }
     }
 
@@ -520,6 +518,24 @@ mod tests {
         assert!(!c.woken_onto_sender(at(20_050)), "within `every` of the last move");
         assert!(c.woken_onto_sender(at(20_200)));
         assert_eq!(c.long_yields, 0);
+    }
+
+    /// Work soon after a sleep grows the busy-poll window, work long after
+    /// shrinks it, within its bounds; a sleep its timeout ended (an idle
+    /// device) keeps it, so that idle time before a run does not leave the
+    /// run a window at its least.
+    #[test]
+    fn the_busy_poll_window_follows_the_traffic_not_idle_timeouts() {
+        let us = Duration::from_micros;
+        assert_eq!(adapt_spin(us(50), us(30), false), us(100), "work came soon");
+        assert_eq!(adapt_spin(SPIN_MAX, us(30), false), SPIN_MAX);
+        assert_eq!(adapt_spin(us(50), Duration::from_millis(5), false), us(25), "came late");
+        assert_eq!(adapt_spin(SPIN_MIN, Duration::from_millis(5), false), SPIN_MIN);
+        let mut spin = us(50);
+        for _ in 0..20 {
+            spin = adapt_spin(spin, Duration::from_millis(100), true);
+        }
+        assert_eq!(spin, us(50), "idle timeouts leave the window alone");
     }
 
     /// Empty polls yield only after `yield_after_ns` of finding nothing; a

@@ -9,8 +9,8 @@
 //! Off unless the variable is set (one atomic load per event site). On,
 //! events go into a buffer reserved at the first event (a million; later
 //! ones are counted, not kept), and the exit hook writes `PREFIX.<pid>`,
-//! one `stamp_ns pid thread event a b` line per event (thread `A`: an
-//! application thread, `P`: the progress thread).
+//! one `stamp_ns pid thread event a b cpu` line per event (thread `A`: an
+//! application thread, `P`: the progress thread; `cpu`: where it ran).
 
 use std::sync::{Mutex, OnceLock};
 
@@ -23,6 +23,7 @@ struct Event {
     name: &'static str,
     a: u64,
     b: u64,
+    cpu: u64,
 }
 
 struct Recorded {
@@ -62,12 +63,13 @@ pub(crate) fn event(name: &'static str, a: u64, b: u64) {
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
     let thread = THREAD.with(std::cell::Cell::get);
+    let cpu = crate::sched::current_cpu();
     let mut r = EVENTS.lock().unwrap_or_else(|e| e.into_inner());
     if r.events.capacity() == 0 {
         r.events.reserve_exact(CAPACITY);
     }
     if r.events.len() < CAPACITY {
-        r.events.push(Event { ns, thread, name, a, b });
+        r.events.push(Event { ns, thread, name, a, b, cpu });
     } else {
         r.dropped += 1;
     }
@@ -82,7 +84,8 @@ pub(crate) fn write() {
     let Ok(f) = std::fs::File::create(format!("{prefix}.{pid}")) else { return };
     let mut w = std::io::BufWriter::new(f);
     for e in &r.events {
-        let _ = writeln!(w, "{} {pid} {} {} {} {}", e.ns, e.thread as char, e.name, e.a, e.b);
+        let (ns, t, name, a, b, cpu) = (e.ns, e.thread as char, e.name, e.a, e.b, e.cpu);
+        let _ = writeln!(w, "{ns} {pid} {t} {name} {a} {b} {cpu}");
     }
     if r.dropped > 0 {
         let _ = writeln!(w, "# {} events past the first {CAPACITY} not kept", r.dropped);

@@ -205,7 +205,8 @@ pub(crate) trait Network: Send + Sync + std::fmt::Debug {
 /// Blocks until one of `fds` is readable or `timeout` passes. Takes bare
 /// numbers so that a sleeping progress thread keeps no reference to the
 /// backend: if the context is closed meanwhile, the poll returns at once
-/// (POLLNVAL) or at the timeout, and never touches memory.
-pub(crate) fn wait_readable(fds: &[i32], timeout: Option<Duration>) {
-    udp::wait_readable(fds, timeout);
+/// (POLLNVAL) or at the timeout, and never touches memory. False when the
+/// timeout ended it.
+pub(crate) fn wait_readable(fds: &[i32], timeout: Option<Duration>) -> bool {
+    udp::wait_readable(fds, timeout)
 }

@@ -1092,8 +1092,9 @@ impl Port {
 /// Blocks until descriptor `fd` is readable or `timeout` passes. Takes a
 /// bare number so that a sleeping progress thread keeps no reference to the
 /// socket: if the context is closed meanwhile, the poll returns at once
-/// (POLLNVAL) or at the timeout, and never touches memory.
-pub(crate) fn wait_readable(fds: &[i32], timeout: Option<Duration>) {
+/// (POLLNVAL) or at the timeout, and never touches memory. False when the
+/// timeout ended it.
+pub(crate) fn wait_readable(fds: &[i32], timeout: Option<Duration>) -> bool {
     let mut pfds: Vec<libc::pollfd> =
         fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
     let ts = timeout.map(|t| libc::timespec {
@@ -1103,7 +1104,9 @@ pub(crate) fn wait_readable(fds: &[i32], timeout: Option<Duration>) {
     let tp = ts.as_ref().map_or(std::ptr::null(), |t| t as *const libc::timespec);
     // SAFETY: `pfds` holds `len` valid pollfds; `tp` is null or points to
     // a timespec alive across the call; no signal mask is passed.
-    unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, tp, std::ptr::null()) };
+    let n =
+        unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, tp, std::ptr::null()) };
+    n != 0
 }
 
 #[cfg(test)]
