@@ -60,7 +60,9 @@ pub(crate) fn request_short_slice(slice_ns: u64) -> bool {
 /// sender's CPU, and its balancer leaves a thread that ran within the
 /// last half millisecond where it is; a progress thread taking turns with
 /// a busy-polling application on one CPU stays there while the other CPU
-/// idles (see the README's "Stalls of the progress thread").
+/// idles (see the README's "Stalls of the progress thread"), and so do
+/// two applications' polling threads (an application thread moves itself
+/// from within its poll, never another thread).
 pub(crate) fn move_to_another_cpu() -> bool {
     // SAFETY: sched_getcpu takes no arguments.
     let Ok(here) = usize::try_from(unsafe { libc::sched_getcpu() }) else { return false };
