@@ -838,9 +838,12 @@ impl Driver {
             // A run goes to one QP: on a shared address the receiving
             // kernel steers a GSO run whole, by its first packet's QPN.
             let qpn = crate::backend::dest_qpn(&batch[run.off..run.off + t.len]);
+            let wanted = if t.src_port == 0 { self.backend.local().port() } else { t.src_port };
+            let sport = self.backend.source_port(dst, wanted);
             let joins = run.count > 0
                 && !single
                 && run.src == src
+                && run.sport == sport
                 && run.dst == Some(dst)
                 && run.qpn == qpn
                 && run.tos == t.traffic_class
@@ -855,6 +858,7 @@ impl Driver {
             if run.count == 0 {
                 run.seg = t.len;
                 run.src = src;
+                run.sport = sport;
                 run.dst = Some(dst);
                 run.qpn = qpn;
                 run.tos = t.traffic_class;
@@ -867,7 +871,7 @@ impl Driver {
                 pkt[t.len - 4..].fill(0);
             } else {
                 let udp = UdpRepr {
-                    src_port: self.backend.local().port(),
+                    src_port: sport,
                     dst_port: t.dst_port,
                     payload_len: t.len,
                     checksum: 0,
@@ -898,6 +902,8 @@ impl Driver {
 /// Packets gathered for one (GSO) send.
 struct Run {
     src: IpAddr,
+    /// The UDP source port (see `Backend::source_port`).
+    sport: u16,
     dst: Option<SocketAddr>,
     qpn: u32,
     /// The destination is reached through memory (no ICRC).
@@ -912,7 +918,15 @@ impl Run {
     fn flush(&mut self, backend: &mut dyn Backend, batch: &[u8], stats: &mut Stats) {
         if let Some(dst) = self.dst
             && self.count > 0
-            && backend.send(self.src, dst, &batch[..self.off], self.seg, self.tos).is_err()
+            && backend
+                .send(
+                    SocketAddr::new(self.src, self.sport),
+                    dst,
+                    &batch[..self.off],
+                    self.seg,
+                    self.tos,
+                )
+                .is_err()
         {
             stats.send_err += self.count as u64;
         }
@@ -924,6 +938,7 @@ impl Default for Run {
     fn default() -> Self {
         Self {
             src: IpAddr::V4(std::net::Ipv4Addr::UNSPECIFIED),
+            sport: 0,
             dst: None,
             qpn: 0,
             local: false,

@@ -394,6 +394,50 @@ impl Net {
 }
 
 impl Net {
+    /// Counts, in `ns`, the RoCE datagrams received from rxe's range of
+    /// UDP source ports (`0xC000` and up, one per QP pair) and from port
+    /// 4791 (a kernel socket's), until [`Net::source_ports`] reads them.
+    fn count_source_ports(&self, ns: &str) {
+        let rules = "table inet uroce_sport {\n\
+                     chain input {\n\
+                     type filter hook input priority 0;\n\
+                     udp dport 4791 udp sport 49152-65535 counter comment \"qp\"\n\
+                     udp dport 4791 udp sport 4791 counter comment \"own\"\n\
+                     }\n\
+                     }\n";
+        let mut nft = Command::new("ip")
+            .args(["netns", "exec", ns, "nft", "-f", "-"])
+            .stdin(Stdio::piped())
+            .spawn()
+            .unwrap();
+        nft.stdin.take().unwrap().write_all(rules.as_bytes()).unwrap();
+        assert!(nft.wait().unwrap().success(), "nft counters in {ns}");
+    }
+
+    /// What [`Net::count_source_ports`] counted: (from QP ports, from
+    /// 4791); the counters go.
+    fn source_ports(&self, ns: &str) -> (u64, u64) {
+        let out = Command::new("ip")
+            .args(["netns", "exec", ns, "nft", "list", "table", "inet", "uroce_sport"])
+            .output()
+            .unwrap();
+        let (mut qp, mut own) = (0, 0);
+        for l in String::from_utf8_lossy(&out.stdout).lines() {
+            let n = l
+                .split("counter packets ")
+                .nth(1)
+                .and_then(|r| r.split(' ').next()?.parse().ok())
+                .unwrap_or(0);
+            if l.contains("\"qp\"") {
+                qp += n;
+            } else if l.contains("\"own\"") {
+                own += n;
+            }
+        }
+        sh(&["ip", "netns", "exec", ns, "nft", "delete", "table", "inet", "uroce_sport"]);
+        (qp, own)
+    }
+
     /// Packets the rules dropped and duplicated so far, both sides.
     fn counted(&self) -> (u64, u64) {
         let (mut drops, mut dups) = (0, 0);
@@ -1084,9 +1128,16 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
         .spawn()
         .unwrap();
     let before = kernel_udp_in(&net.b);
+    net.count_source_ports(&net.a);
     let mut noise = spawn(&net.a, "noise", None);
     let mut go = noise.stdin.take().unwrap();
     let (t, done) = run_pair_with_end(&net, Some("xdp"), None, Some(&mut go));
+    // The AF_XDP side builds its frames: each QP's leave from rxe's port
+    // for it, all but those sent through its kernel's socket while a MAC
+    // was unknown (its ICRCs over the port each went out from, or the
+    // client would have dropped them).
+    let (qp_ports, own_port) = net.source_ports(&net.a);
+    assert!(qp_ports > 1000 && own_port < 100, "source ports: {qp_ports} QP, {own_port} 4791");
     let mut said = String::new();
     BufReader::new(noise.stdout.take().unwrap()).read_to_string(&mut said).unwrap();
     assert!(noise.wait().unwrap().success(), "the noise sender");
@@ -1114,7 +1165,7 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
     );
     assert!(ping.wait().unwrap().success(), "ping through the XDP program's interface");
     assert!(!ip_out(&net.b, &["link", "show", "dev", &vb]).contains("xdp"), "program detached");
-    eprintln!("AF_XDP server: {t:?}; {done}");
+    eprintln!("AF_XDP server: {t:?}; {done}; from QP ports {qp_ports}, from 4791 {own_port}");
     run_ud(&net, Some("xdp"), None, false);
     run_ud(&net, None, Some("xdp"), false);
     // IPv6: neighbours from the kernel's table by netlink, a UDP checksum
@@ -1333,7 +1384,11 @@ fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
         .unwrap();
     // And says "port unreachable" for a port nothing listens on.
     let probe = spawn(&net.a, "refused:10.231.0.2", None);
+    net.count_source_ports(&net.a);
     let (t, done) = run_pair_with_end(&net, Some("dpdk"), None, None);
+    // Every RoCE frame of the DPDK side leaves from rxe's port for its QP.
+    let (qp_ports, own_port) = net.source_ports(&net.a);
+    assert!(qp_ports > 1000 && own_port == 0, "source ports: {qp_ports} QP, {own_port} 4791");
     assert!(ping.wait().unwrap().success(), "ping answered by the DPDK backend");
     let said = probe.wait_with_output().unwrap();
     assert!(

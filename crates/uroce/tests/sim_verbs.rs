@@ -90,12 +90,22 @@ fn rc_over_a_faulty_simulated_network() {
     let st = net.stats();
     assert!(st.lost > 0 && st.corrupted > 0, "the network must have misbehaved: {st:?}");
     assert!(a.stats().retransmits > 0);
-    // The capture is a valid pcap of RoCEv2 over raw IP.
+    // The capture is a valid pcap of RoCEv2 over raw IP, each QP's
+    // packets from rxe's source port for the pair (which the ICRC covers).
     let pcap = net.take_pcap().unwrap();
+    let sport = |from: &uroce::Qp, to: &uroce::Qp| {
+        uroce::wire::udp::rxe_connected_sport(0, from.qpn(), to.qpn())
+    };
+    // rxe's flow label of a QP pair is symmetric: both ends use one port.
+    let (port_a, port_b) = (sport(&qa, &qb), sport(&qb, &qa));
+    assert!(port_a >= 0xc000 && port_a == port_b);
     let mut roce = 0;
     for r in uroce_pcap_reader(&pcap) {
-        if uroce::wire::UdpDatagram::parse(&r).is_ok_and(|d| d.verify_icrc().is_ok()) {
+        let Ok(d) = uroce::wire::UdpDatagram::parse(&r) else { continue };
+        if d.verify_icrc().is_ok() {
             roce += 1;
+            let want = if d.ip.src() == ia { port_a } else { port_b };
+            assert_eq!(d.udp.src_port(), want, "from {}", d.ip.src());
         }
     }
     assert!(roce > 300);

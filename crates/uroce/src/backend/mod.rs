@@ -113,12 +113,23 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
     /// together (what the driver gathers before [`Backend::send`]).
     fn batch(&self) -> SendBatch;
 
-    /// Sends from local address `src`: one packet, or (with `seg` <
+    /// The UDP source port a packet to `dst` leaves from when its QP asks
+    /// for `wanted` (rxe's: `0xC000` and a hash of the QPs, spreading a
+    /// host's flows over a fabric's equal-cost paths): a backend that
+    /// builds its frames takes it; a kernel socket sends from its own
+    /// port (the default). The driver computes the ICRC, which covers the
+    /// port, over what this returns.
+    fn source_port(&mut self, _dst: SocketAddr, _wanted: u16) -> u16 {
+        self.local().port()
+    }
+
+    /// Sends from `src` (a local address, and the port
+    /// [`Backend::source_port`] gave): one packet, or (with `seg` <
     /// `data.len()`) a run of `seg`-byte packets as one send; `tos`: the IP
     /// header's TOS (IPv4) or traffic class (IPv6).
     fn send(
         &mut self,
-        src: IpAddr,
+        src: SocketAddr,
         dst: SocketAddr,
         data: &[u8],
         seg: usize,

@@ -242,8 +242,8 @@ impl SimPort {
 
     /// Puts one RoCE packet on the network, framed as Linux would (IPv4 ID
     /// 0 with DF), its ICRC recomputed over that framing.
-    fn send_one(&mut self, dst: SocketAddr, roce: &[u8]) {
-        let dg = encapsulate(self.local.ip(), dst.ip(), self.local.port(), dst.port(), roce);
+    fn send_one(&mut self, sport: u16, dst: SocketAddr, roce: &[u8]) {
+        let dg = encapsulate(self.local.ip(), dst.ip(), sport, dst.port(), roce);
         let mut w = self.net.lock();
         let now = w.now();
         w.net.send(now, self.local.ip(), dst.ip(), dg);
@@ -273,16 +273,22 @@ impl super::Backend for SimPort {
         super::SendBatch { segments: 1, bytes: 65000 }
     }
 
+    /// The simulated network carries any port, as a frame backend's
+    /// does: the seeded runs put rxe's ports on the wire.
+    fn source_port(&mut self, _dst: SocketAddr, wanted: u16) -> u16 {
+        wanted
+    }
+
     fn send(
         &mut self,
-        _src: std::net::IpAddr,
+        src: SocketAddr,
         dst: SocketAddr,
         data: &[u8],
         seg: usize,
         _tos: u8,
     ) -> std::io::Result<()> {
         for p in data.chunks(seg.max(1)) {
-            self.send_one(dst, p);
+            self.send_one(src.port(), dst, p);
         }
         Ok(())
     }

@@ -708,7 +708,7 @@ impl super::Backend for UdpBackend {
 
     fn send(
         &mut self,
-        src: IpAddr,
+        from: SocketAddr,
         dst: SocketAddr,
         data: &[u8],
         seg: usize,
@@ -718,7 +718,9 @@ impl super::Backend for UdpBackend {
         // packets, the last possibly shorter, as one GSO send. `WouldBlock`
         // means the socket buffer is full: the caller counts the packets as
         // lost (the transport retransmits). A source not bound yet is
-        // bound now.
+        // bound now. The socket's port is the source port (as
+        // `source_port` says).
+        let src = from.ip();
         let i = match self.ports.iter().position(|p| p.ip == src) {
             Some(i) => i,
             None => {
@@ -727,7 +729,6 @@ impl super::Backend for UdpBackend {
             }
         };
         if let Some(lp) = self.local_path.as_mut() {
-            let from = SocketAddr::new(src, self.local.port());
             match lp.send(from, dst, data, seg) {
                 super::shm::Sent::NotLocal => {}
                 super::shm::Sent::Written(wake) => {
@@ -1132,7 +1133,7 @@ mod tests {
         assert!(tx.is_local(at, qpn), "slot 0's inbox found");
         let mut pkt = vec![0u8; 64];
         pkt[4..8].copy_from_slice(&qpn.to_be_bytes());
-        tx.send(from.ip(), at, &pkt, pkt.len(), 0).unwrap();
+        tx.send(from, at, &pkt, pkt.len(), 0).unwrap();
         let mut buf = vec![0u8; 4096];
         let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
         let got = loop {

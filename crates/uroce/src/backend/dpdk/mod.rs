@@ -424,9 +424,14 @@ impl Backend for DpdkBackend {
         SendBatch { segments: 1, bytes: 65_000 }
     }
 
+    /// Every frame is ours to build: the QP's port.
+    fn source_port(&mut self, _dst: SocketAddr, wanted: u16) -> u16 {
+        wanted
+    }
+
     fn send(
         &mut self,
-        src: IpAddr,
+        src: SocketAddr,
         dst: SocketAddr,
         data: &[u8],
         seg: usize,
@@ -440,12 +445,7 @@ impl Backend for DpdkBackend {
         }
         let to = dst.ip();
         let dst_mac = self.neigh.lookup(to);
-        let path = frame::Path {
-            src_mac: self.mac,
-            dst_mac: dst_mac.unwrap_or([0; 6]),
-            src: SocketAddr::new(src, self.local.port()),
-            dst,
-        };
+        let path = frame::Path { src_mac: self.mac, dst_mac: dst_mac.unwrap_or([0; 6]), src, dst };
         for (i, p) in data.chunks(seg.max(1)).enumerate() {
             let mut out = std::mem::take(&mut self.out);
             if let Some(n) = frame::build(&mut out, &path, p, i as u16, tos) {

@@ -245,24 +245,29 @@ impl Backend for XdpBackend {
         SendBatch { segments: 1, bytes: self.udp.batch().bytes }
     }
 
+    /// The QP's port when the frame goes through the XSK (its MAC is
+    /// known); the kernel socket's otherwise.
+    fn source_port(&mut self, dst: SocketAddr, wanted: u16) -> u16 {
+        if self.neigh.lookup(dst.ip(), Instant::now()).is_some() { wanted } else { self.port }
+    }
+
     fn send(
         &mut self,
-        src: IpAddr,
+        src: SocketAddr,
         dst: SocketAddr,
         data: &[u8],
         seg: usize,
         tos: u8,
     ) -> io::Result<()> {
-        let now = Instant::now();
-        let Some(dst_mac) = self.neigh.lookup(dst.ip(), now) else {
+        // A port of the QP's was given because the MAC was known a moment
+        // ago: a lookup that has just gone stale since must not send the
+        // frame through the kernel's socket, from its port, which the
+        // ICRC does not cover.
+        let known = (src.port() != self.port).then(|| self.neigh.known(dst.ip())).flatten();
+        let Some(dst_mac) = self.neigh.lookup(dst.ip(), Instant::now()).or(known) else {
             return self.udp.send(src, dst, data, seg, tos);
         };
-        let path = frame::Path {
-            src_mac: self.src_mac,
-            dst_mac,
-            src: SocketAddr::new(src, self.port),
-            dst,
-        };
+        let path = frame::Path { src_mac: self.src_mac, dst_mac, src, dst };
         // Segment `i` of a run carries IP ID `i`, as the kernel's GSO
         // gives it (the driver computed the ICRCs over those).
         let head = frame::overhead(dst.is_ipv4());

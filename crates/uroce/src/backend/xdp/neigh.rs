@@ -27,6 +27,11 @@ impl Neighbours {
         Self { iface: iface.to_string(), ifindex, cache: HashMap::new() }
     }
 
+    /// The MAC last looked up for `dst`, however old.
+    pub(crate) fn known(&self, dst: IpAddr) -> Option<[u8; 6]> {
+        self.cache.get(&dst).and_then(|&(mac, _)| mac)
+    }
+
     /// The MAC to send to `dst` at, if the kernel knows it.
     pub(crate) fn lookup(&mut self, dst: IpAddr, now: Instant) -> Option<[u8; 6]> {
         if let Some(&(mac, at)) = self.cache.get(&dst) {
