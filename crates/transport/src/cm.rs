@@ -349,6 +349,9 @@ pub struct CmAgent {
     /// REQs for services nobody listens on yet, refused at their deadline
     /// (see [`ORPHAN_WAIT`]).
     orphans: VecDeque<Orphan>,
+    /// Ports that other contexts sharing this address listen on (see
+    /// [`CmAgent::set_listened_elsewhere`]).
+    listened_elsewhere: Vec<u16>,
     /// The latest time any call brought (for work a call without one,
     /// `listen`, starts).
     last_now: Instant,
@@ -428,8 +431,26 @@ impl CmAgent {
             out: VecDeque::new(),
             events: VecDeque::new(),
             orphans: VecDeque::new(),
+            listened_elsewhere: Vec::new(),
             last_now: Instant::ZERO,
         }
+    }
+
+    /// Whether a request that waits for a listener is due to be refused
+    /// at `now` (the driver then brings [`CmAgent::set_listened_elsewhere`]
+    /// up to date first).
+    pub fn orphan_due(&self, now: Instant) -> bool {
+        self.orphans.iter().any(|o| o.until <= now)
+    }
+
+    /// The ports that other contexts sharing this device's address listen
+    /// on. A request for one of them that came here was steered before
+    /// the address's group knew where its listener is (its members'
+    /// places are measured, not assumed): it is dropped, not refused, and
+    /// the requester's resend finds the listener.
+    pub fn set_listened_elsewhere(&mut self, ports: &[u16]) {
+        self.listened_elsewhere.clear();
+        self.listened_elsewhere.extend_from_slice(ports);
     }
 
     /// Sets how long the agent waits for answers to its REPs and DREQs
@@ -833,8 +854,13 @@ impl CmAgent {
         }
     }
 
-    /// Nobody listens: REJ (invalid service ID), or SIDR_REP status 1.
+    /// Nobody listens: REJ (invalid service ID), or SIDR_REP status 1;
+    /// nothing when another context on the address listens (see
+    /// [`CmAgent::set_listened_elsewhere`]).
     fn refuse(&mut self, from: IpAddr, tid: u64, req: &OrphanReq) {
+        if self.listened_elsewhere.contains(&(req.service_id() as u16)) {
+            return;
+        }
         let mad = match req {
             OrphanReq::Req(r, _) => {
                 rej_mad(tid, 0, r.local_comm_id, rej_reason::INVALID_SERVICE_ID, State::ReqRcvd)

@@ -196,6 +196,11 @@ impl RecvQueue {
         &self.slots[self.slot(idx)]
     }
 
+    /// The byte lengths of the WQEs queued, oldest first.
+    pub(crate) fn lengths(&self) -> impl Iterator<Item = u64> + '_ {
+        (self.tail..self.head).map(|i| self.get(i).length)
+    }
+
     pub(crate) fn sgl(&self, idx: u64) -> &[Sge] {
         let s = self.slot(idx);
         let n = self.slots[s].num_sge as usize;

@@ -54,6 +54,14 @@ pub trait SharedSrq: Send + Sync + std::fmt::Debug {
     fn release(&self);
     /// The owner posted `n` more WQEs.
     fn posted(&self, n: u32);
+    /// The owner's largest WQE posted and not yet taken, in bytes: what a
+    /// message relayed to it may hold at most (0: none posted, or not
+    /// known).
+    fn max_len(&self) -> u64;
+    /// The owner's largest WQE changed to `len`: published before
+    /// [`SharedSrq::posted`] counts a new one, so that a claim on it never
+    /// reads a length that leaves it out.
+    fn set_max_len(&self, len: u64);
     /// Whether the SRQ still exists (not destroyed, its owner alive).
     fn alive(&self) -> bool;
 }
@@ -80,6 +88,9 @@ pub struct Srq {
     /// Stands for another process's SRQ (see [`Srq::new_relay`]): its
     /// messages are received whole into relay buffers, then sent on.
     relay: bool,
+    /// In a shared domain, the longest WQE posted and not yet taken, and
+    /// how many have that length (see [`SharedSrq::max_len`]).
+    longest: (u64, usize),
 }
 
 /// What makes an SRQ an XRC one: requests to XRC target QPs of its domain
@@ -106,6 +117,7 @@ impl Srq {
             gauge: Arc::new(SrqGauge::default()),
             shared: None,
             relay: false,
+            longest: (0, 0),
         }
         .published()
     }
@@ -136,10 +148,53 @@ impl Srq {
     /// its WQEs are taken only against claims on `shared`, and its posts
     /// counted there.
     pub fn set_shared(&mut self, shared: Arc<dyn SharedSrq>) {
-        if self.rq.len() > 0 {
-            shared.posted(self.rq.len() as u32);
-        }
         self.shared = Some(shared);
+        self.recount_longest();
+        if let Some(s) = &self.shared
+            && self.rq.len() > 0
+        {
+            s.posted(self.rq.len() as u32);
+        }
+    }
+
+    /// The longest WQE queued, counted anew and published (a shared
+    /// domain's SRQ: see [`SharedSrq::max_len`]).
+    fn recount_longest(&mut self) {
+        let Some(s) = &self.shared else { return };
+        let mut longest = (0, 0);
+        for len in self.rq.lengths() {
+            if len > longest.0 {
+                longest = (len, 1);
+            } else if len == longest.0 {
+                longest.1 += 1;
+            }
+        }
+        if longest.0 != self.longest.0 {
+            s.set_max_len(longest.0);
+        }
+        self.longest = longest;
+    }
+
+    /// A WQE of `len` bytes was posted (published before it is counted).
+    fn longest_posted(&mut self, len: u64) {
+        let Some(s) = &self.shared else { return };
+        if len > self.longest.0 {
+            self.longest = (len, 1);
+            s.set_max_len(len);
+        } else if len == self.longest.0 {
+            self.longest.1 += 1;
+        }
+    }
+
+    /// A WQE of `len` bytes was taken.
+    fn longest_taken(&mut self, len: u64) {
+        if self.shared.is_none() || len != self.longest.0 {
+            return;
+        }
+        self.longest.1 = self.longest.1.saturating_sub(1);
+        if self.longest.1 == 0 {
+            self.recount_longest();
+        }
     }
 
     /// Another process's XRC SRQ as this one's targets see it: each
@@ -163,6 +218,9 @@ impl Srq {
     /// made (and relayed here), without a claim of its own.
     pub(crate) fn pop_claimed(&mut self, cur: &mut RecvCur) -> bool {
         let ok = self.rq.pop_into(cur);
+        if ok {
+            self.longest_taken(cur.length);
+        }
         self.after_pop();
         ok
     }
@@ -239,6 +297,9 @@ impl Srq {
             }
             self.rq.push(wr.wr_id, wr.sgl);
             self.publish();
+            if self.shared.is_some() {
+                self.longest_posted(wr.sgl.iter().map(|e| u64::from(e.length)).sum());
+            }
             if let Some(s) = &self.shared {
                 s.posted(1);
             }
@@ -256,17 +317,28 @@ impl Srq {
             if !self.shared.as_ref().is_some_and(|s| s.claim()) {
                 return false;
             }
+            // As long as the owner's longest WQE: a longer message ends in
+            // a length error here (the requester NAKed, as by hardware),
+            // not in a success here and an error there. 0 says nothing
+            // (an owner that does not publish it): as long as any.
+            let len = match self.shared.as_ref().map_or(0, |s| s.max_len()) {
+                0 => RELAY_MAX,
+                n => n.min(RELAY_MAX),
+            };
             cur.active = true;
             cur.wr_id = 0;
-            cur.length = RELAY_MAX;
+            cur.length = len;
             cur.sges.clear();
-            cur.sges.push(Sge { addr: 0, length: RELAY_MAX as u32, lkey: RELAY_LKEY });
+            cur.sges.push(Sge { addr: 0, length: len as u32, lkey: RELAY_LKEY });
             return true;
         }
         if self.rq.len() == 0 || self.shared.as_ref().is_some_and(|s| !s.claim()) {
             return false;
         }
         let ok = self.rq.pop_into(cur);
+        if ok {
+            self.longest_taken(cur.length);
+        }
         self.after_pop();
         ok
     }

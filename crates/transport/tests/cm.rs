@@ -314,6 +314,34 @@ fn nobody_listening_is_an_invalid_service_reject() {
     assert_eq!(p.a.poll_timeout(), None, "the REQ is no longer resent");
 }
 
+/// A request for a port that another context sharing the address
+/// listens on, steered here before the address's group knew where that
+/// listener is, is dropped rather than refused: the requester resends,
+/// and the resend reaches the listener.
+#[test]
+fn a_request_for_a_port_listened_on_elsewhere_is_dropped_not_refused() {
+    let mut p = Pair::new(|_, _| false);
+    p.b.set_listened_elsewhere(&[SVC as u16]);
+    let id = p.a.connect(p.now, &connect_args(SVC));
+    p.flush();
+    p.tick();
+    assert!(p.b.poll_transmit().is_none() && events(&mut p.a).is_empty(), "no REJ");
+    assert!(!p.b.orphan_due(p.now));
+    // The requester resends; by then the request reaches the listener
+    // (here: the same agent, listening now).
+    p.b.listen(SVC).unwrap();
+    let ev = loop {
+        let ev = events(&mut p.b);
+        if !ev.is_empty() {
+            break ev;
+        }
+        p.tick();
+    };
+    assert!(matches!(ev[..], [CmEvent::ConnectRequest { .. }]), "{ev:?}");
+    assert!(p.now < Instant::ZERO.saturating_add(cm_timeout(12) * 2), "one resend");
+    assert!(events(&mut p.a).is_empty(), "{id}: not refused");
+}
+
 #[test]
 fn a_listener_that_comes_a_moment_late_gets_the_request() {
     let mut p = Pair::new(|_, _| false);

@@ -6,7 +6,7 @@
 
 use std::collections::HashMap;
 use std::net::{IpAddr, Ipv4Addr};
-use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use uroce_sim::{SplitMix64, TestMemory};
@@ -403,6 +403,7 @@ fn srq_numbers_are_unique_across_the_contexts_of_a_device() {
 struct Claims {
     posted: AtomicU32,
     claimed: AtomicU32,
+    max_len: AtomicU64,
     gone: AtomicBool,
 }
 
@@ -419,6 +420,12 @@ impl SharedSrq for Claims {
     }
     fn posted(&self, n: u32) {
         self.posted.fetch_add(n, Ordering::AcqRel);
+    }
+    fn max_len(&self) -> u64 {
+        self.max_len.load(Ordering::Acquire)
+    }
+    fn set_max_len(&self, len: u64) {
+        self.max_len.store(len, Ordering::Release);
     }
     fn alive(&self) -> bool {
         !self.gone.load(Ordering::Acquire)
@@ -511,8 +518,7 @@ fn a_message_for_another_processs_srq_is_relayed_to_it() {
     assert!(completions_of(&o).is_empty());
 
     o.post(77, 2 * LEN as u32);
-    o.post(78, 16);
-    assert_eq!(o.claims.posted.load(Ordering::Acquire), 2);
+    assert_eq!(o.claims.posted.load(Ordering::Acquire), 1);
     // Five packets, two relay datagrams.
     let msg: Vec<u8> = (0..4500u32).map(|i| (i * 7 + 3) as u8).collect();
     let parts: Vec<_> = msg
@@ -552,20 +558,13 @@ fn a_message_for_another_processs_srq_is_relayed_to_it() {
         assert!(untouched(&h, t), "the target's own SRQ {} untouched", t.srqn);
     }
 
-    // The WQE left is too short for 20 bytes: the owner completes it with
-    // a local length error.
-    let psn = FIRST_PSN + 5;
-    let out = deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, psn, Some(o.srqn)), &[9; 20]);
-    o.take(now, out);
-    let cs = completions_of(&o);
-    assert_eq!((cs.len(), cs[0].wr_id, cs[0].status), (1, 78, WcStatus::LocLenErr), "{cs:?}");
-
     // No claim left: RNR again; a WRITE into the owner's memory through
     // this target: remote access error, and nothing written.
-    let out = deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, psn + 1, Some(o.srqn)), b"x");
+    let psn = FIRST_PSN + 5;
+    let out = deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, psn, Some(o.srqn)), b"x");
     assert!(o.take(now, out).iter().any(is_rnr));
     o.post(79, LEN as u32);
-    let mut w = request(XRC_WRITE_ONLY, tgt, psn + 1, Some(o.srqn));
+    let mut w = request(XRC_WRITE_ONLY, tgt, psn, Some(o.srqn));
     w.reth = Some(RethRepr { va: o.addr, rkey: o.lkey, dma_len: 4 });
     let out = deliver_raw(&mut h, now, &w, b"evil");
     let answers = o.take(now, out);
@@ -594,6 +593,55 @@ fn a_message_for_another_processs_srq_is_relayed_to_it() {
     assert_eq!(o.ep.stats.drop_unknown_qpn, unknown + 1);
     assert!(completions_of(&o).is_empty());
     assert_eq!(o.ep.srq(o.srqn).unwrap().len(), 1, "the WQE is still there");
+}
+
+/// A message for another process's SRQ longer than any WQE its owner has
+/// posted is refused where it arrives, as a NIC refuses it: a NAK (invalid
+/// request) to the requester, and the WQE its claim kept completed with a
+/// local length error at the owner; not acknowledged here and failed
+/// there. The owner publishes its longest WQE as WQEs come and go.
+#[test]
+fn a_relayed_message_longer_than_the_owners_wqes_is_naked() {
+    let now = Instant::ZERO;
+    let mut h = host(now);
+    let table = Arc::new(Table::default());
+    h.ep.share_xrcd(DOMAIN, table.clone());
+    let mut o = owner(&table);
+    let tgt = h.tgt;
+    let longest = |o: &Owner| o.claims.max_len.load(Ordering::Acquire);
+    o.post(81, 16);
+    o.post(82, 64);
+    o.post(83, 16);
+    assert_eq!(longest(&o), 64);
+
+    // 16 bytes: relayed into 81; the 64-byte WQE is still there.
+    let out =
+        deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, FIRST_PSN, Some(o.srqn)), &[5; 16]);
+    let answers = o.take(now, out);
+    assert!(
+        answers.iter().all(|r| matches!(r.aeth.map(|a| a.syndrome), Some(Syndrome::Ack(_)))),
+        "{answers:?}"
+    );
+    let cs = completions_of(&o);
+    assert_eq!((cs[0].wr_id, cs[0].status, cs[0].byte_len), (81, WcStatus::Success, 16));
+    assert_eq!(longest(&o), 64);
+
+    // 100 bytes: longer than any WQE: NAKed here; the WQE its claim kept
+    // (82, next in line) completes with a local length error.
+    let psn = FIRST_PSN + 1;
+    let out = deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, psn, Some(o.srqn)), &[6; 100]);
+    let answers = o.take(now, out);
+    assert!(
+        answers
+            .iter()
+            .any(|r| r.aeth.map(|a| a.syndrome) == Some(Syndrome::Nak(NakCode::InvalidRequest))),
+        "{answers:?}"
+    );
+    let cs = completions_of(&o);
+    assert_eq!((cs.len(), cs[0].wr_id, cs[0].status), (1, 82, WcStatus::LocLenErr), "{cs:?}");
+    // The 64-byte WQE gone, 16 is the longest left.
+    assert_eq!(longest(&o), 16);
+    assert_eq!(o.ep.srq(o.srqn).unwrap().len(), 1);
 }
 
 fn completions_of(o: &Owner) -> Vec<uroce_transport::Completion> {

@@ -233,6 +233,9 @@ impl Driver {
             }
         }
         if cm.agent.poll_timeout().is_some_and(|t| t <= now) {
+            if cm.agent.orphan_due(now) {
+                cm.agent.set_listened_elsewhere(&self.backend.listened_elsewhere());
+            }
             cm.agent.handle_timeout(now);
             work = true;
         }

@@ -47,10 +47,12 @@ const LIVE_BASE: u64 = 2 << 20;
 /// Where in the header: a count of the changes to the entries' SRQ
 /// numbers, which lookups key their index of the table by.
 const H_GENERATION: usize = 0;
-/// Where in an entry: the SRQ number (0: free), WQEs posted, claimed.
+/// Where in an entry: the SRQ number (0: free), WQEs posted, claimed,
+/// and the byte length of the longest posted and not yet taken.
 const E_SRQN: usize = 0;
 const E_POSTED: usize = 8;
 const E_CLAIMED: usize = 16;
+const E_MAX_LEN: usize = 24;
 
 /// A shared mapping of a whole table file.
 #[derive(Debug)]
@@ -221,8 +223,9 @@ impl Table {
             if !free || ofd_lock::lock(&self.file, LIVE_BASE + i as u64).is_err() {
                 continue;
             }
-            self.map.u64_at(at + E_POSTED).store(0, Ordering::Release);
-            self.map.u64_at(at + E_CLAIMED).store(0, Ordering::Release);
+            for field in [E_POSTED, E_CLAIMED, E_MAX_LEN] {
+                self.map.u64_at(at + field).store(0, Ordering::Release);
+            }
             self.set_srqn(i, srqn);
             *mine = true;
             return Some(Arc::new(Owned { entry: Entry::new(self.clone(), i, srqn) }));
@@ -381,6 +384,14 @@ impl SharedSrq for Owned {
         self.entry.word(E_POSTED).fetch_add(u64::from(n), Ordering::AcqRel);
     }
 
+    fn max_len(&self) -> u64 {
+        self.entry.word(E_MAX_LEN).load(Ordering::Acquire)
+    }
+
+    fn set_max_len(&self, len: u64) {
+        self.entry.word(E_MAX_LEN).store(len, Ordering::Release);
+    }
+
     fn alive(&self) -> bool {
         true
     }
@@ -428,6 +439,14 @@ impl SharedSrq for View {
     }
 
     fn posted(&self, _n: u32) {}
+
+    /// As the owner published it (a liar's length at worst lets a message
+    /// through to its own SRQ, or refuses one).
+    fn max_len(&self) -> u64 {
+        self.entry.word(E_MAX_LEN).load(Ordering::Acquire)
+    }
+
+    fn set_max_len(&self, _len: u64) {}
 
     fn alive(&self) -> bool {
         !self.dead.load(Ordering::Acquire) && self.entry.listed()

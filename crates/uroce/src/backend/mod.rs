@@ -103,6 +103,13 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
         Vec::new()
     }
 
+    /// The ports the CMs of other contexts sharing this address listen
+    /// on (read from the group's table: for a request about to be
+    /// refused, not per packet).
+    fn listened_elsewhere(&mut self) -> Vec<u16> {
+        Vec::new()
+    }
+
     /// Whether packets to QPN `qpn` at `dst` go through memory rather
     /// than a network: then the driver computes no ICRC for them.
     fn is_local(&mut self, _dst: SocketAddr, _qpn: u32) -> bool {

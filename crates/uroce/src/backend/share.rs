@@ -471,6 +471,16 @@ impl Registry {
         !taken
     }
 
+    /// The ports the other live members listen on.
+    pub(crate) fn listened_by_others(&self) -> Vec<u16> {
+        (0..SLOTS)
+            .filter(|&s| s != self.slot)
+            .map(|s| (s, listens_of(&self.file, s)))
+            .filter(|(s, ports)| !ports.is_empty() && slot_alive(&self.file, *s))
+            .flat_map(|(_, ports)| ports)
+            .collect()
+    }
+
     fn write_listens(&self, ports: &[u16]) {
         let mut p = [0u16; LISTEN_PER_SLOT];
         for (d, s) in p.iter_mut().zip(ports) {

@@ -683,6 +683,10 @@ impl super::Backend for UdpBackend {
         true
     }
 
+    fn listened_elsewhere(&mut self) -> Vec<u16> {
+        self.sharing().map_or_else(Vec::new, |s| s.registry.listened_by_others())
+    }
+
     fn publish_connections(&mut self, conns: &[Leftover]) -> bool {
         self.sharing().is_none_or(|s| s.registry.publish_connections(conns).is_ok())
     }

@@ -227,6 +227,10 @@ impl Backend for XdpBackend {
         self.udp.set_listening(ports)
     }
 
+    fn listened_elsewhere(&mut self) -> Vec<u16> {
+        self.udp.listened_elsewhere()
+    }
+
     fn publish_connections(&mut self, conns: &[super::Leftover]) -> bool {
         self.udp.publish_connections(conns)
     }
