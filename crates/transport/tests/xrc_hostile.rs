@@ -455,6 +455,16 @@ struct Owner {
     lkey: u32,
 }
 
+/// A host whose target QP's domain another context shares, and that
+/// context, owning an XRC SRQ of the domain.
+fn shared_host(now: Instant) -> (Host, Owner) {
+    let mut h = host(now);
+    let table = Arc::new(Table::default());
+    h.ep.share_xrcd(DOMAIN, table.clone());
+    let o = owner(&table);
+    (h, o)
+}
+
 fn owner(table: &Table) -> Owner {
     let mut ep = Endpoint::new();
     ep.set_qpn_range(1 << 18, 1 << 18, 0);
@@ -505,10 +515,7 @@ fn is_rnr(r: &RocePacketRepr) -> bool {
 #[test]
 fn a_message_for_another_processs_srq_is_relayed_to_it() {
     let now = Instant::ZERO;
-    let mut h = host(now);
-    let table = Arc::new(Table::default());
-    h.ep.share_xrcd(DOMAIN, table.clone());
-    let mut o = owner(&table);
+    let (mut h, mut o) = shared_host(now);
     let tgt = h.tgt;
 
     let out =
@@ -603,10 +610,7 @@ fn a_message_for_another_processs_srq_is_relayed_to_it() {
 #[test]
 fn a_relayed_message_longer_than_the_owners_wqes_is_naked() {
     let now = Instant::ZERO;
-    let mut h = host(now);
-    let table = Arc::new(Table::default());
-    h.ep.share_xrcd(DOMAIN, table.clone());
-    let mut o = owner(&table);
+    let (mut h, mut o) = shared_host(now);
     let tgt = h.tgt;
     let longest = |o: &Owner| o.claims.max_len.load(Ordering::Acquire);
     o.post(81, 16);
