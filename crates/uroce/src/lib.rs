@@ -292,37 +292,70 @@ pub fn activate_ud(qp: &Qp, qkey: u32, psn: u32) -> Result<()> {
 #[doc(hidden)]
 pub mod testing {
     use std::net::UdpSocket;
-    use std::sync::atomic::{AtomicU16, Ordering};
+    use std::sync::atomic::{AtomicU16, AtomicU32, Ordering};
 
-    /// A UDP port free on both 127.0.0.1 and 127.0.0.2 right now (the
-    /// kernel picks one for the first address; it is checked on the
-    /// second). Each call in a process returns a different port.
+    /// A UDP port free on 127.0.0.1, 127.0.0.2 and ::1 right now. Each
+    /// call in a process returns a different port, outside the kernel's
+    /// ephemeral range (see `pick_port`).
     pub fn free_port() -> u16 {
-        static LAST: AtomicU16 = AtomicU16::new(0);
-        loop {
-            let Ok(a) = UdpSocket::bind("127.0.0.1:0") else { continue };
-            let Ok(addr) = a.local_addr() else { continue };
-            let port = addr.port();
-            if LAST.swap(port, Ordering::Relaxed) == port {
-                continue;
-            }
-            if UdpSocket::bind(("127.0.0.2", port)).is_ok()
-                && UdpSocket::bind(("::1", port)).is_ok()
-            {
-                return port;
-            }
-        }
+        pick_port(|p| {
+            let held: Vec<_> = ["127.0.0.1", "127.0.0.2", "::1"]
+                .iter()
+                .map_while(|ip| UdpSocket::bind((*ip, p)).ok())
+                .collect();
+            held.len() == 3
+        })
     }
 
     /// A TCP port free on 127.0.0.1 right now; each call in a process
     /// returns a different port.
     pub fn free_tcp_port() -> u16 {
+        pick_port(|p| std::net::TcpListener::bind(("127.0.0.1", p)).is_ok())
+    }
+
+    /// A port that `free` finds free, outside the kernel's ephemeral range
+    /// (`ip_local_port_range`): a port the kernel hands out by itself
+    /// (`bind` to port 0, `connect`) can be taken by any socket of any
+    /// process between this check and the caller's own bind, which a busy
+    /// CI once saw (a perftest server's device found its UDP port taken);
+    /// outside that range only another chooser could. The search starts
+    /// at a point that differs between processes and moves on with each
+    /// call.
+    fn pick_port(free: impl Fn(u16) -> bool) -> u16 {
+        static CALLS: AtomicU32 = AtomicU32::new(0);
+        let (low, high) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|s| {
+                let mut v = s.split_whitespace().map(|w| w.parse::<u32>().ok());
+                Some((v.next()??, v.next()??))
+            })
+            .unwrap_or((32768, 60999));
+        // The larger of the spans below and above it (from 10000 up:
+        // lower ports are services').
+        let below = (10_000, low.max(10_000));
+        let above: (u32, u32) = ((high + 1).max(10_000), 65_536);
+        let (start, end) =
+            if below.1 - below.0 >= above.1.saturating_sub(above.0) { below } else { above };
+        let span = end.saturating_sub(start);
+        if span >= 1000 {
+            let seed = std::process::id().wrapping_mul(2_654_435_761);
+            let call = CALLS.fetch_add(1, Ordering::Relaxed);
+            for k in 0..span {
+                let off = seed.wrapping_add(call.wrapping_mul(7919)).wrapping_add(k) % span;
+                let port = (start + off) as u16;
+                if free(port) {
+                    return port;
+                }
+            }
+        }
+        // No room outside the ephemeral range: one the kernel picks.
         static LAST: AtomicU16 = AtomicU16::new(0);
         loop {
-            let Ok(l) = std::net::TcpListener::bind("127.0.0.1:0") else { continue };
-            let Ok(addr) = l.local_addr() else { continue };
-            if LAST.swap(addr.port(), Ordering::Relaxed) != addr.port() {
-                return addr.port();
+            let Ok(a) = UdpSocket::bind("127.0.0.1:0") else { continue };
+            let Ok(port) = a.local_addr().map(|a| a.port()) else { continue };
+            drop(a);
+            if LAST.swap(port, Ordering::Relaxed) != port && free(port) {
+                return port;
             }
         }
     }
