@@ -14,6 +14,7 @@ mod pingpong;
 mod plot;
 mod rping;
 mod run;
+mod setup;
 mod stat;
 mod udp_floor;
 
@@ -57,6 +58,9 @@ enum Command {
     /// /dev/infiniband and /sys/class/infiniband entries for uroce's devices
     /// (a private mount namespace; no root needed).
     Run(run::Args),
+    /// One-time privileged setup: `setup xdp IFACE` starts the broker that
+    /// lets unprivileged processes use the AF_XDP backend on IFACE.
+    Setup(setup::Args),
     /// Counters of every process using a device (rxe's hw_counters set,
     /// then uroce's own), read while they run.
     Stat(stat::Args),
@@ -74,6 +78,7 @@ fn main() -> ExitCode {
         Command::Perf(a) => perf::run(&a),
         Command::Rping(a) => rping::run(&a),
         Command::Run(a) => run::run(&a),
+        Command::Setup(a) => setup::run(&a),
         Command::Stat(a) => stat::run(&a),
     };
     match result {

@@ -155,6 +155,14 @@ mod verbs;
 #[allow(unsafe_code)]
 mod xrc_share;
 
+/// The AF_XDP broker (`uroce setup xdp IFACE`): a privileged process that
+/// opens AF_XDP sockets and attaches the XDP program for the contexts of
+/// unprivileged users, so that `UROCE_BACKEND=xdp` works without
+/// capabilities once it runs.
+pub mod xdp_broker {
+    pub use crate::backend::xdp::broker::{Options, serve, stop};
+}
+
 pub use ah::{Ah, AhAttr};
 #[cfg(feature = "tokio")]
 pub use async_cq::AsyncCq;

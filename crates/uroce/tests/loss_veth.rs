@@ -52,7 +52,21 @@ struct Side {
     mr: Mr,
 }
 
+/// Runs the command after it as root without any capability (none
+/// effective, permitted or inheritable, none to gain by exec).
+const NO_CAPABILITIES: [&str; 3] = ["setpriv", "--bounding-set=-all", "--inh-caps=-all"];
+
+/// The calling process's effective capabilities (`CapEff`).
+fn effective_capabilities() -> u64 {
+    let s = std::fs::read_to_string("/proc/self/status").unwrap();
+    let hex = s.lines().find_map(|l| l.strip_prefix("CapEff:")).unwrap();
+    u64::from_str_radix(hex.trim(), 16).unwrap()
+}
+
 fn side(addr: IpAddr) -> Side {
+    if std::env::var_os("UROCE_LOSS_NOCAP").is_some() {
+        assert_eq!(effective_capabilities(), 0, "a role meant to run without capabilities");
+    }
     let ctx = uroce::Device::from_config(DeviceConfig { name: "loss".into(), addr, port: 4791 })
         .open()
         .expect("open device");
@@ -488,7 +502,15 @@ fn spawn_v(ns: &str, role: &str, backend: Option<&str>, v6: bool, path_mtu: u32)
     } else {
         c.env_remove("UROCE_LOSS_IPV6");
     }
+    let mut nocap = false;
     if let Some(b) = backend {
+        // "xdp-nocap": AF_XDP in a process without any capability.
+        let b = if b == "xdp-nocap" {
+            nocap = true;
+            "xdp"
+        } else {
+            b
+        };
         // "dpdk" (af_packet on the namespace's veth end) or "dpdk:PORT"
         // (see `dpdk_eal_for`).
         let (b, port) = b.split_once(':').unwrap_or((b, ""));
@@ -505,8 +527,13 @@ fn spawn_v(ns: &str, role: &str, backend: Option<&str>, v6: bool, path_mtu: u32)
     } else {
         c.env_remove("UROCE_BACKEND");
     }
-    c.args(["netns", "exec", ns])
-        .arg(std::env::current_exe().unwrap())
+    c.args(["netns", "exec", ns]);
+    if nocap {
+        c.args(NO_CAPABILITIES).env("UROCE_LOSS_NOCAP", "1");
+    } else {
+        c.env_remove("UROCE_LOSS_NOCAP");
+    }
+    c.arg(std::env::current_exe().unwrap())
         .args(["loss_suite_over_veth", "--exact", "--nocapture", "--test-threads", "1"])
         .env(ROLE, role)
         .stdin(Stdio::piped())
@@ -637,6 +664,15 @@ fn loss_suite_over_veth() {
             let _s = side("10.231.0.2".parse().unwrap());
             line(&mut std::io::stdout(), "HOLDING");
             std::thread::sleep(Duration::from_secs(60));
+            return;
+        }
+        Ok("broker") => {
+            let iface = std::env::var("UROCE_LOSS_IFACE").unwrap();
+            let opts = uroce::xdp_broker::Options::default();
+            uroce::xdp_broker::serve(&iface, &opts, || {
+                line(&mut std::io::stdout(), "BROKER READY")
+            })
+            .unwrap();
             return;
         }
         Ok("server") => {
@@ -1255,6 +1291,77 @@ fn two_processes_share_an_af_xdp_device() {
     owner.wait().unwrap();
     assert!(!attached(), "and goes with its owner");
     eprintln!("AF_XDP member beside the owner: {t:?}; {done}");
+}
+
+/// AF_XDP without privilege: a process without any capability is refused
+/// the backend (and told of `uroce setup xdp`) until the interface's broker
+/// runs (`uroce::xdp_broker::serve`, what `uroce setup xdp` starts); then
+/// the whole suite runs on it through sockets and a program the broker
+/// made, the program going when the process ends, and going with the
+/// broker when the broker is killed.
+#[test]
+fn af_xdp_without_privilege_through_the_broker() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    if !is_root() || !sh(&["setpriv", "--version"]) {
+        assert!(std::env::var_os("CI").is_none(), "the AF_XDP test needs root under CI");
+        eprintln!("not root or no setpriv: skipped");
+        return;
+    }
+    let net = Net::new('p').expect("namespaces and veth");
+    let (_, vb) = net.ifaces();
+    let attached = || ip_out(&net.b, &["link", "show", "dev", &vb]).contains("xdp");
+    let gone = || {
+        let t = Instant::now();
+        while attached() {
+            assert!(t.elapsed() < Duration::from_secs(5), "the program stayed attached");
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    };
+    let out = Command::new("ip")
+        .args(["netns", "exec", &net.b])
+        .args(NO_CAPABILITIES)
+        .arg(std::env::current_exe().unwrap())
+        .args(["loss_suite_over_veth", "--exact", "--nocapture", "--test-threads", "1"])
+        .env(ROLE, "hold")
+        .env("UROCE_BACKEND", "xdp")
+        .env("UROCE_LOSS_NOCAP", "1")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "a process without capabilities opened AF_XDP alone");
+    assert!(err.contains(&format!("uroce setup xdp {vb}")), "not told of the broker: {err}");
+    assert!(!attached());
+
+    let mut broker = Command::new("ip")
+        .args(["netns", "exec", &net.b])
+        .arg(std::env::current_exe().unwrap())
+        .args(["loss_suite_over_veth", "--exact", "--nocapture", "--test-threads", "1"])
+        .env(ROLE, "broker")
+        .env("UROCE_LOSS_IFACE", &vb)
+        .stdout(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut said = BufReader::new(broker.stdout.take().unwrap());
+    assert_eq!(next_marked(&mut said, &["BROKER READY"]), "BROKER READY");
+    // "SERVER OK <checked> xdp <frames> …"
+    let frames = |done: &str| -> u64 { done.split(' ').nth(4).unwrap().parse().unwrap() };
+    // Twice: the second takes the interface again once the first let go.
+    for _ in 0..2 {
+        let (t, done) = run_pair_with_end(&net, Some("xdp-nocap"), None, None);
+        assert_eq!(t.len(), STREAMS.len(), "{t:?}");
+        assert!(frames(&done) > 1000, "frames through the broker's sockets: {done}");
+        gone();
+        eprintln!("AF_XDP without capabilities: {t:?}; {done}");
+    }
+    let mut held = hold(&net.b, Some("xdp-nocap"));
+    assert!(attached());
+    broker.kill().unwrap();
+    broker.wait().unwrap();
+    gone();
+    held.kill().unwrap();
+    held.wait().unwrap();
 }
 
 /// Starts the `hold` role (a device open on `backend`) in namespace `ns`

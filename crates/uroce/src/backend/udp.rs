@@ -440,6 +440,13 @@ impl UdpBackend {
         self.ports.first().and_then(|p| p.sharing.as_ref())
     }
 
+    /// The socket bound to the device's address and port (what the AF_XDP
+    /// broker checks a context holds before steering that port to it).
+    pub(crate) fn device_socket(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        self.ports[0].sock.as_fd()
+    }
+
     /// This context's slot on a shared address, and whether another
     /// member runs now; `None` when the address is this context's alone.
     pub(crate) fn slot(&self) -> Option<(usize, bool)> {

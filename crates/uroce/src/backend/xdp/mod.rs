@@ -12,7 +12,9 @@
 //! resolve it), and keeps multicast, extra addresses and ICMP errors as
 //! the `udp` backend has them.
 //!
-//! Needs `CAP_NET_RAW`, `CAP_NET_ADMIN` and `CAP_BPF` (or root). Copy mode
+//! Needs `CAP_NET_RAW`, `CAP_NET_ADMIN` and `CAP_BPF` (or root), or the
+//! interface's broker (`broker`, `uroce setup xdp IFACE`), which opens the
+//! sockets and attaches the program for contexts without them. Copy mode
 //! (veth and most drivers have no zero-copy), a socket on every receive
 //! queue, frames in several 4 KiB chunks where the kernel has multi-buffer
 //! sockets (Linux 6.6; RoCE MTU 4096 on links of MTU 4200 and more; else
@@ -27,7 +29,8 @@
 //! backend closes.
 
 mod bpf;
-
+pub(crate) mod broker;
+mod fdpass;
 mod neigh;
 mod netlink;
 mod xsk;
@@ -67,10 +70,8 @@ pub(crate) struct XdpBackend {
     xsks: Vec<xsk::Xsk>,
     /// The socket `recv` looks at first (they take turns).
     next_rx: usize,
-    /// The program's attachment: closing it detaches the program.
-    _link: OwnedFd,
-    _prog: OwnedFd,
-    _map: OwnedFd,
+    /// What keeps the program attached: closing it detaches it.
+    _program: Program,
     src_mac: [u8; 6],
     port: u16,
     neigh: neigh::Neighbours,
@@ -78,6 +79,65 @@ pub(crate) struct XdpBackend {
     /// Where a frame longer than a chunk is built before it is cut into
     /// chunks (`xsk::MAX_FRAME` bytes, allocated once).
     long_frame: Vec<u8>,
+}
+
+/// The steering program of an interface, attached: dropping it detaches
+/// the program.
+#[derive(Debug)]
+pub(crate) struct Steering {
+    _link: OwnedFd,
+    _prog: OwnedFd,
+    _map: OwnedFd,
+}
+
+/// Whose the interface's program is (held for its drop alone).
+#[derive(Debug)]
+#[expect(dead_code, reason = "held only to be dropped")]
+enum Program {
+    /// Attached by this process.
+    Own(Steering),
+    /// Attached by the broker for as long as this connection is open.
+    Brokered(std::os::unix::net::UnixStream),
+}
+
+/// The interface's receive queues (a socket is bound to each).
+fn queues(iface: &str) -> u32 {
+    std::fs::read_dir(format!("/sys/class/net/{iface}/queues"))
+        .map(|d| {
+            d.filter_map(Result::ok)
+                .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
+                .count() as u32
+        })
+        .unwrap_or(1)
+        .max(1)
+}
+
+/// Loads the steering program for `addr` (`slot`'s QPNs, on a shared
+/// device), attaches it to `iface` (native mode where the driver has it,
+/// else generic) and binds a socket to each receive queue, in its map.
+/// An error names the step that failed, with the system's error.
+pub(crate) fn steer(
+    iface: &str,
+    ifindex: u32,
+    addr: SocketAddr,
+    slot: Option<u32>,
+) -> Result<(Steering, Vec<xsk::Bound>), (String, io::Error)> {
+    let queues = queues(iface);
+    let map = bpf::create_xskmap(queues).map_err(|e| ("creating the XSKMAP".into(), e))?;
+    let prog = bpf::load_xdp(&bpf::steering_program(addr.port(), addr.ip(), map.as_raw_fd(), slot))
+        .map_err(|e| ("loading the program".to_string(), e))?;
+    let link = bpf::attach_xdp(&prog, ifindex, bpf::XDP_FLAGS_DRV_MODE)
+        .or_else(|_| bpf::attach_xdp(&prog, ifindex, bpf::XDP_FLAGS_SKB_MODE))
+        .map_err(|e| (format!("attaching to {iface}"), e))?;
+    let mut sockets = Vec::new();
+    for q in 0..queues {
+        let b =
+            xsk::bind(ifindex, q).map_err(|e| (format!("opening the socket of queue {q}"), e))?;
+        bpf::map_update(&map, q, b.sock.as_raw_fd() as u32)
+            .map_err(|e| ("adding the socket to the map".to_string(), e))?;
+        sockets.push(b);
+    }
+    Ok((Steering { _link: link, _prog: prog, _map: map }, sockets))
 }
 
 /// What the AF_XDP backend counts (`uroce stat`'s `xdp_*`).
@@ -151,38 +211,40 @@ impl XdpBackend {
         if slot.is_some_and(|(_, others)| others) && netlink::xdp_attached(ifindex)? {
             return member(udp);
         }
-        let queues = std::fs::read_dir(format!("/sys/class/net/{iface}/queues"))
-            .map(|d| {
-                d.filter_map(Result::ok)
-                    .filter(|e| e.file_name().to_string_lossy().starts_with("rx-"))
-                    .count() as u32
-            })
-            .unwrap_or(1)
-            .max(1);
-        let map = bpf::create_xskmap(queues).map_err(|e| context("creating the XSKMAP", e))?;
         let owner = slot.map(|(s, _)| s as u32);
-        let prog = bpf::load_xdp(&bpf::steering_program(port, addr.ip(), map.as_raw_fd(), owner))
-            .map_err(|e| context("loading the program", e))?;
-        // Native mode where the driver has it, else generic.
-        let link = match bpf::attach_xdp(&prog, ifindex, bpf::XDP_FLAGS_DRV_MODE)
-            .or_else(|_| bpf::attach_xdp(&prog, ifindex, bpf::XDP_FLAGS_SKB_MODE))
-        {
-            Ok(link) => link,
-            // Another member attached its own a moment before.
-            Err(e)
-                if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EEXIST))
-                    && udp.slot().is_some_and(|(_, others)| others) =>
-            {
-                return member(udp);
-            }
-            Err(e) => return Err(context(&format!("attaching to {iface}"), e)),
+        let others = slot.is_some_and(|(_, others)| others);
+        // A broker's (no privilege needed), else our own.
+        let (program, sockets) = match broker::open(&iface, udp.device_socket(), owner) {
+            Ok(Some(g)) => (Program::Brokered(g.conn), g.sockets),
+            // Another member's program, attached a moment before.
+            Err(e) if e.kind() == io::ErrorKind::ResourceBusy && others => return member(udp),
+            Err(e) => return Err(context(&format!("the broker of {iface}"), e)),
+            Ok(None) => match steer(&iface, ifindex, udp.local(), owner) {
+                Ok((steering, sockets)) => (Program::Own(steering), sockets),
+                Err((_, e))
+                    if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EEXIST)) && others =>
+                {
+                    return member(udp);
+                }
+                Err((what, e)) => {
+                    let denied = matches!(e.raw_os_error(), Some(libc::EPERM | libc::EACCES));
+                    let e = context(&what, e);
+                    if !denied {
+                        return Err(e);
+                    }
+                    // Where a broker would have done it for us.
+                    return Err(io::Error::new(
+                        e.kind(),
+                        format!(
+                            "{e}; or have root run `uroce setup xdp {iface}` once, after which no privilege is needed"
+                        ),
+                    ));
+                }
+            },
         };
         let mut xsks = Vec::new();
-        for q in 0..queues {
-            let x = xsk::Xsk::open(ifindex, q)
-                .map_err(|e| context(&format!("opening the socket of queue {q}"), e))?;
-            bpf::map_update(&map, q, x.raw_fd() as u32)
-                .map_err(|e| context("adding the socket to the map", e))?;
+        for b in sockets {
+            let x = xsk::Xsk::attach(b).map_err(|e| context("mapping a socket's rings", e))?;
             if !x.multi_buffer() {
                 ONE_CHUNK_FRAMES.store(true, std::sync::atomic::Ordering::Relaxed);
             }
@@ -192,9 +254,7 @@ impl XdpBackend {
             udp,
             xsks,
             next_rx: 0,
-            _link: link,
-            _prog: prog,
-            _map: map,
+            _program: program,
             src_mac: mac,
             port,
             neigh: neigh::Neighbours::new(&iface, ifindex),

@@ -196,8 +196,8 @@ pub(crate) struct Xsk {
     rx: Ring<Desc>,
     tx: Ring<Desc>,
     fd: OwnedFd,
-    area: *mut u8,
-    area_len: usize,
+    /// The UMEM, unmapped after the rings and the socket (field order).
+    area: Area,
     /// Transmit frames not in the kernel's hands.
     free_tx: Vec<u64>,
     /// TX descriptors written since the last kick.
@@ -228,125 +228,166 @@ fn setsockopt<T>(fd: RawFd, name: libc::c_int, v: &T) -> io::Result<()> {
     if r < 0 { Err(io::Error::last_os_error()) } else { Ok(()) }
 }
 
-impl Xsk {
-    /// A socket on queue `queue` of interface `ifindex`, in copy mode.
-    /// A queue that still has another socket (`EBUSY`) is waited on for
-    /// `XSK_GONE_WITHIN`: the kernel lets go of an ended process's socket
-    /// in deferred work, after its descriptors are closed (the caller
-    /// attached the interface's program, so no live member of the device
-    /// has one).
-    pub(crate) fn open(ifindex: u32, queue: u32) -> io::Result<Self> {
-        // SAFETY: plain socket call; checked.
-        let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
+/// The privileged half of a socket, as the broker hands it over: the
+/// AF_XDP socket bound to its queue, with its UMEM registered, and the
+/// memfd that holds the UMEM (the rings are mapped by whoever uses it).
+#[derive(Debug)]
+pub(crate) struct Bound {
+    pub(crate) sock: OwnedFd,
+    pub(crate) umem: OwnedFd,
+    /// The kernel took `XDP_USE_SG`: frames may span chunks.
+    pub(crate) multi_buffer: bool,
+}
+
+/// Bytes of UMEM per socket.
+const AREA_LEN: usize = (RX_FRAMES + TX_FRAMES) as usize * FRAME;
+
+/// An AF_XDP socket on queue `queue` of interface `ifindex`, in copy
+/// mode, its UMEM in a memfd (so that another process may map it: the
+/// kernel pinned its pages at registration, whoever maps them). Needs
+/// `CAP_NET_RAW`. A queue that still has another socket (`EBUSY`) is
+/// waited on for `XSK_GONE_WITHIN`: the kernel lets go of an ended
+/// process's socket in deferred work, after its descriptors are closed
+/// (the caller attached the interface's program, so no live member of
+/// the device has one).
+pub(crate) fn bind(ifindex: u32, queue: u32) -> io::Result<Bound> {
+    // SAFETY: plain socket call; checked.
+    let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
+    if raw < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nobody else owns.
+    let sock = unsafe { OwnedFd::from_raw_fd(raw) };
+    // SAFETY: a NUL-terminated name and plain flags; checked.
+    let mfd = unsafe { libc::memfd_create(c"uroce-umem".as_ptr(), libc::MFD_CLOEXEC) };
+    if mfd < 0 {
+        return Err(io::Error::last_os_error());
+    }
+    // SAFETY: a new descriptor nobody else owns.
+    let umem = std::fs::File::from(unsafe { OwnedFd::from_raw_fd(mfd) });
+    umem.set_len(AREA_LEN as u64)?;
+    let area = Area::map(umem.as_raw_fd())?;
+    let reg = UmemReg {
+        addr: area.ptr as u64,
+        len: AREA_LEN as u64,
+        chunk_size: FRAME as u32,
+        headroom: 0,
+        flags: 0,
+        tx_metadata_len: 0,
+    };
+    // Registration pins the pages: our mapping may go after it.
+    setsockopt(raw, XDP_UMEM_REG, &reg)?;
+    drop(area);
+    for name in [XDP_UMEM_FILL_RING, XDP_UMEM_COMPLETION_RING, XDP_RX_RING, XDP_TX_RING] {
+        setsockopt(raw, name, &RING)?;
+    }
+    let start = std::time::Instant::now();
+    let bind = |flags: u16| loop {
+        let sa = SockaddrXdp {
+            family: libc::AF_XDP as u16,
+            flags,
+            ifindex,
+            queue_id: queue,
+            shared_umem_fd: 0,
+        };
+        // SAFETY: a live sockaddr_xdp of the size passed.
+        let r = unsafe { libc::bind(raw, (&raw const sa).cast(), size_of::<SockaddrXdp>() as u32) };
+        if r == 0 {
+            return Ok(());
         }
-        // SAFETY: a new descriptor nobody else owns.
-        let fd = unsafe { OwnedFd::from_raw_fd(raw) };
-        let area_len = (RX_FRAMES + TX_FRAMES) as usize * FRAME;
-        // SAFETY: an anonymous private mapping; checked.
-        let area = unsafe {
+        let e = io::Error::last_os_error();
+        // The queue still has the socket of a process that ended.
+        if e.raw_os_error() != Some(libc::EBUSY) || start.elapsed() >= XSK_GONE_WITHIN {
+            return Err(e);
+        }
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    };
+    // Multi-buffer where the kernel has it (EINVAL before 6.6).
+    let multi_buffer = match bind(XDP_COPY | XDP_USE_SG) {
+        Ok(()) => true,
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
+            bind(XDP_COPY)?;
+            false
+        }
+        Err(e) => return Err(e),
+    };
+    Ok(Bound { sock, umem: umem.into(), multi_buffer })
+}
+
+/// A shared mapping of a UMEM memfd.
+struct Area {
+    ptr: *mut u8,
+}
+
+impl Area {
+    fn map(fd: RawFd) -> io::Result<Self> {
+        // SAFETY: a shared mapping of a memfd of `AREA_LEN` bytes (its
+        // size checked or set by the caller); checked.
+        let p = unsafe {
             libc::mmap(
                 std::ptr::null_mut(),
-                area_len,
+                AREA_LEN,
                 libc::PROT_READ | libc::PROT_WRITE,
-                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS | libc::MAP_POPULATE,
-                -1,
+                libc::MAP_SHARED | libc::MAP_POPULATE,
+                fd,
                 0,
             )
         };
-        if area == libc::MAP_FAILED {
+        if p == libc::MAP_FAILED {
             return Err(io::Error::last_os_error());
         }
-        let area = area.cast::<u8>();
-        let unmap = |e: io::Error| {
-            // SAFETY: our mapping, unmapped once on this error path.
-            unsafe { libc::munmap(area.cast(), area_len) };
-            e
+        Ok(Self { ptr: p.cast() })
+    }
+}
+
+impl Drop for Area {
+    fn drop(&mut self) {
+        // SAFETY: our mapping, unmapped once.
+        unsafe { libc::munmap(self.ptr.cast(), AREA_LEN) };
+    }
+}
+
+impl Xsk {
+    /// Maps a bound socket's UMEM and rings (no privilege needed: the
+    /// broker's sockets are used this way) and hands the kernel every
+    /// receive chunk.
+    pub(crate) fn attach(b: Bound) -> io::Result<Self> {
+        let umem = std::fs::File::from(b.umem);
+        if umem.metadata()?.len() != AREA_LEN as u64 {
+            return Err(io::Error::new(io::ErrorKind::InvalidData, "a UMEM of another size"));
+        }
+        let area = Area::map(umem.as_raw_fd())?;
+        let raw = b.sock.as_raw_fd();
+        let mut off = MmapOffsets::default();
+        let mut len = size_of::<MmapOffsets>() as u32;
+        // SAFETY: `off` is a live buffer of `len` bytes.
+        let r = unsafe {
+            libc::getsockopt(raw, SOL_XDP, XDP_MMAP_OFFSETS, (&raw mut off).cast(), &mut len)
         };
-        let reg = UmemReg {
-            addr: area as u64,
-            len: area_len as u64,
-            chunk_size: FRAME as u32,
-            headroom: 0,
-            flags: 0,
-            tx_metadata_len: 0,
-        };
-        let rings = (|| {
-            setsockopt(raw, XDP_UMEM_REG, &reg)?;
-            for name in [XDP_UMEM_FILL_RING, XDP_UMEM_COMPLETION_RING, XDP_RX_RING, XDP_TX_RING] {
-                setsockopt(raw, name, &RING)?;
-            }
-            let mut off = MmapOffsets::default();
-            let mut len = size_of::<MmapOffsets>() as u32;
-            // SAFETY: `off` is a live buffer of `len` bytes.
-            let r = unsafe {
-                libc::getsockopt(raw, SOL_XDP, XDP_MMAP_OFFSETS, (&raw mut off).cast(), &mut len)
-            };
-            if r < 0 {
-                return Err(io::Error::last_os_error());
-            }
-            Ok((
-                Ring::<u64>::map(raw, &off.fr, XDP_UMEM_PGOFF_FILL_RING)?,
-                Ring::<u64>::map(raw, &off.cr, XDP_UMEM_PGOFF_COMPLETION_RING)?,
-                Ring::<Desc>::map(raw, &off.rx, XDP_PGOFF_RX_RING)?,
-                Ring::<Desc>::map(raw, &off.tx, XDP_PGOFF_TX_RING)?,
-            ))
-        })();
-        let (fill, comp, rx, tx) = rings.map_err(unmap)?;
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
         let x = Self {
-            fill,
-            comp,
-            rx,
-            tx,
-            fd,
+            fill: Ring::<u64>::map(raw, &off.fr, XDP_UMEM_PGOFF_FILL_RING)?,
+            comp: Ring::<u64>::map(raw, &off.cr, XDP_UMEM_PGOFF_COMPLETION_RING)?,
+            rx: Ring::<Desc>::map(raw, &off.rx, XDP_PGOFF_RX_RING)?,
+            tx: Ring::<Desc>::map(raw, &off.tx, XDP_PGOFF_TX_RING)?,
+            fd: b.sock,
             area,
-            area_len,
             free_tx: (RX_FRAMES..RX_FRAMES + TX_FRAMES)
                 .map(|i| u64::from(i) * FRAME as u64)
                 .collect(),
             unkicked: 0,
-            multi_buffer: false,
+            multi_buffer: b.multi_buffer,
             joined: Vec::with_capacity(MAX_FRAME),
         };
-        // Every receive frame into the fill ring, then bind.
+        // Every receive chunk into the fill ring.
         let (at, room) = x.fill.writable();
-        debug_assert!(room >= RX_FRAMES);
-        for i in 0..RX_FRAMES {
+        let n = RX_FRAMES.min(room);
+        for i in 0..n {
             x.fill.write(at.wrapping_add(i), u64::from(i) * FRAME as u64);
         }
-        x.fill.produce(RX_FRAMES);
-        let start = std::time::Instant::now();
-        let bind = |flags: u16| loop {
-            let sa = SockaddrXdp {
-                family: libc::AF_XDP as u16,
-                flags,
-                ifindex,
-                queue_id: queue,
-                shared_umem_fd: 0,
-            };
-            // SAFETY: a live sockaddr_xdp of the size passed.
-            let r =
-                unsafe { libc::bind(raw, (&raw const sa).cast(), size_of::<SockaddrXdp>() as u32) };
-            if r == 0 {
-                return Ok(());
-            }
-            let e = io::Error::last_os_error();
-            // The queue still has the socket of a process that ended.
-            if e.raw_os_error() != Some(libc::EBUSY) || start.elapsed() >= XSK_GONE_WITHIN {
-                return Err(e);
-            }
-            std::thread::sleep(std::time::Duration::from_millis(5));
-        };
-        // Multi-buffer where the kernel has it (EINVAL before 6.6).
-        let mut x = x;
-        match bind(XDP_COPY | XDP_USE_SG) {
-            Ok(()) => x.multi_buffer = true,
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
-                bind(XDP_COPY)?;
-            }
-            Err(e) => return Err(e),
-        }
+        x.fill.produce(n);
         Ok(x)
     }
 
@@ -382,13 +423,13 @@ impl Xsk {
     /// the UMEM (the kernel only gives such; an empty frame otherwise).
     fn frame(&self, addr: u64, len: usize) -> &[u8] {
         let (a, l) = (addr as usize, len.min(FRAME));
-        if a.checked_add(l).is_none_or(|end| end > self.area_len) {
+        if a.checked_add(l).is_none_or(|end| end > AREA_LEN) {
             return &[];
         }
         // SAFETY: inside our mapping (checked); the kernel wrote it before
         // producing the descriptor and does not touch it until we give
         // the frame back through the fill ring.
-        unsafe { std::slice::from_raw_parts(self.area.add(a), l) }
+        unsafe { std::slice::from_raw_parts(self.area.ptr.add(a), l) }
     }
 
     /// Calls `f` with the next received frame, if one waits, then gives
@@ -470,7 +511,8 @@ impl Xsk {
         let Some(addr) = self.free_tx.pop() else { return false };
         // SAFETY: a transmit frame of ours inside the mapping, not in the
         // kernel's hands (it came from the free list).
-        let buf = unsafe { std::slice::from_raw_parts_mut(self.area.add(addr as usize), FRAME) };
+        let buf =
+            unsafe { std::slice::from_raw_parts_mut(self.area.ptr.add(addr as usize), FRAME) };
         let Some(len) = fill(buf).filter(|&n| n <= FRAME) else {
             self.free_tx.push(addr);
             return true; // nothing to send: not a lack of room
@@ -504,7 +546,7 @@ impl Xsk {
             unsafe {
                 std::ptr::copy_nonoverlapping(
                     piece.as_ptr(),
-                    self.area.add(addr as usize),
+                    self.area.ptr.add(addr as usize),
                     piece.len(),
                 );
             }
@@ -551,16 +593,5 @@ impl Xsk {
             }
         }
         self.reclaim();
-    }
-}
-
-impl Drop for Xsk {
-    fn drop(&mut self) {
-        // The rings unmap themselves after this; the socket closes after
-        // them (field order), and only then may the area go. Unmapping it
-        // here is safe too: the kernel pins the UMEM pages it registered
-        // until the socket is released.
-        // SAFETY: our mapping, unmapped once.
-        unsafe { libc::munmap(self.area.cast(), self.area_len) };
     }
 }
