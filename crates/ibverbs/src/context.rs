@@ -21,6 +21,12 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
         };
         let shared = {
             let mut open = entry.open.lock().unwrap_or_else(|e| e.into_inner());
+            if open.as_ref().is_some_and(|(shared, _)| shared.ctx.is_inherited()) {
+                // The parent's engine, in a forked child: not this
+                // process's to use or close (its progress thread and its
+                // peers are the parent's). The child opens its own.
+                std::mem::forget(open.take());
+            }
             match open.as_mut() {
                 Some((shared, n)) => {
                     *n += 1;

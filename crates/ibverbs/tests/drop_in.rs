@@ -915,6 +915,15 @@ fn c_api_through_the_headers() {
     run_c_program("api.c", &["-libverbs"]);
 }
 
+/// `fork()` with a device open (Python's multiprocessing does it): each
+/// child opens its own context and runs traffic, the parent's keeps
+/// working, and a child's exit leaves the parent's share of the device
+/// (its slot, its files) alone.
+#[test]
+fn a_forked_child_opens_its_own_context() {
+    run_c_program("fork.c", &["-libverbs"]);
+}
+
 /// librdmacm through its header: `rdma_set_option`'s checks and effects
 /// (TOS and ACK timeout on a connection to this device itself), the
 /// kernel's port rules for `rdma_bind_addr`/`rdma_listen`, multicast joins.

@@ -73,8 +73,58 @@ pub(crate) struct Inner {
     /// The Unix time of the clock's origin, in nanoseconds: a completion
     /// timestamp plus this is its wall-clock time.
     epoch_ns: u64,
+    /// The process generation it was opened in (see [`generation`]): a
+    /// context of an earlier one is the parent's, inherited by a fork.
+    generation: u64,
     /// Declared last, so dropped last: ends the count of `DROPPING`.
     _dropped: DropMark,
+}
+
+/// Forks this process descends from since the library loaded: bumped in
+/// each child (see `fork_child`). A context opened in an earlier
+/// generation belongs to the parent: its progress thread, its locks'
+/// holders and its peers are the parent's, so the child neither uses nor
+/// closes it, and opens the device afresh (as a child process opening a
+/// kernel device gets its own context).
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The current process generation (see [`GENERATION`]).
+pub(crate) fn generation() -> u64 {
+    GENERATION.load(Ordering::Acquire)
+}
+
+/// The live contexts, held across a fork by `fork_prepare`: the parent
+/// lets go of them after it, the child never does (an inherited context
+/// must not close: its files and connections are the parent's).
+static FORK_HOLD: Mutex<Vec<Arc<Inner>>> = Mutex::new(Vec::new());
+
+extern "C" fn fork_prepare() {
+    let _ = std::panic::catch_unwind(|| {
+        let held: Vec<Arc<Inner>> = LIVE
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .filter_map(std::sync::Weak::upgrade)
+            .collect();
+        *FORK_HOLD.lock().unwrap_or_else(|e| e.into_inner()) = held;
+    });
+}
+
+extern "C" fn fork_parent() {
+    let _ = std::panic::catch_unwind(|| {
+        let held = std::mem::take(&mut *FORK_HOLD.lock().unwrap_or_else(|e| e.into_inner()));
+        drop(held);
+    });
+}
+
+extern "C" fn fork_child() {
+    GENERATION.fetch_add(1, Ordering::AcqRel);
+    // The parent's contexts being dropped are not this process's to wait
+    // for at exit.
+    DROPPING.store(0, Ordering::SeqCst);
+    if let Ok(mut held) = FORK_HOLD.try_lock() {
+        std::mem::forget(std::mem::take(&mut *held));
+    }
 }
 
 /// Contexts being dropped (from the start of `Inner::drop` to its last
@@ -258,7 +308,8 @@ impl Device {
     pub fn open_shared(&self) -> Result<Context> {
         static OPEN: Mutex<Vec<(Device, std::sync::Weak<Inner>)>> = Mutex::new(Vec::new());
         let mut open = OPEN.lock().unwrap_or_else(|e| e.into_inner());
-        open.retain(|(_, w)| w.strong_count() > 0);
+        // Not the parent's, in a forked child.
+        open.retain(|(_, w)| w.upgrade().is_some_and(|i| i.generation == generation()));
         if let Some(inner) = open.iter().find(|(d, _)| d == self).and_then(|(_, w)| w.upgrade()) {
             return Ok(Context { inner });
         }
@@ -320,6 +371,7 @@ impl Device {
             published: crate::published::Publication::new(self.name()),
             staged,
             epoch_ns,
+            generation: generation(),
             _dropped: DropMark,
         });
         live_contexts_add(&inner);
@@ -499,6 +551,14 @@ impl Context {
         self.snapshot().device_stats
     }
 
+    /// Whether this context was opened by the parent of this (forked)
+    /// process: it is the parent's, and the child must open the device
+    /// again (the drop-in library and [`Device::open_shared`] do) rather
+    /// than use it; dropping it in the child leaves it to the parent.
+    pub fn is_inherited(&self) -> bool {
+        self.inner.generation != generation()
+    }
+
     /// The device totals and every live QP's counters, as `uroce stat`
     /// shows them.
     pub fn snapshot(&self) -> crate::published::Snapshot {
@@ -515,6 +575,7 @@ fn live_contexts_add(inner: &Arc<Inner>) {
     static HOOKED: std::sync::Once = std::sync::Once::new();
     HOOKED.call_once(|| {
         crate::exit::register(send_held_acks_at_exit);
+        crate::exit::on_fork(fork_prepare, fork_parent, fork_child);
     });
     live.retain(|w| w.strong_count() > 0);
     live.push(Arc::downgrade(inner));
@@ -534,7 +595,9 @@ fn live_contexts_add(inner: &Arc<Inner>) {
 extern "C" fn send_held_acks_at_exit() {
     let _ = std::panic::catch_unwind(|| {
         if let Some(live) = try_lock_briefly(&LIVE) {
-            for inner in live.iter().filter_map(std::sync::Weak::upgrade) {
+            let ours = live.iter().filter_map(std::sync::Weak::upgrade);
+            // Not the parent's contexts, in a forked child.
+            for inner in ours.filter(|i| i.generation == generation()) {
                 if let Some(mut driver) = try_lock_briefly(&inner.driver) {
                     inner.take_staged(&mut driver);
                     driver.flush_posts();
@@ -601,6 +664,11 @@ impl Drop for Context {
     /// closes here (see `Inner::drop`) and not a moment later on that
     /// thread.
     fn drop(&mut self) {
+        // The parent's context, in a forked child: its progress thread is
+        // not here (and the context is never closed here, see FORK_HOLD).
+        if self.inner.generation != generation() {
+            return;
+        }
         if Arc::strong_count(&self.inner) == 2 && self.inner.activity.thread_holds() {
             self.inner.stop.store(true, Ordering::SeqCst);
             let t = std::time::Instant::now();

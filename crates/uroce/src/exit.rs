@@ -1,5 +1,5 @@
-//! Running a hook when the process exits (`atexit`): the one `unsafe`
-//! call it takes, kept here.
+//! Running hooks when the process exits (`atexit`) and when it forks
+//! (`pthread_atfork`): the `unsafe` calls they take, kept here.
 
 /// Registers `hook` to run at process exit (`exit`, or a return from
 /// `main`; not `_exit` or a fatal signal). The hook must not panic: it
@@ -9,4 +9,19 @@ pub(crate) fn register(hook: extern "C" fn()) -> bool {
     // whole process (a `fn` item, never unloaded while the library is in
     // use); it takes no other argument.
     unsafe { libc::atexit(hook) == 0 }
+}
+
+/// Registers fork handlers (`pthread_atfork`): `prepare` runs in the
+/// forking thread before the fork, `parent` in it after, `child` in the
+/// child's only thread (where a lock another thread held at the fork
+/// stays locked for ever: it touches atomics, and locks `prepare` left
+/// unlocked). None may panic: they run from C.
+pub(crate) fn on_fork(
+    prepare: extern "C" fn(),
+    parent: extern "C" fn(),
+    child: extern "C" fn(),
+) -> bool {
+    // SAFETY: plain function pointers, valid for the whole process (`fn`
+    // items of this library, which is never unloaded while in use).
+    unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) == 0 }
 }

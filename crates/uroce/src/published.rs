@@ -206,7 +206,8 @@ mod writer {
     use super::Shared;
 
     /// Publications with a snapshot to write, and whether a thread runs.
-    static QUEUE: Mutex<Queue> = Mutex::new(Queue { waiting: Vec::new(), running: false });
+    static QUEUE: Mutex<Queue> =
+        Mutex::new(Queue { waiting: Vec::new(), running: false, generation: 0 });
     static WORK: Condvar = Condvar::new();
 
     /// How long the thread waits for work before it ends.
@@ -215,11 +216,19 @@ mod writer {
     struct Queue {
         waiting: Vec<Weak<Shared>>,
         running: bool,
+        /// The process generation the queue is of (see
+        /// `context::generation`): a forked child has no writer thread,
+        /// and the parent's publications are not its to write.
+        generation: u64,
     }
 
     /// Puts `shared` on the queue, waking the thread or starting one.
     pub(super) fn enlist(shared: &Arc<Shared>) {
         let mut q = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
+        let generation = crate::context::generation();
+        if q.generation != generation {
+            *q = Queue { waiting: Vec::new(), running: false, generation };
+        }
         if !q.waiting.iter().any(|w| std::ptr::eq(w.as_ptr(), Arc::as_ptr(shared))) {
             q.waiting.push(Arc::downgrade(shared));
         }
