@@ -283,8 +283,9 @@ const REREG_ERR_CMD: c_int = -4;
 /// `ibv_rereg_mr`: a new translation (`addr`, `length`; the IOVA is the
 /// address), PD or rights for a region, as libibverbs checks its input
 /// (`IBV_REREG_MR_ERR_INPUT`) and the kernel the command
-/// (`IBV_REREG_MR_ERR_CMD`, errno set). The region gets new keys, written
-/// to `mr->lkey`/`rkey`; on failure it stays as it was.
+/// (`IBV_REREG_MR_ERR_CMD`, errno set). A new translation gives the
+/// region new keys, written to `mr->lkey`/`rkey` (a new PD or new rights
+/// alone keep them, as rxe and mlx5 do); on failure it stays as it was.
 pub(crate) unsafe extern "C" fn ibv_rereg_mr(
     mr: *mut ibv_mr,
     flags: c_int,

@@ -193,6 +193,11 @@ impl CqRing {
         self.armed = Some(solicited_only);
     }
 
+    /// Removes the completions of QP `qpn`.
+    fn remove_qp(&mut self, qpn: u32) {
+        self.ring.retain(|c| c.qp_num != qpn);
+    }
+
     /// Takes the oldest completion.
     pub fn pop(&mut self) -> Option<Completion> {
         self.ring.pop_front()
@@ -485,6 +490,20 @@ impl Endpoint {
     pub fn qp_mut(&mut self, qpn: u32) -> Option<&mut Qp> {
         self.touch(qpn);
         self.qps.get_mut(&qpn).map(|s| &mut s.qp)
+    }
+
+    /// Takes QP `qpn`'s completions out of its CQs, when it is reset: a
+    /// QP that works again after a reset must not have its old
+    /// completions (flushed WRs of the error that preceded the reset)
+    /// polled as its new ones (mlx5 clears them likewise; rdma-core's
+    /// tests reset QPs and run traffic again).
+    pub fn purge_completions(&mut self, qpn: u32) {
+        let Some(slot) = self.qps.get(&qpn) else { return };
+        for id in [slot.send_cq, slot.recv_cq] {
+            if let Some(cq) = self.cqs.get(&id) {
+                cq.lock().remove_qp(qpn);
+            }
+        }
     }
 
     /// Every live QP, in no particular order.

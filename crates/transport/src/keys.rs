@@ -177,6 +177,16 @@ impl<B> KeyTable<B> {
         s.region.as_ref()
     }
 
+    /// The region registered under `key`, to change its PD or rights in
+    /// place (`ibv_rereg_mr` without a new translation keeps the keys).
+    pub fn lookup_mut(&mut self, key: u32) -> Option<&mut Region<B>> {
+        let s = self.slots.get_mut((key >> 8) as usize)?;
+        if u32::from(s.key_byte) != key & 0xff || key & (MW_INDEX << 8) != 0 {
+            return None;
+        }
+        s.region.as_mut()
+    }
+
     /// The region and the byte offset of `[addr, addr+len)` in it, after
     /// every check of §10.6.3: key valid, PD, rights, bounds (through a
     /// window: its binding, its QP for type 2, its rights and bounds, then

@@ -52,6 +52,18 @@ impl Context {
     }
 }
 
+/// The unit of device memory copies: offsets and lengths are multiples of
+/// it, as on mlx5, whose on-chip memory is reached in 4-byte words
+/// (rdma-core's tests expect an unaligned copy to fail).
+pub const DM_ALIGNMENT: usize = 4;
+
+fn aligned(offset: usize, len: usize) -> Result<()> {
+    if offset % DM_ALIGNMENT != 0 || len % DM_ALIGNMENT != 0 {
+        return Err(Error::InvalidArgument("device memory is copied in 4-byte words"));
+    }
+    Ok(())
+}
+
 impl Dm {
     /// Its size in bytes.
     pub fn len(&self) -> usize {
@@ -63,21 +75,26 @@ impl Dm {
         self.inner.len == 0
     }
 
-    /// Copies `data` in at `offset` (`ibv_memcpy_to_dm`).
+    /// Copies `data` in at `offset` (`ibv_memcpy_to_dm`), both multiples
+    /// of [`DM_ALIGNMENT`] bytes.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] past the end.
+    /// [`Error::InvalidArgument`] unaligned; [`Error::OutOfBounds`] past
+    /// the end.
     pub fn write(&self, offset: usize, data: &[u8]) -> Result<()> {
+        aligned(offset, data.len())?;
         // Under the context's lock: a peer's WRITE lands under it too.
         let _d = self.inner.ctx.lock();
         self.inner.buf.copy_in(self.inner.len, offset, data).then_some(()).ok_or(Error::OutOfBounds)
     }
 
-    /// Copies out from `offset` (`ibv_memcpy_from_dm`).
+    /// Copies out from `offset` (`ibv_memcpy_from_dm`), both multiples of
+    /// [`DM_ALIGNMENT`] bytes.
     ///
     /// # Errors
-    /// [`Error::OutOfBounds`] past the end.
+    /// As [`Dm::write`].
     pub fn read(&self, offset: usize, out: &mut [u8]) -> Result<()> {
+        aligned(offset, out.len())?;
         let _d = self.inner.ctx.lock();
         self.inner.buf.copy_out(self.inner.len, offset, out).then_some(()).ok_or(Error::OutOfBounds)
     }

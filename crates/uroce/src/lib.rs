@@ -175,7 +175,7 @@ pub use config::DeviceConfig;
 pub use context::{Context, Options, ProgressMode};
 pub mod published;
 pub use device::{AtomicCap, Device, DeviceAttr, PortAttr, device, devices};
-pub use dm::Dm;
+pub use dm::{DM_ALIGNMENT, Dm};
 pub use driver::AsyncEvent;
 pub use error::{Error, Result};
 pub use link_speed::LinkSpeed;

@@ -115,10 +115,14 @@ impl MemTable {
         self.keys.deregister(key).is_some()
     }
 
-    /// Replaces registration `key` by one with another memory range
-    /// (`range`: host address, length, IOVA), PD or rights, each kept when
-    /// `None`: the old key fails from now on; returns the new key, or
-    /// `None` for an unknown key. An on-demand region stays on demand.
+    /// Changes registration `key`'s memory range (`range`: host address,
+    /// length, IOVA), PD or rights, each kept when `None`; returns its key
+    /// from now on, or `None` for an unknown key. A new range replaces the
+    /// registration (the old key fails from now on, so no peer holding it
+    /// reaches the new memory); a new PD or new rights alone keep the
+    /// keys, as rxe and mlx5 do (rdma-core's tests go on using the rkey
+    /// they exchanged before `ibv_rereg_mr` changed the rights). An
+    /// on-demand region stays on demand.
     ///
     /// # Safety
     /// A new range of a pinned region must stay valid for reads and writes
@@ -130,6 +134,12 @@ impl MemTable {
         pd: Option<u32>,
         access: Option<Access>,
     ) -> Option<u32> {
+        if range.is_none() {
+            let r = self.keys.lookup_mut(key)?;
+            r.pd = pd.unwrap_or(r.pd);
+            r.access = access.unwrap_or(r.access);
+            return Some(key);
+        }
         let mut r = self.keys.deregister(key)?;
         if let Some((ptr, len, iova)) = range {
             (r.backing.base, r.len, r.addr) = (ptr.as_ptr(), len, iova);

@@ -314,7 +314,8 @@ impl Pd {
         if !Arc::ptr_eq(dm.ctx(), &self.ctx) {
             return Err(Error::InvalidArgument("device memory of another context"));
         }
-        if len == 0 || offset.checked_add(len).is_none_or(|e| e > dm.len()) {
+        // An empty region is allowed, as the kernel allows it.
+        if offset.checked_add(len).is_none_or(|e| e > dm.len()) {
             return Err(Error::InvalidArgument("the range is outside the device memory"));
         }
         // SAFETY: `offset + len` is within `dm`'s buffer (checked above),
@@ -632,8 +633,9 @@ impl Mr {
     }
 
     /// Moves the region to `pd` and/or gives it `access` (`ibv_rereg_mr`
-    /// with `IBV_REREG_MR_CHANGE_PD` / `_ACCESS`): the region gets new
-    /// keys, and the old ones fail from now on.
+    /// with `IBV_REREG_MR_CHANGE_PD` / `_ACCESS`) in place: its keys stay
+    /// (as rxe and mlx5 keep them; a peer that holds the rkey goes on
+    /// using it, under the new rights).
     ///
     /// # Errors
     /// [`Error::InvalidArgument`] for rights that do not go together or a
@@ -1042,8 +1044,12 @@ impl Qp {
         e.send_held_acks(Some(self.qpn));
         let now = e.now();
         let qp = e.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
+        let was = qp.attr().state;
         qp.modify(now, attr, mask)?;
         let a = qp.attr();
+        if a.state == uroce_transport::QpState::Reset && was != a.state {
+            e.ep.purge_completions(self.qpn);
+        }
         if matches!(
             a.state,
             uroce_transport::QpState::ReadyToReceive | uroce_transport::QpState::ReadyToSend

@@ -207,7 +207,8 @@ int main(void)
 	unlink(xpath);
 
 	/* ibv_rereg_mr: libibverbs' input checks (ERR_INPUT), the command's
-	 * (ERR_CMD with errno), then each change: new keys every time. */
+	 * (ERR_CMD with errno), then each change: new rights or a new PD
+	 * keep the keys (as rxe and mlx5), new memory gets new ones. */
 	errno = 0;
 	CHECK(ibv_rereg_mr(mr, 8, NULL, NULL, 0, 0) == IBV_REREG_MR_ERR_INPUT && errno == EINVAL,
 	      "rereg unknown flag");
@@ -226,16 +227,19 @@ int main(void)
 	      "rereg to remote write without local write");
 	uint32_t key0 = mr->lkey;
 	CHECK(!ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_ACCESS, NULL, NULL, 0, IBV_ACCESS_LOCAL_WRITE) &&
-		      mr->lkey != key0 && mr->rkey == mr->lkey,
-	      "rereg access: new keys");
+		      mr->lkey == key0 && mr->rkey == mr->lkey,
+	      "rereg access: the same keys");
 	char *buf2 = aligned_alloc(4096, len / 2);
 	CHECK(!ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_TRANSLATION, NULL, buf2, len / 2, 0) &&
-		      mr->addr == buf2 && mr->length == len / 2,
-	      "rereg translation");
+		      mr->addr == buf2 && mr->length == len / 2 && mr->lkey != key0 &&
+		      mr->rkey == mr->lkey,
+	      "rereg translation: new keys");
 	struct ibv_pd *other_pd = ibv_alloc_pd(ctx);
 	REQUIRE(other_pd, "second pd");
-	CHECK(!ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, other_pd, NULL, 0, 0) && mr->pd == other_pd,
-	      "rereg pd");
+	uint32_t key1 = mr->lkey;
+	CHECK(!ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD, other_pd, NULL, 0, 0) && mr->pd == other_pd &&
+		      mr->lkey == key1,
+	      "rereg pd: the same keys");
 	CHECK(ibv_dealloc_pd(other_pd) == EBUSY, "the new PD holds the MR");
 	CHECK(!ibv_rereg_mr(mr, IBV_REREG_MR_CHANGE_PD | IBV_REREG_MR_CHANGE_TRANSLATION |
 					IBV_REREG_MR_CHANGE_ACCESS,
