@@ -58,7 +58,7 @@ impl Context {
 pub const DM_ALIGNMENT: usize = 4;
 
 fn aligned(offset: usize, len: usize) -> Result<()> {
-    if offset % DM_ALIGNMENT != 0 || len % DM_ALIGNMENT != 0 {
+    if !offset.is_multiple_of(DM_ALIGNMENT) || !len.is_multiple_of(DM_ALIGNMENT) {
         return Err(Error::InvalidArgument("device memory is copied in 4-byte words"));
     }
     Ok(())
