@@ -11,7 +11,7 @@ use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, minus_one, null_errno};
 use crate::objects::{
-    CqBox, CtxBox, DevShared, FUTURE_SLOTS, Objects, QpBox, SrqBox, from_c, into_c, live_ctx,
+    CqBox, CtxBox, DevShared, FUTURE_SLOTS, Objects, QpBox, SrqBox, Ufile, from_c, into_c, live_ctx,
 };
 
 pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ibv_context {
@@ -47,68 +47,80 @@ pub(crate) unsafe extern "C" fn ibv_open_device(dev: *mut ibv_device) -> *mut ib
                 },
             }
         };
-        let async_queue = match uroce::AsyncEventQueue::new() {
-            Ok(q) => Arc::new(q),
-            Err(e) => return null_errno(e.raw_os_error().unwrap_or(libc::EMFILE)),
-        };
-        shared
-            .objects
-            .contexts
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
-            .push(Arc::downgrade(&async_queue));
-        let async_fd = async_queue.as_fd().as_raw_fd();
-        // SAFETY: verbs_context is C data (pointers, options of fn
-        // pointers, integers); all-zero is valid (NULL everywhere).
-        let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
-        vctx.query_port = Some(crate::device::query_port);
-        vctx.query_device_ex = Some(crate::device::query_device_ex);
-        vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
-        vctx.create_cq_ex = Some(crate::cq::create_cq_ex);
-        vctx.query_rt_values = Some(crate::device::query_rt_values);
-        vctx.alloc_dm = Some(crate::dm::alloc_dm);
-        vctx.free_dm = Some(crate::dm::free_dm);
-        vctx.reg_dm_mr = Some(crate::dm::reg_dm_mr);
-        vctx.advise_mr = Some(crate::pd::advise_mr);
-        vctx.alloc_td = Some(crate::pd::alloc_td);
-        vctx.dealloc_td = Some(crate::pd::dealloc_td);
-        vctx.alloc_parent_domain = Some(crate::pd::alloc_parent_domain);
-        vctx.open_xrcd = Some(crate::xrc::open_xrcd);
-        vctx.close_xrcd = Some(crate::xrc::close_xrcd);
-        vctx.create_srq_ex = Some(crate::srq::create_srq_ex);
-        vctx.open_qp = Some(crate::qp::open_qp);
-        vctx.get_srq_num = Some(crate::xrc::get_srq_num);
-        vctx.modify_cq = Some(crate::cq::modify_cq);
-        vctx.sz = size_of::<verbs_context>() + FUTURE_SLOTS * size_of::<*mut c_void>();
-        let c = &mut vctx.context;
-        c.device = (&raw const *entry.ibv).cast_mut();
-        c.ops.poll_cq = Some(crate::cq::poll_cq);
-        c.ops.req_notify_cq = Some(crate::cq::req_notify_cq);
-        c.ops.post_send = Some(crate::qp::post_send);
-        c.ops.post_recv = Some(crate::qp::post_recv);
-        c.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
-        c.ops.alloc_mw = Some(crate::mw::alloc_mw);
-        c.ops.bind_mw = Some(crate::mw::bind_mw);
-        c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
-        let cmd_fd = command_fd(index);
-        c.cmd_fd = cmd_fd.as_ref().map_or(-1, |f| f.as_raw_fd());
-        c.async_fd = async_fd;
-        c.num_comp_vectors = 1;
-        c.abi_compat = VERBS_ABI_IS_EXTENDED as *mut c_void;
-        let b = into_c(
-            CtxBox {
-                future: [std::ptr::null_mut(); FUTURE_SLOTS],
-                vctx: UnsafeCell::new(vctx),
-                dev: shared,
-                dev_index: index,
-                cmd_fd,
-                async_queue,
-            },
-            Kind::Context,
-        );
-        // SAFETY: just allocated, live.
-        unsafe { (*b).ibv() }
+        make_context(index, entry, shared, command_fd(index), Arc::default())
     })
+}
+
+/// A new `ibv_context` of device `index` on its engine `shared`, with
+/// `cmd_fd` (closed with it) and the objects of its command file.
+pub(crate) fn make_context(
+    index: usize,
+    entry: &crate::device::DevEntry,
+    shared: Arc<DevShared>,
+    cmd_fd: Option<std::os::fd::OwnedFd>,
+    ufile: Arc<Ufile>,
+) -> *mut ibv_context {
+    let async_queue = match uroce::AsyncEventQueue::new() {
+        Ok(q) => Arc::new(q),
+        Err(e) => return null_errno(e.raw_os_error().unwrap_or(libc::EMFILE)),
+    };
+    shared
+        .objects
+        .contexts
+        .lock()
+        .unwrap_or_else(|e| e.into_inner())
+        .push(Arc::downgrade(&async_queue));
+    let async_fd = async_queue.as_fd().as_raw_fd();
+    // SAFETY: verbs_context is C data (pointers, options of fn
+    // pointers, integers); all-zero is valid (NULL everywhere).
+    let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
+    vctx.query_port = Some(crate::device::query_port);
+    vctx.query_device_ex = Some(crate::device::query_device_ex);
+    vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
+    vctx.create_cq_ex = Some(crate::cq::create_cq_ex);
+    vctx.query_rt_values = Some(crate::device::query_rt_values);
+    vctx.alloc_dm = Some(crate::dm::alloc_dm);
+    vctx.free_dm = Some(crate::dm::free_dm);
+    vctx.reg_dm_mr = Some(crate::dm::reg_dm_mr);
+    vctx.advise_mr = Some(crate::pd::advise_mr);
+    vctx.alloc_td = Some(crate::pd::alloc_td);
+    vctx.dealloc_td = Some(crate::pd::dealloc_td);
+    vctx.alloc_parent_domain = Some(crate::pd::alloc_parent_domain);
+    vctx.open_xrcd = Some(crate::xrc::open_xrcd);
+    vctx.close_xrcd = Some(crate::xrc::close_xrcd);
+    vctx.create_srq_ex = Some(crate::srq::create_srq_ex);
+    vctx.open_qp = Some(crate::qp::open_qp);
+    vctx.get_srq_num = Some(crate::xrc::get_srq_num);
+    vctx.modify_cq = Some(crate::cq::modify_cq);
+    vctx.sz = size_of::<verbs_context>() + FUTURE_SLOTS * size_of::<*mut c_void>();
+    let c = &mut vctx.context;
+    c.device = (&raw const *entry.ibv).cast_mut();
+    c.ops.poll_cq = Some(crate::cq::poll_cq);
+    c.ops.req_notify_cq = Some(crate::cq::req_notify_cq);
+    c.ops.post_send = Some(crate::qp::post_send);
+    c.ops.post_recv = Some(crate::qp::post_recv);
+    c.ops.post_srq_recv = Some(crate::srq::post_srq_recv);
+    c.ops.alloc_mw = Some(crate::mw::alloc_mw);
+    c.ops.bind_mw = Some(crate::mw::bind_mw);
+    c.ops.dealloc_mw = Some(crate::mw::dealloc_mw);
+    c.cmd_fd = cmd_fd.as_ref().map_or(-1, |f| f.as_raw_fd());
+    c.async_fd = async_fd;
+    c.num_comp_vectors = 1;
+    c.abi_compat = VERBS_ABI_IS_EXTENDED as *mut c_void;
+    let b = into_c(
+        CtxBox {
+            future: [std::ptr::null_mut(); FUTURE_SLOTS],
+            vctx: UnsafeCell::new(vctx),
+            dev: shared,
+            dev_index: index,
+            cmd_fd,
+            async_queue,
+            ufile,
+        },
+        Kind::Context,
+    );
+    // SAFETY: just allocated, live.
+    unsafe { (*b).ibv() }
 }
 
 /// A descriptor for `ibv_context.cmd_fd`, where programs expect a real

@@ -10,7 +10,8 @@ use std::sync::atomic::{AtomicPtr, AtomicU32};
 
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, null_errno};
-use crate::objects::{DmBox, MrBox, from_c, hold, in_use, into_c, live_ctx, live_pd, obj};
+use crate::objects::{DmBox, MrBox, Shared, SharedMr, Ufile};
+use crate::objects::{from_c, hold, in_use, into_c, live_ctx, live_pd, obj};
 
 /// `IBV_ACCESS_ZERO_BASED`: the region's addresses start at 0.
 const ZERO_BASED: c_uint = 1 << 5;
@@ -31,16 +32,27 @@ pub(crate) unsafe extern "C" fn alloc_dm(
             Ok(d) => d,
             Err(e) => return null_errno(e.errno()),
         };
-        let pub_dm = ibv_dm {
-            context,
-            memcpy_to_dm: Some(memcpy_to_dm),
-            memcpy_from_dm: Some(memcpy_from_dm),
-            comp_mask: 0,
-            handle: 0,
-        };
-        into_c(DmBox { dm: UnsafeCell::new(pub_dm), inner: dm, users: AtomicU32::new(0) }, Kind::Dm)
-            .cast()
+        let handle = c.ufile.add(Shared::Dm(dm.clone()));
+        wrap(context, dm, handle, c.ufile.clone())
     })
+}
+
+/// An `ibv_dm` of context `context` for `dm` (allocated, or imported).
+pub(crate) fn wrap(
+    context: *mut ibv_context,
+    dm: uroce::Dm,
+    handle: u32,
+    ufile: std::sync::Arc<Ufile>,
+) -> *mut ibv_dm {
+    let pub_dm = ibv_dm {
+        context,
+        memcpy_to_dm: Some(memcpy_to_dm),
+        memcpy_from_dm: Some(memcpy_from_dm),
+        comp_mask: 0,
+        handle,
+    };
+    let b = DmBox { dm: UnsafeCell::new(pub_dm), inner: dm, users: AtomicU32::new(0), ufile };
+    into_c(b, Kind::Dm).cast()
 }
 
 /// EBUSY while a memory region is registered on it, as the kernel's.
@@ -54,7 +66,11 @@ pub(crate) unsafe extern "C" fn free_dm(dm: *mut ibv_dm) -> c_int {
             return libc::EBUSY;
         }
         // SAFETY: registered as Dm ⇒ made by into_c::<DmBox>.
-        drop(unsafe { from_c(dm.cast::<DmBox>(), Kind::Dm) });
+        if let Some(b) = unsafe { from_c(dm.cast::<DmBox>(), Kind::Dm) } {
+            // Freed for every wrapper: no longer importable.
+            // SAFETY: our box's public struct.
+            b.ufile.remove(unsafe { (*b.dm.get()).handle });
+        }
         0
     })
 }
@@ -140,22 +156,21 @@ pub(crate) unsafe extern "C" fn reg_dm_mr(
         };
         // SAFETY: a live PD; its context field was set at allocation.
         let context = unsafe { (*p.pd.get()).context };
-        let c = ibv_mr {
-            context,
-            pd,
-            addr: std::ptr::null_mut(),
-            length,
-            handle: mr.lkey(),
-            lkey: mr.lkey(),
-            rkey: mr.rkey(),
-        };
+        let (lkey, rkey) = (mr.lkey(), mr.rkey());
+        let inner = std::sync::Arc::new(SharedMr {
+            mr: Mutex::new(Some(mr)),
+            range: Mutex::new((0, length)),
+        });
+        let handle = p.ufile.add(Shared::Mr(inner.clone()));
+        let c = ibv_mr { context, pd, addr: std::ptr::null_mut(), length, handle, lkey, rkey };
         hold(&p.users);
         hold(&d.users);
         let b = MrBox {
             mr: UnsafeCell::new(c),
-            inner: Mutex::new(mr),
+            inner,
             pd: AtomicPtr::new(std::ptr::from_ref(p).cast_mut()),
             dm: std::ptr::from_ref(d),
+            ufile: p.ufile.clone(),
         };
         into_c(b, Kind::Mr).cast()
     })

@@ -73,6 +73,14 @@ pub(crate) fn is_live<T>(p: *const T, kind: Kind) -> bool {
     live().as_ref().and_then(|m| m.get(&(p as usize))) == Some(&kind)
 }
 
+/// The first `Some` that `f` gives for the address of a live object of
+/// `kind`; `f` runs with the registry locked, so the object it looks at
+/// cannot be destroyed meanwhile.
+pub(crate) fn find_live<R>(kind: Kind, mut f: impl FnMut(usize) -> Option<R>) -> Option<R> {
+    let g = live();
+    g.as_ref()?.iter().filter(|(_, k)| **k == kind).find_map(|(p, _)| f(*p))
+}
+
 /// Forgets an object; false if it was not a live object of `kind`.
 pub(crate) fn unregister<T>(p: *const T, kind: Kind) -> bool {
     let mut g = live();

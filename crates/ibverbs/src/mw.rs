@@ -62,7 +62,9 @@ fn bind_parts<'a>(
     if !std::ptr::eq(w.pd, r.pd.load(Ordering::Acquire)) {
         return Err(libc::EPERM);
     }
-    let m = lock(&r.inner);
+    let g = lock(&r.inner.mr);
+    // Deregistered through another wrapper.
+    let m = g.as_ref().ok_or(libc::EINVAL)?;
     let offset = info.addr.checked_sub(m.addr()).ok_or(libc::EINVAL)?;
     let end = offset.checked_add(info.length).ok_or(libc::EINVAL)?;
     if end > m.len() as u64 {
@@ -107,7 +109,9 @@ pub(crate) unsafe extern "C" fn bind_mw(
             };
             let access = Access(b.bind_info.mw_access_flags);
             let len = b.bind_info.length as usize;
-            match w.inner.bind_info(&lock(&r.inner), offset, len, access) {
+            let g = lock(&r.inner.mr);
+            let Some(m) = g.as_ref() else { return libc::EINVAL };
+            match w.inner.bind_info(m, offset, len, access) {
                 Ok(bind) => bind,
                 Err(e) => return e.errno(),
             }
@@ -142,7 +146,7 @@ pub(crate) fn type2_bind(
     let bind = MwBind {
         mw_rkey: w.inner.rkey(),
         new_rkey,
-        mr_lkey: lock(&r.inner).lkey(),
+        mr_lkey: lock(&r.inner.mr).as_ref().ok_or(libc::EINVAL)?.lkey(),
         addr: info.addr,
         length: info.length,
         access: Access(info.mw_access_flags),

@@ -102,6 +102,58 @@ pub(crate) struct CtxBox {
     /// Its async events (`ibv_context.async_fd`), as the kernel keeps them
     /// per context: its objects' and the port's.
     pub(crate) async_queue: Arc<uroce::AsyncEventQueue>,
+    /// Its objects by handle, shared with the contexts imported from its
+    /// command file (`ibv_import_device`).
+    pub(crate) ufile: Arc<Ufile>,
+}
+
+/// The objects of one command file by handle, what `ibv_import_pd`,
+/// `_mr` and `_dm` find: the kernel keeps them per open uverbs file, and
+/// contexts imported from a file (`ibv_import_device` of a `dup` of its
+/// `cmd_fd`) share them. Handles are unique in the process (never 0, the
+/// handle of what cannot be imported, such as a parent domain), so a
+/// handle of another file finds nothing rather than something else.
+#[derive(Default)]
+pub(crate) struct Ufile {
+    objects: Mutex<HashMap<u32, Shared>>,
+}
+
+/// What an importer's new wrapper of an object shares with the others.
+#[derive(Clone)]
+pub(crate) enum Shared {
+    Pd(uroce::Pd),
+    Mr(Arc<SharedMr>),
+    Dm(uroce::Dm),
+}
+
+/// A memory region's registration, shared by its wrappers (the original
+/// and its imports): any of them deregisters it for all, as the kernel's
+/// one object is destroyed by any handle's `ibv_dereg_mr`.
+pub(crate) struct SharedMr {
+    /// `None` once deregistered.
+    pub(crate) mr: Mutex<Option<uroce::Mr>>,
+    /// The `ibv_mr.addr` and `length` an import reports.
+    pub(crate) range: Mutex<(usize, usize)>,
+}
+
+impl Ufile {
+    /// Records `object` under a new handle.
+    pub(crate) fn add(&self, object: Shared) -> u32 {
+        static NEXT: AtomicU32 = AtomicU32::new(1);
+        let handle = NEXT.fetch_add(1, Ordering::Relaxed).max(1);
+        lock(&self.objects).insert(handle, object);
+        handle
+    }
+
+    /// The object of `handle` (destroyed objects are not found).
+    pub(crate) fn get(&self, handle: u32) -> Option<Shared> {
+        lock(&self.objects).get(&handle).cloned()
+    }
+
+    /// Forgets the object of `handle` (destroyed).
+    pub(crate) fn remove(&self, handle: u32) {
+        lock(&self.objects).remove(&handle);
+    }
 }
 
 impl CtxBox {
@@ -141,6 +193,9 @@ pub(crate) struct PdBox {
     /// held while it lives; null for a plain PD.
     pub(crate) parent_of: *const Self,
     pub(crate) td: *const TdBox,
+    /// Its command file's objects (its handle is there, unless it is a
+    /// parent domain).
+    pub(crate) ufile: Arc<Ufile>,
 }
 
 /// An `ibv_td`.
@@ -161,8 +216,11 @@ pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 #[repr(C)]
 pub(crate) struct MrBox {
     pub(crate) mr: UnsafeCell<ibv_mr>,
-    /// Locked only to change it (`ibv_rereg_mr`) or read it.
-    pub(crate) inner: Mutex<uroce::Mr>,
+    /// The registration, shared with the region's imports; locked only to
+    /// change it (`ibv_rereg_mr`), end it or read it.
+    pub(crate) inner: Arc<SharedMr>,
+    /// Its command file's objects.
+    pub(crate) ufile: Arc<Ufile>,
     /// Its PD (changed by `ibv_rereg_mr`).
     pub(crate) pd: AtomicPtr<PdBox>,
     /// The device memory it is registered on (`ibv_reg_dm_mr`), else null.
@@ -176,6 +234,8 @@ pub(crate) struct DmBox {
     pub(crate) inner: uroce::Dm,
     /// Memory regions on it.
     pub(crate) users: AtomicU32,
+    /// Its command file's objects.
+    pub(crate) ufile: Arc<Ufile>,
 }
 
 /// An `ibv_mw`.

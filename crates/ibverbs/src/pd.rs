@@ -2,13 +2,14 @@
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
-use std::sync::Mutex;
 use std::sync::atomic::{AtomicPtr, AtomicU32, Ordering};
+use std::sync::{Arc, Mutex};
 
 use crate::abi::consts::*;
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, null_errno, set_errno};
-use crate::objects::{MrBox, PdBox, TdBox, from_c, hold, in_use, into_c, lock, release};
+use crate::objects::{MrBox, PdBox, Shared, SharedMr, TdBox};
+use crate::objects::{from_c, hold, in_use, into_c, lock, release};
 use crate::objects::{live_ctx, live_pd};
 
 pub(crate) unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut ibv_pd {
@@ -18,13 +19,15 @@ pub(crate) unsafe extern "C" fn ibv_alloc_pd(context: *mut ibv_context) -> *mut 
             Ok(pd) => pd,
             Err(e) => return null_errno(e.errno()),
         };
+        let handle = c.ufile.add(Shared::Pd(pd.clone()));
         let b = into_c(
             PdBox {
-                pd: UnsafeCell::new(ibv_pd { context, handle: 0 }),
+                pd: UnsafeCell::new(ibv_pd { context, handle }),
                 inner: pd,
                 users: AtomicU32::new(0),
                 parent_of: std::ptr::null(),
                 td: std::ptr::null(),
+                ufile: c.ufile.clone(),
             },
             Kind::Pd,
         );
@@ -42,6 +45,10 @@ pub(crate) unsafe extern "C" fn ibv_dealloc_pd(pd: *mut ibv_pd) -> c_int {
         let Some(b) = (unsafe { from_c(pd.cast::<PdBox>(), Kind::Pd) }) else {
             return libc::EINVAL;
         };
+        // Destroyed for every wrapper: no longer importable (a parent
+        // domain has handle 0, which names nothing).
+        // SAFETY: our box's public struct.
+        b.ufile.remove(unsafe { (*b.pd.get()).handle });
         // A parent domain lets go of its PD and thread domain.
         if !b.parent_of.is_null() {
             // SAFETY: a parent domain holds its PD (use count).
@@ -134,6 +141,7 @@ pub(crate) unsafe extern "C" fn alloc_parent_domain(
             users: AtomicU32::new(0),
             parent_of: std::ptr::from_ref(p),
             td,
+            ufile: p.ufile.clone(),
         };
         into_c(b, Kind::Pd).cast()
     })
@@ -187,19 +195,15 @@ fn reg(pd: *mut ibv_pd, addr: *mut c_void, len: usize, iova: u64, access: c_int)
     };
     // SAFETY: a live PD; its context field was set at allocation.
     let context = unsafe { (*p.pd.get()).context };
-    let c = ibv_mr {
-        context,
-        pd,
-        addr,
-        length: len,
-        handle: mr.lkey(),
-        lkey: mr.lkey(),
-        rkey: mr.rkey(),
-    };
+    let (lkey, rkey) = (mr.lkey(), mr.rkey());
+    let inner =
+        Arc::new(SharedMr { mr: Mutex::new(Some(mr)), range: Mutex::new((addr as usize, len)) });
+    let handle = p.ufile.add(Shared::Mr(inner.clone()));
+    let c = ibv_mr { context, pd, addr, length: len, handle, lkey, rkey };
     hold(&p.users);
     let pd_box = AtomicPtr::new(std::ptr::from_ref(p).cast_mut());
-    let b =
-        MrBox { mr: UnsafeCell::new(c), inner: Mutex::new(mr), pd: pd_box, dm: std::ptr::null() };
+    let ufile = p.ufile.clone();
+    let b = MrBox { mr: UnsafeCell::new(c), inner, pd: pd_box, dm: std::ptr::null(), ufile };
     let b = into_c(b, Kind::Mr);
     b.cast()
 }
@@ -340,7 +344,9 @@ pub(crate) unsafe extern "C" fn ibv_rereg_mr(
         } else {
             None
         };
-        let mut m = lock(&b.inner);
+        let mut g = lock(&b.inner.mr);
+        // Deregistered through another wrapper (an import's).
+        let Some(m) = g.as_mut() else { return cmd(libc::EINVAL) };
         if flags & REREG_ACCESS != 0 && (access & ON_DEMAND != 0) != m.on_demand() {
             // A region is pinned or on demand for its whole life.
             return cmd(libc::EINVAL);
@@ -369,6 +375,7 @@ pub(crate) unsafe extern "C" fn ibv_rereg_mr(
         (c.lkey, c.rkey) = (m.lkey(), m.rkey());
         if flags & REREG_TRANSLATION != 0 {
             (c.addr, c.length) = (addr, length);
+            *lock(&b.inner.range) = (addr as usize, length);
         }
         if let Some(p) = new_pd {
             hold(&p.users);
@@ -387,6 +394,11 @@ pub(crate) unsafe extern "C" fn ibv_dereg_mr(mr: *mut ibv_mr) -> c_int {
         let Some(b) = (unsafe { from_c(mr.cast::<MrBox>(), Kind::Mr) }) else {
             return libc::EINVAL;
         };
+        // The registration ends for every wrapper (its keys fail at once),
+        // and is no longer importable.
+        drop(lock(&b.inner.mr).take());
+        // SAFETY: our box's public struct.
+        b.ufile.remove(unsafe { (*b.mr.get()).handle });
         // SAFETY: an MR holds its PD (use count), so the PD is live.
         release(unsafe { &(*b.pd.load(Ordering::Acquire)).users });
         if !b.dm.is_null() {

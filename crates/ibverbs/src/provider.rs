@@ -1,11 +1,7 @@
 //! The rest of what Debian 12's `libibverbs.so.1` exports, so that every
-//! program and library linked against it loads (pyverbs links the import
-//! family, provider libraries the `IBVERBS_PRIVATE_34` interface):
+//! program and library linked against it loads (provider libraries link
+//! the `IBVERBS_PRIVATE_34` interface):
 //!
-//! - sharing objects between contexts by handle (`ibv_import_*`): a uroce
-//!   context's objects live in its process's engine, not in a kernel
-//!   object table another process could name, so importing fails with
-//!   EOPNOTSUPP, as rdma-core does for a provider without the feature;
 //! - ECE (`ibv_query_ece`, `ibv_set_ece`): no enhanced connection options
 //!   to negotiate: EOPNOTSUPP, what rdma-core returns for such a provider;
 //! - the provider interface (`ibv_cmd_*`, `verbs_*`, `execute_ioctl`):
@@ -45,12 +41,10 @@ macro_rules! nothing {
 }
 
 null_eopnotsupp! {
-    ibv_import_device ibv_import_pd ibv_import_mr ibv_import_dm
     _verbs_init_and_alloc_context verbs_open_device
 }
 
 nothing! {
-    ibv_unimport_pd ibv_unimport_mr ibv_unimport_dm
     ibv_register_driver verbs_register_driver_34 verbs_set_ops verbs_uninit_context __verbs_log
     ibv_copy_path_rec_from_kern ibv_copy_path_rec_to_kern ibv_copy_qp_attr_from_kern
     ibv_copy_ah_attr_from_kern

@@ -106,6 +106,55 @@ int main(void)
 		     IBV_ACCESS_REMOTE_ATOMIC | IBV_ACCESS_RELAXED_ORDERING;
 	struct ibv_mr *mr = ibv_reg_mr(pd, buf, len, access);
 	REQUIRE(mr && mr->lkey && mr->addr == buf && mr->length == len, "reg_mr");
+	/* Imports: a context from a dup of cmd_fd shares its file's PD, MR
+	 * and DM by handle; an import's keys are the region's; any wrapper's
+	 * destroy ends the object for all, an unimport only the wrapper; a
+	 * descriptor of no context of ours is refused. */
+	{
+		struct ibv_context *ictx = ibv_import_device(dup(ctx->cmd_fd));
+		REQUIRE(ictx && ictx->device == ctx->device, "import_device");
+		struct ibv_pd *ipd = ibv_import_pd(ictx, pd->handle);
+		REQUIRE(ipd && ipd->context == ictx && ipd->handle == pd->handle, "import_pd");
+		struct ibv_mr *imr = ibv_import_mr(ipd, mr->handle);
+		REQUIRE(imr && imr->lkey == mr->lkey && imr->rkey == mr->rkey && imr->addr == buf &&
+				imr->length == len && imr->pd == ipd,
+			"import_mr");
+		errno = 0;
+		CHECK(!ibv_import_pd(ictx, 0xfffffff0) && errno, "a handle nobody has");
+		struct ibv_pd *other = ibv_alloc_pd(ictx);
+		REQUIRE(other, "a PD of the imported context");
+		/* A region of the import's, deregistered through the original's
+		 * file from another wrapper. */
+		struct ibv_mr *tmp = ibv_reg_mr(other, buf, 4096, IBV_ACCESS_LOCAL_WRITE);
+		REQUIRE(tmp, "a region of the imported context");
+		struct ibv_mr *tmp2 = ibv_import_mr(ibv_import_pd(ctx, other->handle), tmp->handle);
+		REQUIRE(tmp2 && tmp2->lkey == tmp->lkey, "imported back into the original context");
+		struct ibv_pd *tmp2_pd = tmp2->pd;
+		CHECK(!ibv_dereg_mr(tmp2), "dereg through the import");
+		errno = 0;
+		CHECK(!ibv_import_mr(other, tmp->handle), "a deregistered region is gone for all");
+		CHECK(!ibv_dereg_mr(tmp), "the other wrapper is still freed");
+		ibv_unimport_pd(tmp2_pd);
+		CHECK(!ibv_dealloc_pd(other), "dealloc");
+		struct ibv_dm *dm0 = ibv_alloc_dm(ctx, &(struct ibv_alloc_dm_attr){.length = 64});
+		REQUIRE(dm0, "dm");
+		struct ibv_dm *idm = ibv_import_dm(ictx, dm0->handle);
+		char w[8] = "shared!", r[8] = {0};
+		CHECK(idm && !ibv_memcpy_to_dm(dm0, 8, w, 8) && !ibv_memcpy_from_dm(r, idm, 8, 8) &&
+			      !memcmp(w, r, 8),
+		      "import_dm shares the memory");
+		if (idm)
+			ibv_unimport_dm(idm);
+		CHECK(!ibv_free_dm(dm0), "free dm");
+		ibv_unimport_mr(imr);
+		ibv_unimport_pd(ipd);
+		CHECK(!ibv_close_device(ictx), "close the imported context");
+		int null_fd = open("/dev/null", O_RDWR);
+		errno = 0;
+		CHECK(!ibv_import_device(null_fd) && errno == EOPNOTSUPP,
+		      "a descriptor of no context of ours");
+		close(null_fd);
+	}
 	/* On-demand paging: explicit and implicit regions, prefetch advice. */
 	CHECK(dx.odp_caps.general_caps == (IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT) &&
 		      (dx.odp_caps.per_transport_caps.rc_odp_caps & IBV_ODP_SUPPORT_WRITE),

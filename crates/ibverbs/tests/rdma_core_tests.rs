@@ -1,0 +1,102 @@
+//! rdma-core's own test suite (pyverbs; Debian's `python3-pyverbs` ships it
+//! under `/usr/share/doc/rdma-core/tests`) on the drop-in library, under
+//! `uroce run`: device and port queries, PDs, MRs (re-registration, device
+//! memory, memory windows, ODP), CQs and extended CQs, every QP type's
+//! traffic, SRQs, XRC, atomics, parent domains, the RDMA CM between forked
+//! processes. Every test must pass or be skipped for one of the reasons
+//! `ALLOWED_SKIPS` lists.
+
+mod common;
+
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use common::{env, finish, text};
+
+/// Why a test of the suite may be skipped here, by the start of the reason
+/// it gives.
+const ALLOWED_SKIPS: &[(&str, &str)] = &[
+    ("Can not run the test over non MLX5 device", "mlx5's vendor extensions"),
+    ("Could not open mlx5 context", "mlx5's vendor extensions"),
+    ("Can not run the test over non EFA device", "EFA's vendor extensions"),
+    ("Converting timestamp to nanoseconds is not supported", "an mlx5 call"),
+    ("Allocating dmabuf is not supported", "no GPU render node for dma-buf"),
+    ("cuda-python", "no CUDA"),
+    ("PCI device must be passed", "VFIO to a PCI device"),
+    ("There are no huge pages", "none allocated on the machine"),
+    ("All gid indices populated", "nothing to check"),
+    // Raw packet QPs (IBV_QPT_RAW_PACKET, type 8: Ethernet frames, RSS)
+    // are not implemented.
+    ("Create QP type 8 is not supported", "raw packet QPs"),
+    ("Create Raw Packet QP", "raw packet QPs"),
+    // Tag-matching SRQs (IBV_SRQT_TM) are not implemented.
+    ("Extended CQ is not supported", "tag matching (IBV_WC_EX_WITH_TM_INFO)"),
+];
+
+#[test]
+fn rdma_core_test_suite_passes() {
+    let suite = Path::new("/usr/share/doc/rdma-core/tests");
+    let python = Path::new("/usr/bin/python3");
+    if !suite.join("run_tests.py").exists() || !python.exists() {
+        assert!(std::env::var_os("CI").is_none(), "CI installs python3-pyverbs");
+        eprintln!("no python3-pyverbs: skipped");
+        return;
+    }
+    // The suite's modules, some gzipped by Debian, in a directory of ours.
+    let dir = std::env::temp_dir().join(format!("uroce-rdma-core-tests-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    let copied = Command::new("cp").arg("-r").arg(suite).arg(&dir).status().unwrap();
+    assert!(copied.success(), "copying the suite");
+    let gz: Vec<_> = std::fs::read_dir(&dir)
+        .unwrap()
+        .filter_map(Result::ok)
+        .map(|e| e.path())
+        .filter(|p| p.extension().is_some_and(|x| x == "gz"))
+        .collect();
+    if !gz.is_empty() {
+        let unzipped = Command::new("gunzip").arg("-f").args(&gz).status().unwrap();
+        assert!(unzipped.success(), "gunzip");
+    }
+    let e = env();
+    let udp = uroce::testing::free_port();
+    let child = Command::new(&e.uroce)
+        .args(["run", "--"])
+        .arg(python)
+        .arg(dir.join("run_tests.py"))
+        .args(["--dev", "uroce0", "-v"])
+        .env("UROCE_LIB_DIR", &e.lib_dir)
+        .env("UROCE_DEVICES", format!("uroce0=127.0.0.1:{udp}"))
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let (out, timed_out) = finish(child, Instant::now() + Duration::from_secs(900));
+    let _ = std::fs::remove_dir_all(&dir);
+    let log = text(&out);
+    assert!(!timed_out, "the suite did not end within 15 minutes:\n{log}");
+    let ran: usize = log
+        .lines()
+        .find_map(|l| l.strip_prefix("Ran ")?.split_whitespace().next()?.parse().ok())
+        .unwrap_or_else(|| panic!("no summary:\n{log}"));
+    assert!(ran > 250, "only {ran} tests ran:\n{log}");
+    let bad: Vec<&str> =
+        log.lines().filter(|l| l.starts_with("ERROR: ") || l.starts_with("FAIL: ")).collect();
+    assert!(bad.is_empty() && out.status.success(), "{}\n\n{log}", bad.join("\n"));
+    let mut passed = 0;
+    let mut skipped = 0;
+    for l in log.lines() {
+        if l.ends_with(" ... ok") {
+            passed += 1;
+        }
+        let Some((_, reason)) = l.split_once(" ... skipped '") else { continue };
+        skipped += 1;
+        assert!(
+            ALLOWED_SKIPS.iter().any(|(start, _)| reason.starts_with(start)),
+            "a test skipped for a reason not allowed: {l}"
+        );
+    }
+    eprintln!("rdma-core's tests: {ran} ran, {passed} passed, {skipped} skipped (allowed)");
+    assert!(passed > 100, "{passed} passed:\n{log}");
+}
