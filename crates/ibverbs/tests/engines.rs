@@ -588,7 +588,8 @@ fn ucx_client_server_connects_through_the_rdma_cm() {
 }
 
 /// `tests/c/more_names.c` under `uroce run`: `ibv_read_ibdev_sysfs_file`
-/// reads the device's files, the import family says EOPNOTSUPP.
+/// reads the device's files, and imports find their context by its open
+/// command file although every context's is the same file.
 #[test]
 fn sysfs_reads_and_imports_through_the_drop_in() {
     if !can_run() {

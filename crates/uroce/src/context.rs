@@ -7,6 +7,7 @@ use std::time::Duration;
 use crate::device::Device;
 use crate::driver::Driver;
 use crate::error::{Error, Result};
+use crate::exit::generation;
 use crate::progress::{Activity, Driven, Post, progress_thread};
 use crate::staging::{Staged, StagedList};
 use uroce_transport::Instant;
@@ -73,24 +74,11 @@ pub(crate) struct Inner {
     /// The Unix time of the clock's origin, in nanoseconds: a completion
     /// timestamp plus this is its wall-clock time.
     epoch_ns: u64,
-    /// The process generation it was opened in (see [`generation`]): a
-    /// context of an earlier one is the parent's, inherited by a fork.
+    /// The process generation it was opened in (see `exit::generation`):
+    /// a context of an earlier one is the parent's, inherited by a fork.
     generation: u64,
     /// Declared last, so dropped last: ends the count of `DROPPING`.
     _dropped: DropMark,
-}
-
-/// Forks this process descends from since the library loaded: bumped in
-/// each child (see `fork_child`). A context opened in an earlier
-/// generation belongs to the parent: its progress thread, its locks'
-/// holders and its peers are the parent's, so the child neither uses nor
-/// closes it, and opens the device afresh (as a child process opening a
-/// kernel device gets its own context).
-static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
-
-/// The current process generation (see [`GENERATION`]).
-pub(crate) fn generation() -> u64 {
-    GENERATION.load(Ordering::Acquire)
 }
 
 /// The live contexts, held across a fork by `fork_prepare`: the parent
@@ -118,7 +106,7 @@ extern "C" fn fork_parent() {
 }
 
 extern "C" fn fork_child() {
-    GENERATION.fetch_add(1, Ordering::AcqRel);
+    crate::exit::new_generation();
     // The parent's contexts being dropped are not this process's to wait
     // for at exit.
     DROPPING.store(0, Ordering::SeqCst);

@@ -25,3 +25,21 @@ pub(crate) fn on_fork(
     // items of this library, which is never unloaded while in use).
     unsafe { libc::pthread_atfork(Some(prepare), Some(parent), Some(child)) == 0 }
 }
+
+/// Forks this process descends from since the library loaded: bumped in
+/// each child (by the context's fork handler). A context opened in an
+/// earlier generation belongs to the parent: its progress thread, its
+/// locks' holders and its peers are the parent's, so the child neither
+/// uses nor closes it, and opens the device afresh (as a child process
+/// opening a kernel device gets its own context).
+static GENERATION: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(0);
+
+/// The current process generation (see [`GENERATION`]).
+pub(crate) fn generation() -> u64 {
+    GENERATION.load(std::sync::atomic::Ordering::Acquire)
+}
+
+/// Starts a new generation: in a forked child, first thing.
+pub(crate) fn new_generation() {
+    GENERATION.fetch_add(1, std::sync::atomic::Ordering::AcqRel);
+}

@@ -217,7 +217,7 @@ mod writer {
         waiting: Vec<Weak<Shared>>,
         running: bool,
         /// The process generation the queue is of (see
-        /// `context::generation`): a forked child has no writer thread,
+        /// `exit::generation`): a forked child has no writer thread,
         /// and the parent's publications are not its to write.
         generation: u64,
     }
@@ -225,7 +225,7 @@ mod writer {
     /// Puts `shared` on the queue, waking the thread or starting one.
     pub(super) fn enlist(shared: &Arc<Shared>) {
         let mut q = QUEUE.lock().unwrap_or_else(|e| e.into_inner());
-        let generation = crate::context::generation();
+        let generation = crate::exit::generation();
         if q.generation != generation {
             *q = Queue { waiting: Vec::new(), running: false, generation };
         }
