@@ -1105,7 +1105,7 @@ impl Port {
 /// bare number so that a sleeping progress thread keeps no reference to the
 /// socket: if the context is closed meanwhile, the poll returns at once
 /// (POLLNVAL) or at the timeout, and never touches memory. False when the
-/// timeout ended it.
+/// timeout or a signal ended it.
 pub(crate) fn wait_readable(fds: &[i32], timeout: Option<Duration>) -> bool {
     let mut pfds: Vec<libc::pollfd> =
         fds.iter().map(|&fd| libc::pollfd { fd, events: libc::POLLIN, revents: 0 }).collect();
@@ -1118,7 +1118,8 @@ pub(crate) fn wait_readable(fds: &[i32], timeout: Option<Duration>) -> bool {
     // a timespec alive across the call; no signal mask is passed.
     let n =
         unsafe { libc::ppoll(pfds.as_mut_ptr(), pfds.len() as libc::nfds_t, tp, std::ptr::null()) };
-    n != 0
+    // A signal (EINTR) ended the wait: no descriptor is readable.
+    n > 0
 }
 
 #[cfg(test)]

@@ -75,6 +75,8 @@ pub(crate) struct XdpBackend {
     src_mac: [u8; 6],
     port: u16,
     neigh: neigh::Neighbours,
+    /// The destination `source_port` was last asked about, and when.
+    asked: Option<(IpAddr, Instant)>,
     counters: Counters,
     /// Where a frame longer than a chunk is built before it is cut into
     /// chunks (`xsk::MAX_FRAME` bytes, allocated once).
@@ -258,6 +260,7 @@ impl XdpBackend {
             src_mac: mac,
             port,
             neigh: neigh::Neighbours::new(&iface, ifindex),
+            asked: None,
             counters: Counters::default(),
             long_frame: vec![0; xsk::MAX_FRAME],
         }))
@@ -312,7 +315,11 @@ impl Backend for XdpBackend {
     /// The QP's port when the frame goes through the XSK (its MAC is
     /// known); the kernel socket's otherwise.
     fn source_port(&mut self, dst: SocketAddr, wanted: u16) -> u16 {
-        if self.neigh.lookup(dst.ip(), Instant::now()).is_some() { wanted } else { self.port }
+        let now = Instant::now();
+        // The send that follows for this destination reads this clock
+        // reading again instead of the clock (one read per packet).
+        self.asked = Some((dst.ip(), now));
+        if self.neigh.lookup(dst.ip(), now).is_some() { wanted } else { self.port }
     }
 
     fn send(
@@ -328,7 +335,11 @@ impl Backend for XdpBackend {
         // frame through the kernel's socket, from its port, which the
         // ICRC does not cover.
         let known = (src.port() != self.port).then(|| self.neigh.known(dst.ip())).flatten();
-        let Some(dst_mac) = self.neigh.lookup(dst.ip(), Instant::now()).or(known) else {
+        let now = match self.asked.take() {
+            Some((ip, at)) if ip == dst.ip() => at,
+            _ => Instant::now(),
+        };
+        let Some(dst_mac) = self.neigh.lookup(dst.ip(), now).or(known) else {
             return self.udp.send(src, dst, data, seg, tos);
         };
         let path = frame::Path { src_mac: self.src_mac, dst_mac, src, dst };
