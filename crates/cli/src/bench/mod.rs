@@ -255,7 +255,8 @@ struct Row {
 
 /// Iterations for bandwidth: about 128 MiB per point, within bounds.
 fn bw_iters(size: usize, scale: f64) -> u32 {
-    let base = ((128usize << 20) / size).clamp(40, 20_000) as f64;
+    // At least tens of milliseconds at a few million messages a second.
+    let base = ((128usize << 20) / size).clamp(40, 100_000) as f64;
     ((base * scale) as u32).max(8)
 }
 
@@ -340,15 +341,22 @@ fn measure(
     for (i, (op, size)) in plan(a).into_iter().enumerate() {
         before(i, op, size, Phase::Bandwidth)?;
         let iters = bw_iters(size, a.scale);
-        let bw = if op == Op::Send {
+        let mut run = |iters: u32| -> Result<crate::measure::BwResult> {
+            if op != Op::Send {
+                return c.bw(op, size, iters, peer);
+            }
             r.send(&format!("sends {iters}"))?;
             r.expect("ready")?;
             let b = c.bw(op, size, iters, peer)?;
             r.expect("done")?;
-            b
-        } else {
-            c.bw(op, size, iters, peer)?
+            Ok(b)
         };
+        // A warm-up run first, not measured (as ucx_perftest and OSU's
+        // benchmarks do): the first point of a sweep would otherwise pay
+        // for the pair's start, the queues' first touches and the threads
+        // finding their CPUs.
+        run((iters / 10).max(8))?;
+        let bw = run(iters)?;
         before(i, op, size, Phase::Latency)?;
         let iters = lat_iters(size, a.scale);
         let samples = if matches!(op, Op::Write | Op::Send) {
