@@ -540,6 +540,7 @@ fn connect_qps(c: &Ctx, a: &Args, mtu: Mtu, mine: &[Dest], rem: &[Dest]) -> Resu
             ),
             QpType::Ud => (AttrMask::STATE, AttrMask::STATE | AttrMask::SQ_PSN),
             QpType::XrcSend | QpType::XrcRecv => anyhow::bail!("uroce pingpong has no XRC mode"),
+            QpType::RawPacket => anyhow::bail!("uroce pingpong has no raw packet mode"),
         };
         qp.modify(&attr, rtr).context("Failed to modify QP to RTR")?;
         qp.modify(&QpAttr { state: QpState::ReadyToSend, ..attr }, rts)

@@ -92,6 +92,8 @@ pub(crate) fn make_context(
     vctx.open_qp = Some(crate::qp::open_qp);
     vctx.get_srq_num = Some(crate::xrc::get_srq_num);
     vctx.modify_cq = Some(crate::cq::modify_cq);
+    vctx.ibv_create_flow = crate::flow::create_flow as *mut c_void;
+    vctx.ibv_destroy_flow = crate::flow::destroy_flow as *mut c_void;
     vctx.sz = size_of::<verbs_context>() + FUTURE_SLOTS * size_of::<*mut c_void>();
     let c = &mut vctx.context;
     c.device = (&raw const *entry.ibv).cast_mut();

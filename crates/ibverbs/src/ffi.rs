@@ -55,6 +55,7 @@ pub(crate) enum Kind {
     CmChannel,
     CmId,
     CmEvent,
+    Flow,
 }
 
 static LIVE: Mutex<Option<HashMap<usize, Kind>>> = Mutex::new(None);

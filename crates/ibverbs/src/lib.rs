@@ -38,6 +38,8 @@ mod dm;
 #[allow(unsafe_code)]
 mod ffi;
 #[allow(unsafe_code)]
+mod flow;
+#[allow(unsafe_code)]
 mod import;
 #[allow(unsafe_code)]
 mod misc;

@@ -62,8 +62,11 @@ fn create(
         IBV_QPT_XRC_SEND => QpType::XrcSend,
         // XRC targets come from create_qp_ex with an XRC domain.
         IBV_QPT_XRC_RECV => return Err(libc::EINVAL),
-        // Raw packet (8), driver QPs.
-        8 | 0xff => return Err(libc::EOPNOTSUPP),
+        // Raw packet QPs (their frames through a packet socket, which
+        // needs CAP_NET_RAW: EPERM without, as from the kernel).
+        8 => QpType::RawPacket,
+        // Driver QPs.
+        0xff => return Err(libc::EOPNOTSUPP),
         _ => return Err(libc::EINVAL),
     };
     let scq = live_cq(a.send_cq).ok_or(libc::EINVAL)?;

@@ -924,6 +924,12 @@ fn a_forked_child_opens_its_own_context() {
     run_c_program("fork.c", &["-libverbs"]);
 }
 
+/// Raw packet QPs and flow rules through the headers (`tests/c/raw.c`).
+#[test]
+fn raw_packet_qps_and_flow_rules() {
+    run_c_program("raw.c", &["-libverbs"]);
+}
+
 /// librdmacm through its header: `rdma_set_option`'s checks and effects
 /// (TOS and ACK timeout on a connection to this device itself), the
 /// kernel's port rules for `rdma_bind_addr`/`rdma_listen`, multicast joins.

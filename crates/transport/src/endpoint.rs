@@ -492,6 +492,23 @@ impl Endpoint {
         self.qps.get_mut(&qpn).map(|s| &mut s.qp)
     }
 
+    /// Puts a completion made outside the endpoint (a raw packet QP's) on
+    /// CQ `cq`, with the notification or CQ error that follows.
+    pub fn complete(&mut self, cq: u32, c: Completion, now: Instant) {
+        self.moved = true;
+        Self::push_completion(&self.cqs, &mut self.notify, &mut self.events, cq, c, now);
+    }
+
+    /// Takes the completions of QP `qpn` (not the endpoint's: a raw
+    /// packet QP's) out of CQs `cqs`.
+    pub fn purge_cq_completions(&mut self, cqs: [u32; 2], qpn: u32) {
+        for id in cqs {
+            if let Some(cq) = self.cqs.get(&id) {
+                cq.lock().remove_qp(qpn);
+            }
+        }
+    }
+
     /// Takes QP `qpn`'s completions out of its CQs, when it is reset: a
     /// QP that works again after a reset must not have its old
     /// completions (flushed WRs of the error that preceded the reset)

@@ -31,7 +31,9 @@ pub mod xrc_relay;
 
 pub use endpoint::{CqRing, DeviceEvent, Endpoint, GsiDatagram, SharedCq};
 pub use memory::{AccessError, Accessor, AtomicOp, Key, Memory, MwBind, MwType};
-pub use qp::attr::{Access, AttrMask, ModifyError, Path, QpAttr, QpState, QpType};
+pub use qp::attr::{
+    Access, AttrMask, ModifyError, Path, QpAttr, QpState, QpType, check_transition,
+};
 pub use qp::{
     AWAITED_RUN, AsyncEvent, PostError, Qp, QpCaps, QpInit, QueueGauge, SendShape, Transmit,
 };

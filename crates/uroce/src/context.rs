@@ -697,7 +697,7 @@ impl Driven for Inner {
 
     fn sleep_fds(&self) -> Vec<i32> {
         use std::os::fd::{AsFd, AsRawFd};
-        let mut fds = self.lock().backend().raw_fds();
+        let mut fds = self.lock().sleep_fds();
         fds.push(self.bell.as_fd().as_raw_fd());
         fds
     }

@@ -92,6 +92,20 @@ pub(crate) struct Driver {
     pub(crate) cm: Option<CmDriver>,
     /// A tag unique to this driver in the process (`Context::key`).
     pub(crate) key: u64,
+    /// Raw packet QPs, their flow rules and their packet socket.
+    pub(crate) raw: crate::raw::RawQps,
+}
+
+/// Raw QPs' completions onto the endpoint's CQs, at `now`.
+pub(crate) struct CqsAt<'a> {
+    pub(crate) ep: &'a mut Endpoint,
+    pub(crate) now: Instant,
+}
+
+impl crate::raw::CqSink for CqsAt<'_> {
+    fn complete(&mut self, cq: u32, c: uroce_transport::Completion) {
+        self.ep.complete(cq, c, self.now);
+    }
 }
 
 /// The context's connection manager: the protocol agent, and the events
@@ -170,7 +184,22 @@ impl Driver {
                 static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
                 NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             },
+            raw: crate::raw::RawQps::default(),
         }
+    }
+
+    /// Receives raw packet QPs' frames; whether any came.
+    fn receive_raw(&mut self, now: Instant) -> bool {
+        let mut cqs = CqsAt { ep: &mut self.ep, now };
+        self.raw.poll(64, &self.mem, &mut cqs)
+    }
+
+    /// The descriptors the progress thread sleeps on: the backend's and
+    /// the raw QPs' packet socket.
+    pub(crate) fn sleep_fds(&self) -> Vec<i32> {
+        let mut fds = self.backend.raw_fds();
+        fds.extend(self.raw.raw_fd());
+        fds
     }
 
     /// Starts the connection manager (idempotent): QP1's datagrams go to
@@ -410,7 +439,7 @@ impl Driver {
         self.end_leftovers();
         let probes = self.ep.stats.rto_probes;
         let received = self.receive(now, 256);
-        let mut work = received > 0;
+        let mut work = received > 0 || self.receive_raw(now);
         if self.ep.poll_timeout().is_some_and(|t| t <= now) {
             work |= self.ep.handle_timeout(now) > 0;
         }
@@ -446,7 +475,7 @@ impl Driver {
 
     /// Hands the endpoint's events to their descriptors: async events to
     /// the context's queue, CQ notifications to the CQs' channels.
-    fn forward_events(&mut self) -> bool {
+    pub(crate) fn forward_events(&mut self) -> bool {
         while let Some(e) = self.ep.poll_event() {
             if !self.router.as_ref().is_some_and(|r| r.route(&e)) {
                 self.events.push(e);

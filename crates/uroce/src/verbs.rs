@@ -363,6 +363,9 @@ impl Pd {
             return Err(Error::Limit("max_qp"));
         }
         let qpn = e.ep.alloc_qpn();
+        if init.qp_type == QpType::RawPacket {
+            return self.create_raw_qp(&mut e, qpn, init, c);
+        }
         let qp_init = QpInit {
             qpn,
             qp_type: init.qp_type,
@@ -390,6 +393,113 @@ impl Pd {
             _xrcd: None,
             target: None,
         })
+    }
+}
+
+impl Pd {
+    /// A raw packet QP (see `crate::raw`) numbered `qpn`: its packet
+    /// socket on the device's interface needs `CAP_NET_RAW`.
+    fn create_raw_qp(
+        &self,
+        e: &mut crate::driver::Driver,
+        qpn: u32,
+        init: &QpInitAttr<'_>,
+        c: QpCaps,
+    ) -> Result<Qp> {
+        if init.srq.is_some() {
+            return Err(Error::InvalidArgument("a raw packet QP takes no SRQ"));
+        }
+        let ip = self.ctx.device.socket_addr().ip();
+        let ifindex = crate::netif::index_of(ip)
+            .ok_or(Error::InvalidArgument("the device's address is on no interface"))?;
+        let raw = crate::raw::RawInit {
+            qpn,
+            pd: self.handle,
+            send_cq: init.send_cq.inner.id,
+            recv_cq: init.recv_cq.inner.id,
+            sq_sig_all: init.sq_sig_all,
+            max_send_sge: c.max_send_sge,
+            max_recv_sge: c.max_recv_sge,
+            max_inline: c.max_inline_data,
+            rq_depth: c.max_recv_wr,
+        };
+        e.raw.create(ifindex, raw).map_err(|source| Error::Open {
+            device: self.ctx.device.name().to_string(),
+            addr: self.ctx.device.socket_addr(),
+            source,
+        })?;
+        // Its posting state stands unused: raw posts go to the raw module.
+        let qp_init = QpInit {
+            qpn,
+            qp_type: QpType::RawPacket,
+            pd: self.handle,
+            caps: c,
+            sq_sig_all: init.sq_sig_all,
+            max_unacked_psns: limits::SEND_WINDOW_PSNS,
+            port_mtu: self.ctx.device.port_attr().active_mtu,
+            uses_srq: false,
+        };
+        let post = Arc::new(QpPost::new(qp_init, uroce_transport::Qp::new(qp_init).gauge()));
+        Ok(Qp {
+            ctx: self.ctx.clone(),
+            qpn,
+            post,
+            cap: c,
+            qp_type: QpType::RawPacket,
+            _pd: Some(self.clone()),
+            _cqs: vec![init.send_cq.clone(), init.recv_cq.clone()],
+            _srq: None,
+            _xrcd: None,
+            target: None,
+        })
+    }
+}
+
+/// A flow rule on a raw packet QP (`ibv_create_flow`): frames it matches
+/// go to the QP while it lives (see [`crate::raw`]).
+pub struct Flow {
+    ctx: Arc<Inner>,
+    id: u32,
+}
+
+impl std::fmt::Debug for Flow {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Flow({})", self.id)
+    }
+}
+
+impl Flow {
+    /// Its handle (unique among the context's rules).
+    pub fn id(&self) -> u32 {
+        self.id
+    }
+}
+
+impl Drop for Flow {
+    fn drop(&mut self) {
+        self.ctx.lock().raw.remove_rule(self.id);
+    }
+}
+
+impl Qp {
+    /// Steers the frames `attr` matches to this raw packet QP
+    /// (`ibv_create_flow`); the rule lasts as long as the returned
+    /// [`Flow`].
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a QP of another type.
+    pub fn create_flow(&self, attr: crate::raw::FlowAttr) -> Result<Flow> {
+        if self.qp_type != QpType::RawPacket {
+            return Err(Error::InvalidArgument("flow rules steer to raw packet QPs"));
+        }
+        let id = self.ctx.lock().raw.add_rule(self.qpn, attr);
+        let id = id.ok_or(Error::InvalidArgument("QP destroyed"))?;
+        Ok(Flow { ctx: self.ctx.clone(), id })
+    }
+
+    /// The CQs a raw QP completes on.
+    fn raw_cqs(&self) -> [u32; 2] {
+        [self._cqs[0].inner.id, self._cqs[1].inner.id]
     }
 }
 
@@ -1038,6 +1148,17 @@ impl Qp {
     /// [`Error::Modify`] (EINVAL) for a wrong transition, mask or value.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
         let mut e = self.ctx.lock();
+        if self.qp_type == QpType::RawPacket {
+            let now = e.now();
+            let d = &mut *e;
+            let mut cqs = crate::driver::CqsAt { ep: &mut d.ep, now };
+            d.raw.modify(self.qpn, attr, mask, &mut cqs)?;
+            if mask.contains(AttrMask::STATE) && attr.state == uroce_transport::QpState::Reset {
+                d.ep.purge_cq_completions(self.raw_cqs(), self.qpn);
+            }
+            d.forward_events();
+            return Ok(());
+        }
         if mask.contains(AttrMask::AV)
             && let Some(p) = attr.path
         {
@@ -1071,7 +1192,11 @@ impl Qp {
 
     /// Current attributes (`ibv_query_qp`).
     pub fn query(&self) -> QpAttr {
-        self.ctx.lock().ep.qp(self.qpn).map(|q| q.attr()).unwrap_or_default()
+        let e = self.ctx.lock();
+        if let Some((state, port)) = e.raw.query(self.qpn) {
+            return QpAttr { state, port, ..QpAttr::default() };
+        }
+        e.ep.qp(self.qpn).map(|q| q.attr()).unwrap_or_default()
     }
 
     /// Send WRs the send queue takes now: its depth less the WQEs it holds
@@ -1097,6 +1222,20 @@ impl Qp {
     /// without it such WRs are read through the key table, under the
     /// driver.
     fn post_with(&self, wrs: &[SendWr<'_>], gather: Option<Gather<'_>>) -> Result<()> {
+        if self.qp_type == QpType::RawPacket {
+            let mut e = self.ctx.lock();
+            let now = e.now();
+            let d = &mut *e;
+            let mut cqs = crate::driver::CqsAt { ep: &mut d.ep, now };
+            let r = match gather {
+                Some(_) => {
+                    d.raw.post_send(self.qpn, wrs, &crate::mr::UncheckedInline(&d.mem), &mut cqs)
+                }
+                None => d.raw.post_send(self.qpn, wrs, &d.mem, &mut cqs),
+            };
+            d.forward_events();
+            return r.map_err(|(index, error)| Error::Post { index, error });
+        }
         let keyed_gather = gather.is_none()
             && wrs.iter().any(|w| {
                 w.flags.contains(SendFlags::INLINE)
@@ -1159,6 +1298,10 @@ impl Qp {
     /// # Errors
     /// [`Error::Post`] naming the first WR that was not posted.
     pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        if self.qp_type == QpType::RawPacket {
+            let r = self.ctx.lock().raw.post_recv(self.qpn, wrs);
+            return r.map_err(|(index, error)| Error::Post { index, error });
+        }
         // As a send post: at once if the driver is free, else staged.
         let Some(mut e) = self.ctx.try_lock() else {
             let (r, list) = self.post.stage_recv(wrs);
@@ -1187,7 +1330,9 @@ impl Qp {
 impl Drop for Qp {
     fn drop(&mut self) {
         // Device totals keep what destroyed QPs counted (as rxe's do).
-        if self.target.is_none() {
+        if self.qp_type == QpType::RawPacket {
+            self.ctx.lock().raw.destroy(self.qpn);
+        } else if self.target.is_none() {
             self.ctx.lock().destroy_qp(self.qpn);
         }
     }

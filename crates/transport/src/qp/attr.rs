@@ -22,6 +22,11 @@ pub enum QpType {
     /// XRC target (`IBV_QPT_XRC_RECV`): receives into the SRQ each request
     /// names (of its own XRC domain); no send queue, PD or CQs of its own.
     XrcRecv = 10,
+    /// Raw packet (`IBV_QPT_RAW_PACKET`): whole Ethernet frames, sent as
+    /// posted and received as flow rules steer them; no transport. The
+    /// endpoint never runs one (the verbs layer's raw module does); only
+    /// its modify rules are here.
+    RawPacket = 8,
 }
 
 impl QpType {
@@ -244,9 +249,9 @@ impl Default for QpAttr {
 /// The attribute masks allowed for one transition, per QP type.
 #[derive(Clone, Copy)]
 struct Rule {
-    /// Per type: RC, UC, UD, XRC initiator, XRC target.
-    required: [u32; 5],
-    optional: [u32; 5],
+    /// Per type: RC, UC, UD, XRC initiator, XRC target, raw packet.
+    required: [u32; 6],
+    optional: [u32; 6],
 }
 
 const fn idx(t: QpType) -> usize {
@@ -256,6 +261,7 @@ const fn idx(t: QpType) -> usize {
         QpType::Ud => 2,
         QpType::XrcSend => 3,
         QpType::XrcRecv => 4,
+        QpType::RawPacket => 5,
     }
 }
 
@@ -281,13 +287,14 @@ const fn rule(cur: QpState, next: QpState) -> Option<Rule> {
     const MIG: u32 = AttrMask::PATH_MIG_STATE.0;
     const CUR: u32 = AttrMask::CUR_STATE.0;
     const SQDN: u32 = AttrMask::EN_SQD_ASYNC_NOTIFY.0;
-    const fn r(required: [u32; 5], optional: [u32; 5]) -> Option<Rule> {
+    const fn r(required: [u32; 6], optional: [u32; 6]) -> Option<Rule> {
         Some(Rule { required, optional })
     }
-    const NONE: [u32; 5] = [0; 5];
+    const NONE: [u32; 6] = [0; 6];
     // RC's, UC's and UD's rules, then the XRC initiator's and target's as
     // Linux's qp_state_table has them (the initiator receives no requests,
-    // the target sends none).
+    // the target sends none), then a raw packet QP's (a port, nothing
+    // else).
     const RC_RTS_OPT: u32 = CUR | ALT | ACC | RNRT | MIG;
     match (cur, next) {
         (_, Reset) => r(NONE, NONE),
@@ -295,17 +302,17 @@ const fn rule(cur: QpState, next: QpState) -> Option<Rule> {
         (_, Error) => r(NONE, NONE),
         (Reset, Init) => {
             let rc = PKEY | PORT | ACC;
-            r([rc, rc, PKEY | PORT | QKEY, rc, rc], NONE)
+            r([rc, rc, PKEY | PORT | QKEY, rc, rc, PORT], NONE)
         }
         (Init, Init) => {
             let rc = PKEY | PORT | ACC;
-            r(NONE, [rc, rc, PKEY | PORT | QKEY, rc, rc])
+            r(NONE, [rc, rc, PKEY | PORT | QKEY, rc, rc, PORT])
         }
         (Init, ReadyToReceive) => {
             let rc = AV | MTU | DQPN | RQPSN | MDRA | RNRT;
             let uc = AV | MTU | DQPN | RQPSN;
             let opt = ALT | ACC | PKEY;
-            r([rc, uc, 0, uc, rc], [opt, opt, PKEY | QKEY, opt, opt])
+            r([rc, uc, 0, uc, rc, 0], [opt, opt, PKEY | QKEY, opt, opt, 0])
         }
         (ReadyToReceive, ReadyToSend) => r(
             [
@@ -314,24 +321,25 @@ const fn rule(cur: QpState, next: QpState) -> Option<Rule> {
                 SQPSN,
                 TMO | RETRY | RNRR | SQPSN | MRA,
                 TMO | SQPSN,
+                0,
             ],
-            [RC_RTS_OPT, CUR | ALT | ACC | MIG, CUR | QKEY, RC_RTS_OPT, RC_RTS_OPT],
+            [RC_RTS_OPT, CUR | ALT | ACC | MIG, CUR | QKEY, RC_RTS_OPT, RC_RTS_OPT, 0],
         ),
         (ReadyToSend, ReadyToSend) => {
             let rc = CUR | ACC | ALT | MIG | RNRT;
-            r(NONE, [rc, CUR | ACC | ALT | MIG, CUR | QKEY, rc, rc])
+            r(NONE, [rc, CUR | ACC | ALT | MIG, CUR | QKEY, rc, rc, 0])
         }
-        (ReadyToSend, SendQueueDrain) => r(NONE, [SQDN; 5]),
+        (ReadyToSend, SendQueueDrain) => r(NONE, [SQDN, SQDN, SQDN, SQDN, SQDN, 0]),
         (SendQueueDrain, ReadyToSend) => {
-            r(NONE, [RC_RTS_OPT, CUR | ALT | ACC | MIG, CUR | QKEY, RC_RTS_OPT, RC_RTS_OPT])
+            r(NONE, [RC_RTS_OPT, CUR | ALT | ACC | MIG, CUR | QKEY, RC_RTS_OPT, RC_RTS_OPT, 0])
         }
         (SendQueueDrain, SendQueueDrain) => {
             let rc = PORT | AV | TMO | RETRY | RNRR | MRA | MDRA | ALT | ACC | PKEY | RNRT | MIG;
-            r(NONE, [rc, AV | ALT | ACC | PKEY | MIG, PKEY | QKEY, rc, rc])
+            r(NONE, [rc, AV | ALT | ACC | PKEY | MIG, PKEY | QKEY, rc, rc, 0])
         }
         // RC has no SQE state: its send errors move the QP to ERR.
         (SendQueueError, ReadyToSend) => {
-            Some(Rule { required: NONE, optional: [0, CUR | ACC, CUR | QKEY, 0, 0] })
+            Some(Rule { required: NONE, optional: [0, CUR | ACC, CUR | QKEY, 0, 0, 0] })
         }
         _ => None,
     }

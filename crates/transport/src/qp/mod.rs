@@ -137,7 +137,7 @@ impl QpInit {
             QpType::XrcSend => {
                 !matches!(wr.opcode, WrOpcode::BindMw | WrOpcode::Flush | WrOpcode::AtomicWrite)
             }
-            QpType::XrcRecv => false,
+            QpType::XrcRecv | QpType::RawPacket => false,
         };
         if !supported {
             return Err(PostError::InvalidOpcode);
@@ -852,6 +852,8 @@ impl Qp {
             QpType::Uc => Transport::Uc,
             QpType::Ud => Transport::Ud,
             QpType::XrcSend | QpType::XrcRecv => Transport::Xrc,
+            // Never in the endpoint (see QpType::RawPacket): takes nothing.
+            QpType::RawPacket => return,
         };
         // An XRC initiator takes only responses, a target only requests.
         let one_way_wrong = match self.init.qp_type {

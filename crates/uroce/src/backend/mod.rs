@@ -6,6 +6,7 @@ pub(crate) mod share;
 mod shm;
 // Ethernet framing for the backends that own their frames (AF_XDP, DPDK).
 mod frame;
+pub(crate) mod packet;
 
 pub(crate) use share::has_connection_lists;
 
