@@ -94,6 +94,11 @@ pub(crate) fn make_context(
     vctx.modify_cq = Some(crate::cq::modify_cq);
     vctx.ibv_create_flow = crate::flow::create_flow as *mut c_void;
     vctx.ibv_destroy_flow = crate::flow::destroy_flow as *mut c_void;
+    vctx.create_wq = crate::wq::create_wq as *mut c_void;
+    vctx.modify_wq = crate::wq::modify_wq as *mut c_void;
+    vctx.destroy_wq = crate::wq::destroy_wq as *mut c_void;
+    vctx.create_rwq_ind_table = crate::wq::create_rwq_ind_table as *mut c_void;
+    vctx.destroy_rwq_ind_table = crate::wq::destroy_rwq_ind_table as *mut c_void;
     vctx.sz = size_of::<verbs_context>() + FUTURE_SLOTS * size_of::<*mut c_void>();
     let c = &mut vctx.context;
     c.device = (&raw const *entry.ibv).cast_mut();

@@ -56,6 +56,8 @@ pub(crate) enum Kind {
     CmId,
     CmEvent,
     Flow,
+    Wq,
+    RwqIndTable,
 }
 
 static LIVE: Mutex<Option<HashMap<usize, Kind>>> = Mutex::new(None);

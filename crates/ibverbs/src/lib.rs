@@ -59,6 +59,8 @@ mod qp_ex;
 mod rdmacm;
 #[allow(unsafe_code)]
 mod srq;
+#[allow(unsafe_code)]
+mod wq;
 mod wr_batch;
 #[allow(unsafe_code)]
 mod xrc;

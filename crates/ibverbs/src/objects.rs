@@ -358,6 +358,8 @@ pub(crate) struct QpBox {
     pub(crate) srq: *const SrqBox,
     /// An XRC target's domain, else null.
     pub(crate) xrcd: *const XrcdBox,
+    /// An RSS QP's indirection table, else null.
+    pub(crate) ind_table: *const crate::wq::RwqBox,
     /// Created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: `ibv_qp_to_qp_ex`
     /// answers for it.
     pub(crate) ex: bool,

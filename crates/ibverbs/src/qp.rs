@@ -129,6 +129,7 @@ fn create(
             recv_cq: rcq_held,
             srq: srq.map_or(std::ptr::null(), |s| s as *const SrqBox),
             xrcd: std::ptr::null(),
+            ind_table: std::ptr::null(),
             ex,
             cap,
             sq_sig_all: a.sq_sig_all != 0,
@@ -180,7 +181,25 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
         let a = unsafe { &mut *attr };
         const CREATE_FLAGS: u32 = 1 << 2;
         const XRCD: u32 = 1 << 1;
+        const IND_TABLE: u32 = 0x10;
+        const RX_HASH: u32 = 0x20;
         let known = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_SEND_OPS_FLAGS | CREATE_FLAGS | XRCD;
+        if a.comp_mask & (IND_TABLE | RX_HASH) != 0 {
+            // An RSS QP: raw packet, PD, table and hash; nothing else.
+            let all = IND_TABLE | RX_HASH | IBV_QP_INIT_ATTR_PD | CREATE_FLAGS;
+            if a.comp_mask & (IND_TABLE | RX_HASH) != IND_TABLE | RX_HASH
+                || a.comp_mask & !all != 0
+                || a.create_flags != 0
+                || a.qp_type != 8
+            {
+                return null_errno(libc::EINVAL);
+            }
+            let Some(p) = live_pd(a.pd) else { return null_errno(libc::EINVAL) };
+            return match crate::wq::create_rss_qp(c, p, a.rwq_ind_tbl, &a.rx_hash_conf) {
+                Ok((inner, table)) => rss_box(c, p, a.pd, inner, table, a.qp_context).cast(),
+                Err(e) => null_errno(e),
+            };
+        }
         if a.qp_type == IBV_QPT_XRC_RECV {
             if a.comp_mask & XRCD == 0 {
                 return null_errno(libc::EINVAL);
@@ -239,6 +258,7 @@ pub(crate) unsafe extern "C" fn ibv_destroy_qp(qp: *mut ibv_qp) -> c_int {
                 b.recv_cq.as_ref().map(|c| &c.users),
                 b.srq.as_ref().map(|s| &s.users),
                 b.xrcd.as_ref().map(|x| &x.users),
+                b.ind_table.as_ref().map(|t| &t.users),
             ]
             .into_iter()
             .flatten()
@@ -750,6 +770,51 @@ pub(crate) unsafe extern "C" fn open_qp(
     })
 }
 
+/// The C handle of an RSS QP: its PD and indirection table held, no CQs
+/// or queues of its own.
+fn rss_box(
+    c: &CtxBox,
+    p: &crate::objects::PdBox,
+    pd: *mut ibv_pd,
+    inner: uroce::Qp,
+    table: *const crate::wq::RwqBox,
+    qp_context: *mut c_void,
+) -> *mut QpBox {
+    let qpn = inner.qpn();
+    // SAFETY: ibv_qp_ex is C data; all-zero is valid.
+    let mut qpx: ibv_qp_ex = unsafe { std::mem::zeroed() };
+    let base = &mut qpx.qp_base;
+    base.context = c.ibv();
+    base.qp_context = qp_context;
+    base.pd = pd;
+    base.handle = qpn;
+    base.qp_num = qpn;
+    base.state = inner.query().state as c_int;
+    base.qp_type = 8;
+    crate::objects::hold(&p.users);
+    into_c(
+        QpBox {
+            qpx: UnsafeCell::new(qpx),
+            inner,
+            dev: c.dev.clone(),
+            pd: p,
+            send_cq: std::ptr::null(),
+            recv_cq: std::ptr::null(),
+            srq: std::ptr::null(),
+            xrcd: std::ptr::null(),
+            ind_table: table,
+            ex: false,
+            cap: ibv_qp_cap::default(),
+            sq_sig_all: false,
+            builder: Mutex::new(crate::wr_batch::Builder::new(&ibv_qp_cap::default())),
+            posting: AtomicBool::new(false),
+            async_events: EventLedger::default(),
+            async_queue: c.async_queue.clone(),
+        },
+        Kind::Qp,
+    )
+}
+
 /// The C handle of an XRC target QP (made or opened): no PD, CQs or
 /// queues, its domain held.
 fn target_box(c: &CtxBox, x: &XrcdBox, inner: uroce::Qp, qp_context: *mut c_void) -> *mut QpBox {
@@ -775,6 +840,7 @@ fn target_box(c: &CtxBox, x: &XrcdBox, inner: uroce::Qp, qp_context: *mut c_void
             recv_cq: std::ptr::null(),
             srq: std::ptr::null(),
             xrcd: x,
+            ind_table: std::ptr::null(),
             ex: false,
             cap,
             sq_sig_all: false,

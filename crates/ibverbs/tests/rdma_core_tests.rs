@@ -33,10 +33,7 @@ const ALLOWED_SKIPS: &[(&str, &str)] = &[
 
 /// Tests that fail here for a reason listed (what they need is not
 /// implemented, and they do not skip themselves for it).
-const KNOWN_ERRORS: &[(&str, &str)] = &[(
-    "test_rss_traffic",
-    "receive work queues and RSS indirection tables (ibv_create_wq) are not implemented",
-)];
+const KNOWN_ERRORS: &[(&str, &str)] = &[];
 
 #[test]
 fn rdma_core_test_suite_passes() {

@@ -189,7 +189,9 @@ pub use uroce_transport::{
 };
 pub use uroce_wire as wire;
 pub use uroce_wire::{LocalAckTimeout, Mtu, Psn, RnrTimer};
-pub use verbs::{Cq, Flow, Mr, Mw, Pd, Qp, QpInitAttr, Srq, SrqAttr, Xrcd, inc_rkey};
+pub use verbs::{
+    Cq, Flow, Mr, Mw, Pd, Qp, QpInitAttr, RwqIndTable, Srq, SrqAttr, Wq, Xrcd, inc_rkey,
+};
 
 /// Moves an RC or UC QP from RESET to RTS connected to `peer` (the usual
 /// three `ibv_modify_qp` calls of every verbs example), with perftest's

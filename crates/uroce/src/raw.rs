@@ -234,6 +234,49 @@ struct RawQp {
     max_inline: u32,
     rq_depth: usize,
     rq: VecDeque<(u64, Vec<Sge>)>,
+    /// An RSS QP's hash and indirection table: its frames go to the work
+    /// queue the hash picks (it has no receive queue of its own).
+    rss: Option<Rss>,
+}
+
+/// How an RSS QP spreads frames (`struct ibv_rx_hash_conf`): a Toeplitz
+/// hash of the fields `fields` names (`IBV_RX_HASH_*` bits) with `key`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RxHash {
+    /// `IBV_RX_HASH_SRC_IPV4` and the rest.
+    pub fields: u64,
+    /// The Toeplitz key (40 bytes, usually).
+    pub key: Vec<u8>,
+}
+
+#[derive(Debug)]
+struct Rss {
+    hash: RxHash,
+    /// Work queue numbers, a power of two of them.
+    table: Vec<u32>,
+}
+
+/// A receive work queue's state (`enum ibv_wq_state`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WqState {
+    /// Takes receives, delivers nothing.
+    Reset,
+    /// Ready.
+    Ready,
+    /// Receives flushed.
+    Error,
+}
+
+/// A receive work queue (`ibv_wq`): receives for the RSS QPs whose
+/// tables name it.
+#[derive(Debug)]
+struct WorkQueue {
+    pd: u32,
+    cq: u32,
+    state: WqState,
+    depth: usize,
+    max_sge: u32,
+    rq: VecDeque<(u64, Vec<Sge>)>,
 }
 
 /// A context's raw QPs, their rules and their packet socket.
@@ -241,6 +284,7 @@ struct RawQp {
 pub(crate) struct RawQps {
     sock: Option<PacketSocket>,
     qps: HashMap<u32, RawQp>,
+    wqs: HashMap<u32, WorkQueue>,
     rules: Vec<(u32, u32, FlowAttr)>,
     next_rule: u32,
     /// Frames received that no rule took, or whose QP had no receive
@@ -289,8 +333,90 @@ impl RawQps {
                 max_inline: init.max_inline,
                 rq_depth: init.rq_depth as usize,
                 rq: VecDeque::new(),
+                rss: None,
             },
         );
+        Ok(())
+    }
+
+    /// Adds an RSS QP spreading frames over work queues `table` (a power
+    /// of two of them, each of this context) by `hash`: ready to receive
+    /// at once, as mlx5's are (they have no states to move through).
+    pub(crate) fn create_rss(
+        &mut self,
+        ifindex: u32,
+        init: RawInit,
+        table: Vec<u32>,
+        hash: RxHash,
+    ) -> std::io::Result<()> {
+        self.create(ifindex, init)?;
+        if let Some(q) = self.qps.get_mut(&init.qpn) {
+            q.state = QpState::ReadyToReceive;
+            q.rss = Some(Rss { hash, table });
+        }
+        Ok(())
+    }
+
+    /// Adds work queue `wqn`.
+    pub(crate) fn create_wq(&mut self, wqn: u32, pd: u32, cq: u32, depth: u32, max_sge: u32) {
+        let wq = WorkQueue {
+            pd,
+            cq,
+            state: WqState::Reset,
+            depth: depth as usize,
+            max_sge,
+            rq: VecDeque::new(),
+        };
+        self.wqs.insert(wqn, wq);
+    }
+
+    /// Removes work queue `wqn`.
+    pub(crate) fn destroy_wq(&mut self, wqn: u32) {
+        self.wqs.remove(&wqn);
+    }
+
+    /// `ibv_modify_wq`'s state change: to ERR its receives are flushed,
+    /// to RESET dropped.
+    pub(crate) fn modify_wq(&mut self, wqn: u32, state: WqState, cqs: &mut dyn CqSink) -> bool {
+        let Some(w) = self.wqs.get_mut(&wqn) else { return false };
+        match state {
+            WqState::Reset => w.rq.clear(),
+            WqState::Error if w.state != WqState::Error => {
+                for (wr_id, _) in w.rq.drain(..) {
+                    let c = Completion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, wqn, true);
+                    cqs.complete(w.cq, c);
+                }
+            }
+            _ => {}
+        }
+        w.state = state;
+        true
+    }
+
+    /// The state of work queue `wqn`.
+    pub(crate) fn wq_state(&self, wqn: u32) -> Option<WqState> {
+        self.wqs.get(&wqn).map(|w| w.state)
+    }
+
+    /// `ibv_post_wq_recv`.
+    pub(crate) fn post_wq_recv(
+        &mut self,
+        wqn: u32,
+        wrs: &[RecvWr<'_>],
+    ) -> Result<(), (usize, PostError)> {
+        let Some(w) = self.wqs.get_mut(&wqn) else { return Err((0, PostError::InvalidState)) };
+        for (i, wr) in wrs.iter().enumerate() {
+            if w.state == WqState::Error {
+                return Err((i, PostError::InvalidState));
+            }
+            if w.rq.len() >= w.depth {
+                return Err((i, PostError::QueueFull));
+            }
+            if wr.sgl.len() > w.max_sge as usize {
+                return Err((i, PostError::TooManySge));
+            }
+            w.rq.push_back((wr.wr_id, wr.sgl.to_vec()));
+        }
         Ok(())
     }
 
@@ -320,6 +446,9 @@ impl RawQps {
         let Some(q) = self.qps.get_mut(&qpn) else {
             return Err(ModifyError::BadValue("QP destroyed"));
         };
+        if q.rss.is_some() {
+            return Err(ModifyError::BadValue("an RSS QP has no states to move through"));
+        }
         let next = if mask.contains(AttrMask::STATE) { attr.state } else { q.state };
         uroce_transport::check_transition(QpType::RawPacket, q.state, next, mask)?;
         if mask.contains(AttrMask::PORT) {
@@ -482,8 +611,14 @@ impl RawQps {
         out
     }
 
-    /// Puts `frame` into QP `qpn`'s next receive, if it takes frames.
+    /// Puts `frame` into QP `qpn`'s next receive, if it takes frames (an
+    /// RSS QP's: the work queue its hash picks).
     fn deliver(&mut self, qpn: u32, frame: &[u8], mem: &dyn Memory, cqs: &mut dyn CqSink) {
+        if let Some(rss) = self.qps.get(&qpn).and_then(|q| q.rss.as_ref()) {
+            let h = toeplitz(&rss.hash.key, &hash_input(frame, rss.hash.fields));
+            let wqn = rss.table[h as usize & (rss.table.len() - 1)];
+            return self.deliver_wq(wqn, frame, mem, cqs);
+        }
         let Some(q) = self.qps.get_mut(&qpn) else { return };
         if !matches!(q.state, QpState::ReadyToReceive | QpState::ReadyToSend) {
             self.dropped += 1;
@@ -504,6 +639,30 @@ impl RawQps {
             for (wr_id, _) in q.rq.drain(..) {
                 let c = Completion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn, true);
                 cqs.complete(q.recv_cq, c);
+            }
+        }
+    }
+
+    /// Puts `frame` into work queue `wqn`'s next receive.
+    fn deliver_wq(&mut self, wqn: u32, frame: &[u8], mem: &dyn Memory, cqs: &mut dyn CqSink) {
+        let Some(w) = self.wqs.get_mut(&wqn) else { return };
+        if w.state != WqState::Ready {
+            self.dropped += 1;
+            return;
+        }
+        let Some((wr_id, sgl)) = w.rq.pop_front() else {
+            self.dropped += 1;
+            return;
+        };
+        let status = scatter(&sgl, Accessor { pd: w.pd, qpn: wqn }, mem, frame);
+        let mut c = Completion::new(wr_id, status, WcOpcode::Recv, wqn, true);
+        c.byte_len = frame.len() as u32;
+        cqs.complete(w.cq, c);
+        if status != WcStatus::Success {
+            w.state = WqState::Error;
+            for (wr_id, _) in w.rq.drain(..) {
+                let c = Completion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, wqn, true);
+                cqs.complete(w.cq, c);
             }
         }
     }
@@ -529,6 +688,63 @@ impl RawQps {
     pub(crate) fn raw_fd(&self) -> Option<i32> {
         self.sock.as_ref().map(PacketSocket::raw_fd)
     }
+}
+
+/// What an RSS hash reads of a frame, in the order RSS defines: source
+/// and destination address, then source and destination port (each only
+/// if `mask` names it and the frame has it).
+fn hash_input(frame: &[u8], mask: u64) -> Vec<u8> {
+    const SRC_IPV4: u64 = 1;
+    const DST_IPV4: u64 = 2;
+    const SRC_IPV6: u64 = 4;
+    const DST_IPV6: u64 = 8;
+    const TCP_PORTS: (u64, u64) = (0x10, 0x20);
+    const UDP_PORTS: (u64, u64) = (0x40, 0x80);
+    let mut out = Vec::with_capacity(36);
+    let Some(x) = fields(frame) else { return out };
+    if let Some((src, dst, ..)) = x.v4 {
+        if mask & SRC_IPV4 != 0 {
+            out.extend_from_slice(&src);
+        }
+        if mask & DST_IPV4 != 0 {
+            out.extend_from_slice(&dst);
+        }
+    }
+    if let Some((src, dst, ..)) = x.v6 {
+        if mask & SRC_IPV6 != 0 {
+            out.extend_from_slice(&src);
+        }
+        if mask & DST_IPV6 != 0 {
+            out.extend_from_slice(&dst);
+        }
+    }
+    if let Some((proto, sport, dport)) = x.l4 {
+        let (s, d) = if proto == 6 { TCP_PORTS } else { UDP_PORTS };
+        if mask & s != 0 {
+            out.extend_from_slice(&sport.to_be_bytes());
+        }
+        if mask & d != 0 {
+            out.extend_from_slice(&dport.to_be_bytes());
+        }
+    }
+    out
+}
+
+/// The Toeplitz hash of `input` under `key` (Microsoft's RSS hash): for
+/// each set bit of the input, the 32 key bits starting at its position.
+fn toeplitz(key: &[u8], input: &[u8]) -> u32 {
+    let key_bit = |i: usize| key.get(i / 8).map_or(0, |b| u32::from(b >> (7 - i % 8)) & 1);
+    let mut window = (0..32).fold(0u32, |w, i| (w << 1) | key_bit(i));
+    let mut hash = 0;
+    for (i, byte) in input.iter().enumerate() {
+        for bit in 0..8 {
+            if byte & (0x80 >> bit) != 0 {
+                hash ^= window;
+            }
+            window = (window << 1) | key_bit(32 + i * 8 + bit);
+        }
+    }
+    hash
 }
 
 /// Gathers `sgl` into `out` (each SGE checked against the QP's PD).
@@ -604,11 +820,30 @@ mod tests {
                     max_inline: 0,
                     rq_depth: 4,
                     rq: VecDeque::new(),
+                    rss: None,
                 },
             );
             r.add_rule(*qpn, a.clone());
         }
         r
+    }
+
+    /// Microsoft's RSS verification suite: 66.9.149.187:2794 ->
+    /// 161.142.100.80:1766 hashes to 0x51ccc178 with ports, 0x323e8fc2
+    /// without.
+    #[test]
+    fn toeplitz_matches_the_rss_verification_vectors() {
+        let key = [
+            0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67, 0x25, 0x3d, 0x43, 0xa3,
+            0x8f, 0xb0, 0xd0, 0xca, 0x2b, 0xcb, 0xae, 0x7b, 0x30, 0xb4, 0x77, 0xcb, 0x2d, 0xa3,
+            0x80, 0x30, 0xf2, 0x0c, 0x6a, 0x42, 0xb7, 0x3b, 0xbe, 0xac, 0x01, 0xfa,
+        ];
+        let ips = [66u8, 9, 149, 187, 161, 142, 100, 80];
+        assert_eq!(toeplitz(&key, &ips), 0x323e_8fc2);
+        let mut with_ports = ips.to_vec();
+        with_ports.extend_from_slice(&2794u16.to_be_bytes());
+        with_ports.extend_from_slice(&1766u16.to_be_bytes());
+        assert_eq!(toeplitz(&key, &with_ports), 0x51cc_c178);
     }
 
     #[test]

@@ -392,6 +392,7 @@ impl Pd {
             _srq: init.srq.cloned(),
             _xrcd: None,
             target: None,
+            _table: None,
         })
     }
 }
@@ -451,7 +452,211 @@ impl Pd {
             _srq: None,
             _xrcd: None,
             target: None,
+            _table: None,
         })
+    }
+}
+
+/// A receive work queue (`ibv_wq`, type RQ): receives for RSS QPs
+/// ([`Pd::create_rss_qp`]) whose indirection tables name it, completed on
+/// its CQ. Cloning shares it.
+#[derive(Clone)]
+pub struct Wq {
+    inner: Arc<WqInner>,
+}
+
+struct WqInner {
+    ctx: Arc<Inner>,
+    wqn: u32,
+    _pd: Pd,
+    _cq: Cq,
+}
+
+impl Drop for WqInner {
+    fn drop(&mut self) {
+        self.ctx.lock().raw.destroy_wq(self.wqn);
+    }
+}
+
+impl std::fmt::Debug for Wq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Wq({:#x})", self.inner.wqn)
+    }
+}
+
+impl Pd {
+    /// A receive work queue of `max_wr` WQEs of `max_sge` entries, its
+    /// completions on `cq` (`ibv_create_wq`); it starts in RESET.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] for a CQ of another context or sizes
+    /// above the device's limits.
+    pub fn create_wq(&self, cq: &Cq, max_wr: u32, max_sge: u32) -> Result<Wq> {
+        if !Arc::ptr_eq(&cq.inner.ctx, &self.ctx) {
+            return Err(Error::InvalidArgument("CQ belongs to another context"));
+        }
+        if max_wr == 0 || max_wr > limits::MAX_QP_WR || max_sge > limits::MAX_SGE {
+            return Err(Error::InvalidArgument("WQ sizes out of range"));
+        }
+        let mut e = self.ctx.lock();
+        let wqn = e.ep.alloc_qpn();
+        e.raw.create_wq(wqn, self.handle, cq.inner.id, max_wr, max_sge.max(1));
+        let inner = WqInner { ctx: self.ctx.clone(), wqn, _pd: self.clone(), _cq: cq.clone() };
+        Ok(Wq { inner: Arc::new(inner) })
+    }
+
+    /// A receive-only raw packet QP that spreads the frames its flow rules
+    /// take over `table`'s work queues by `hash` (an RSS QP:
+    /// `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_RX_HASH` and `_IND_TABLE`).
+    /// It receives at once; it has no states to move through and sends
+    /// nothing.
+    ///
+    /// # Errors
+    /// As a raw packet QP's creation ([`Pd::create_qp`]), and
+    /// [`Error::InvalidArgument`] for a table of another context.
+    pub fn create_rss_qp(&self, table: &RwqIndTable, hash: crate::raw::RxHash) -> Result<Qp> {
+        if !Arc::ptr_eq(&table.inner.ctx, &self.ctx) {
+            return Err(Error::InvalidArgument("indirection table of another context"));
+        }
+        let ip = self.ctx.device.socket_addr().ip();
+        let ifindex = crate::netif::index_of(ip)
+            .ok_or(Error::InvalidArgument("the device's address is on no interface"))?;
+        let mut e = self.ctx.lock();
+        let qpn = e.ep.alloc_qpn();
+        let none = u32::MAX;
+        let raw = crate::raw::RawInit {
+            qpn,
+            pd: self.handle,
+            send_cq: none,
+            recv_cq: none,
+            sq_sig_all: false,
+            max_send_sge: 0,
+            max_recv_sge: 0,
+            max_inline: 0,
+            rq_depth: 0,
+        };
+        let wqns = table.inner.wqs.iter().map(|w| w.inner.wqn).collect();
+        e.raw.create_rss(ifindex, raw, wqns, hash).map_err(|source| Error::Open {
+            device: self.ctx.device.name().to_string(),
+            addr: self.ctx.device.socket_addr(),
+            source,
+        })?;
+        let caps = QpCaps {
+            max_send_wr: 0,
+            max_recv_wr: 0,
+            max_send_sge: 0,
+            max_recv_sge: 0,
+            max_inline_data: 0,
+        };
+        let qp_init = QpInit {
+            qpn,
+            qp_type: QpType::RawPacket,
+            pd: self.handle,
+            caps,
+            sq_sig_all: false,
+            max_unacked_psns: limits::SEND_WINDOW_PSNS,
+            port_mtu: self.ctx.device.port_attr().active_mtu,
+            uses_srq: true,
+        };
+        let post = Arc::new(QpPost::new(qp_init, uroce_transport::Qp::new(qp_init).gauge()));
+        Ok(Qp {
+            ctx: self.ctx.clone(),
+            qpn,
+            post,
+            cap: caps,
+            qp_type: QpType::RawPacket,
+            _pd: Some(self.clone()),
+            _cqs: Vec::new(),
+            _srq: None,
+            _xrcd: None,
+            target: None,
+            _table: Some(table.clone()),
+        })
+    }
+}
+
+impl Wq {
+    /// Its number (`ibv_wq.wq_num`; completions carry it as `qp_num`).
+    pub fn wqn(&self) -> u32 {
+        self.inner.wqn
+    }
+
+    /// Moves it to `state` (`ibv_modify_wq`); to ERR its receives are
+    /// flushed, to RESET dropped.
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] if it is gone.
+    pub fn modify(&self, state: crate::raw::WqState) -> Result<()> {
+        let mut e = self.inner.ctx.lock();
+        let now = e.now();
+        let d = &mut *e;
+        let mut cqs = crate::driver::CqsAt { ep: &mut d.ep, now };
+        let done = d.raw.modify_wq(self.inner.wqn, state, &mut cqs);
+        d.forward_events();
+        done.then_some(()).ok_or(Error::InvalidArgument("WQ destroyed"))
+    }
+
+    /// Its state.
+    pub fn state(&self) -> crate::raw::WqState {
+        self.inner.ctx.lock().raw.wq_state(self.inner.wqn).unwrap_or(crate::raw::WqState::Error)
+    }
+
+    /// Posts receive WRs (`ibv_post_wq_recv`).
+    ///
+    /// # Errors
+    /// [`Error::Post`] naming the first WR that was not posted.
+    pub fn post_recv(&self, wrs: &[RecvWr<'_>]) -> Result<()> {
+        let r = self.inner.ctx.lock().raw.post_wq_recv(self.inner.wqn, wrs);
+        r.map_err(|(index, error)| Error::Post { index, error })
+    }
+}
+
+/// A receive work queue indirection table (`ibv_rwq_ind_table`): the work
+/// queues an RSS QP's hash chooses among, a power of two of them.
+/// Cloning shares it; it keeps its work queues alive.
+#[derive(Clone)]
+pub struct RwqIndTable {
+    inner: Arc<RwqInner>,
+}
+
+struct RwqInner {
+    ctx: Arc<Inner>,
+    wqs: Vec<Wq>,
+}
+
+impl std::fmt::Debug for RwqIndTable {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "RwqIndTable({} WQs)", self.inner.wqs.len())
+    }
+}
+
+impl Context {
+    /// An indirection table of `wqs` (`ibv_create_rwq_ind_table`).
+    ///
+    /// # Errors
+    /// [`Error::InvalidArgument`] unless their number is a power of two
+    /// (and at most 2^16) and they are all of this context.
+    pub fn create_rwq_ind_table(&self, wqs: &[Wq]) -> Result<RwqIndTable> {
+        if !wqs.len().is_power_of_two() || wqs.len() > 1 << 16 {
+            return Err(Error::InvalidArgument("a power of two of work queues"));
+        }
+        if wqs.iter().any(|w| !Arc::ptr_eq(&w.inner.ctx, &self.inner)) {
+            return Err(Error::InvalidArgument("a work queue of another context"));
+        }
+        let inner = RwqInner { ctx: self.inner.clone(), wqs: wqs.to_vec() };
+        Ok(RwqIndTable { inner: Arc::new(inner) })
+    }
+}
+
+impl RwqIndTable {
+    /// How many work queues it names.
+    pub fn len(&self) -> usize {
+        self.inner.wqs.len()
+    }
+
+    /// Whether it names none (never: a table has at least one).
+    pub fn is_empty(&self) -> bool {
+        self.inner.wqs.is_empty()
     }
 }
 
@@ -499,7 +704,8 @@ impl Qp {
 
     /// The CQs a raw QP completes on.
     fn raw_cqs(&self) -> [u32; 2] {
-        [self._cqs[0].inner.id, self._cqs[1].inner.id]
+        let id = |i: usize| self._cqs.get(i).map_or(u32::MAX, |c| c.inner.id);
+        [id(0), id(1)]
     }
 }
 
@@ -732,6 +938,7 @@ impl Xrcd {
             _srq: None,
             _xrcd: Some(self.clone()),
             target: Some(life),
+            _table: None,
         }
     }
 }
@@ -1100,6 +1307,8 @@ pub struct Qp {
     _xrcd: Option<Xrcd>,
     /// An XRC target's shared life: it destroys the QP, not this handle.
     target: Option<Arc<SharedTarget>>,
+    /// An RSS QP's indirection table.
+    _table: Option<RwqIndTable>,
 }
 
 impl std::fmt::Debug for Qp {

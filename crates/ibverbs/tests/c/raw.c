@@ -183,13 +183,68 @@ int main(void)
 	s.length = 10;
 	REQUIRE(!ibv_post_send(tx, &w, &bad_w), "post a runt");
 	CHECK(poll_for(cq, &wc, 2000) && wc.status == IBV_WC_LOC_LEN_ERR, "runt: status %d", wc.status);
+	/* RSS: two receive WQs behind an indirection table, an RSS QP
+	 * hashing IPv4 addresses; eight frames from eight sources each land
+	 * in one of the WQs, on the WQs' CQ. */
+	struct ibv_cq *wcq = ibv_create_cq(ctx, 64, NULL, NULL, 0);
+	struct ibv_wq_init_attr wia = {.wq_type = IBV_WQT_RQ, .max_wr = 16, .max_sge = 1, .pd = pd,
+				       .cq = wcq};
+	struct ibv_wq *wqs[2] = {ibv_create_wq(ctx, &wia), ibv_create_wq(ctx, &wia)};
+	REQUIRE(wcq && wqs[0] && wqs[1], "WQs");
+	for (int i = 0; i < 2; i++) {
+		struct ibv_wq_attr wa = {.attr_mask = IBV_WQ_ATTR_STATE, .wq_state = IBV_WQS_RDY};
+		REQUIRE(!ibv_modify_wq(wqs[i], &wa), "WQ ready");
+		for (int k = 0; k < 4; k++) {
+			struct ibv_sge rs = {.addr = (uintptr_t)in[k], .length = 128, .lkey = mi->lkey};
+			struct ibv_recv_wr rw = {.wr_id = 300 + i, .sg_list = &rs, .num_sge = 1};
+			REQUIRE(!ibv_post_wq_recv(wqs[i], &rw, &bad_r), "post WQ recv");
+		}
+	}
+	struct ibv_rwq_ind_table_init_attr ta = {.log_ind_tbl_size = 1, .ind_tbl = wqs};
+	struct ibv_rwq_ind_table *tbl = ibv_create_rwq_ind_table(ctx, &ta);
+	REQUIRE(tbl, "indirection table");
+	CHECK(ibv_destroy_wq(wqs[0]) == EBUSY, "a WQ in a table");
+	static uint8_t key[40] = {0x6d, 0x5a, 0x56, 0xda, 0x25, 0x5b, 0x0e, 0xc2, 0x41, 0x67};
+	struct ibv_qp_init_attr_ex rss = {
+		.qp_type = IBV_QPT_RAW_PACKET,
+		.comp_mask = IBV_QP_INIT_ATTR_PD | IBV_QP_INIT_ATTR_IND_TABLE | IBV_QP_INIT_ATTR_RX_HASH,
+		.pd = pd,
+		.rwq_ind_tbl = tbl,
+		.rx_hash_conf = {.rx_hash_function = IBV_RX_HASH_FUNC_TOEPLITZ, .rx_hash_key_len = 40,
+				 .rx_hash_key = key,
+				 .rx_hash_fields_mask = IBV_RX_HASH_SRC_IPV4 | IBV_RX_HASH_DST_IPV4},
+	};
+	struct ibv_qp *rq = ibv_create_qp_ex(ctx, &rss);
+	REQUIRE(rq, "an RSS QP");
+	struct ibv_flow *fr = ibv_create_flow(rq, (struct ibv_flow_attr *)&r);
+	REQUIRE(fr, "a rule to the RSS QP");
+	CHECK(!ibv_destroy_flow(fs), "the sniffer goes");
+	fs = NULL;
+	s.length = 64;
+	int per_wq[2] = {0, 0};
+	for (int i = 0; i < 8; i++) {
+		frame(out, 4000, 0xb0 + i);
+		out[29] = 10 + i; /* source 10.77.0.(10+i) */
+		REQUIRE(!ibv_post_send(tx, &w, &bad_w), "post send");
+		REQUIRE(poll_for(cq, &wc, 2000) && wc.status == IBV_WC_SUCCESS, "sent");
+	}
+	for (int i = 0; i < 8 && poll_for(wcq, &wc, 2000); i++) {
+		CHECK(wc.status == IBV_WC_SUCCESS && wc.byte_len == 64, "RSS status %d", wc.status);
+		per_wq[wc.qp_num == wqs[1]->wq_num] += wc.qp_num == wqs[0]->wq_num ||
+							wc.qp_num == wqs[1]->wq_num;
+	}
+	CHECK(per_wq[0] + per_wq[1] == 8, "RSS: %d and %d of 8 frames", per_wq[0], per_wq[1]);
+	CHECK(!ibv_destroy_flow(fr), "destroy the RSS rule");
+	CHECK(ibv_destroy_rwq_ind_table(tbl) == EBUSY, "a table an RSS QP uses");
+	CHECK(!ibv_destroy_qp(rq) && !ibv_destroy_rwq_ind_table(tbl) && !ibv_destroy_wq(wqs[0]) &&
+		      !ibv_destroy_wq(wqs[1]) && !ibv_destroy_cq(wcq),
+	      "destroy RSS objects");
 	/* Rules steer to raw packet QPs only. */
 	struct ibv_qp_init_attr rc = ia;
 	rc.qp_type = IBV_QPT_RC;
 	struct ibv_qp *q = ibv_create_qp(pd, &rc);
 	errno = 0;
 	CHECK(q && !ibv_create_flow(q, &sn_attr) && errno == EOPNOTSUPP, "a flow on an RC QP");
-	CHECK(!ibv_destroy_flow(fs), "destroy sniffer");
 	CHECK(!ibv_destroy_qp(q) && !ibv_destroy_qp(tx) && !ibv_destroy_qp(rx) &&
 		      !ibv_destroy_qp(sniff),
 	      "destroy qps");
