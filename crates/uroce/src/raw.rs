@@ -220,20 +220,92 @@ impl FlowSpec {
     }
 }
 
+/// Posted receives (a raw QP's or a work queue's), and where their
+/// completions go.
+#[derive(Debug)]
+struct RecvQueue {
+    pd: u32,
+    cq: u32,
+    depth: usize,
+    max_sge: u32,
+    wqes: VecDeque<(u64, Vec<Sge>)>,
+}
+
+/// What became of a frame handed to a receive queue.
+#[derive(Debug, PartialEq, Eq)]
+enum Delivered {
+    /// No receive was posted: dropped.
+    NoWqe,
+    /// Into the next receive.
+    Done,
+    /// The receive completed in error (too short, or memory it cannot
+    /// write): the queue's other receives were flushed.
+    Failed,
+}
+
+impl RecvQueue {
+    fn new(pd: u32, cq: u32, depth: u32, max_sge: u32) -> Self {
+        Self { pd, cq, depth: depth as usize, max_sge, wqes: VecDeque::new() }
+    }
+
+    /// Posts `wrs` (`open`: the queue's state takes posts).
+    fn post(&mut self, wrs: &[RecvWr<'_>], open: bool) -> Result<(), (usize, PostError)> {
+        for (i, wr) in wrs.iter().enumerate() {
+            if !open {
+                return Err((i, PostError::InvalidState));
+            }
+            if self.wqes.len() >= self.depth {
+                return Err((i, PostError::QueueFull));
+            }
+            if wr.sgl.len() > self.max_sge as usize {
+                return Err((i, PostError::TooManySge));
+            }
+            self.wqes.push_back((wr.wr_id, wr.sgl.to_vec()));
+        }
+        Ok(())
+    }
+
+    /// Completes every receive with a flush error, in the name of `num`.
+    fn flush(&mut self, num: u32, cqs: &mut dyn CqSink) {
+        for (wr_id, _) in self.wqes.drain(..) {
+            let c = Completion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, num, true);
+            cqs.complete(self.cq, c);
+        }
+    }
+
+    /// Puts `frame` into the next receive, completed in the name of `num`
+    /// (a QP's or a work queue's number).
+    fn deliver(
+        &mut self,
+        num: u32,
+        frame: &[u8],
+        mem: &dyn Memory,
+        cqs: &mut dyn CqSink,
+    ) -> Delivered {
+        let Some((wr_id, sgl)) = self.wqes.pop_front() else { return Delivered::NoWqe };
+        let status = scatter(&sgl, Accessor { pd: self.pd, qpn: num }, mem, frame);
+        let mut c = Completion::new(wr_id, status, WcOpcode::Recv, num, true);
+        c.byte_len = frame.len() as u32;
+        cqs.complete(self.cq, c);
+        if status == WcStatus::Success {
+            return Delivered::Done;
+        }
+        self.flush(num, cqs);
+        Delivered::Failed
+    }
+}
+
 /// One raw QP's state.
 #[derive(Debug)]
 struct RawQp {
     pd: u32,
     send_cq: u32,
-    recv_cq: u32,
     state: QpState,
     port: u8,
     sq_sig_all: bool,
     max_send_sge: u32,
-    max_recv_sge: u32,
     max_inline: u32,
-    rq_depth: usize,
-    rq: VecDeque<(u64, Vec<Sge>)>,
+    rq: RecvQueue,
     /// An RSS QP's hash and indirection table: its frames go to the work
     /// queue the hash picks (it has no receive queue of its own).
     rss: Option<Rss>,
@@ -271,12 +343,8 @@ pub enum WqState {
 /// tables name it.
 #[derive(Debug)]
 struct WorkQueue {
-    pd: u32,
-    cq: u32,
     state: WqState,
-    depth: usize,
-    max_sge: u32,
-    rq: VecDeque<(u64, Vec<Sge>)>,
+    rq: RecvQueue,
 }
 
 /// A context's raw QPs, their rules and their packet socket.
@@ -324,15 +392,12 @@ impl RawQps {
             RawQp {
                 pd: init.pd,
                 send_cq: init.send_cq,
-                recv_cq: init.recv_cq,
                 state: QpState::Reset,
                 port: 1,
                 sq_sig_all: init.sq_sig_all,
                 max_send_sge: init.max_send_sge,
-                max_recv_sge: init.max_recv_sge,
                 max_inline: init.max_inline,
-                rq_depth: init.rq_depth as usize,
-                rq: VecDeque::new(),
+                rq: RecvQueue::new(init.pd, init.recv_cq, init.rq_depth, init.max_recv_sge),
                 rss: None,
             },
         );
@@ -359,14 +424,7 @@ impl RawQps {
 
     /// Adds work queue `wqn`.
     pub(crate) fn create_wq(&mut self, wqn: u32, pd: u32, cq: u32, depth: u32, max_sge: u32) {
-        let wq = WorkQueue {
-            pd,
-            cq,
-            state: WqState::Reset,
-            depth: depth as usize,
-            max_sge,
-            rq: VecDeque::new(),
-        };
+        let wq = WorkQueue { state: WqState::Reset, rq: RecvQueue::new(pd, cq, depth, max_sge) };
         self.wqs.insert(wqn, wq);
     }
 
@@ -380,13 +438,8 @@ impl RawQps {
     pub(crate) fn modify_wq(&mut self, wqn: u32, state: WqState, cqs: &mut dyn CqSink) -> bool {
         let Some(w) = self.wqs.get_mut(&wqn) else { return false };
         match state {
-            WqState::Reset => w.rq.clear(),
-            WqState::Error if w.state != WqState::Error => {
-                for (wr_id, _) in w.rq.drain(..) {
-                    let c = Completion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, wqn, true);
-                    cqs.complete(w.cq, c);
-                }
-            }
+            WqState::Reset => w.rq.wqes.clear(),
+            WqState::Error if w.state != WqState::Error => w.rq.flush(wqn, cqs),
             _ => {}
         }
         w.state = state;
@@ -405,19 +458,7 @@ impl RawQps {
         wrs: &[RecvWr<'_>],
     ) -> Result<(), (usize, PostError)> {
         let Some(w) = self.wqs.get_mut(&wqn) else { return Err((0, PostError::InvalidState)) };
-        for (i, wr) in wrs.iter().enumerate() {
-            if w.state == WqState::Error {
-                return Err((i, PostError::InvalidState));
-            }
-            if w.rq.len() >= w.depth {
-                return Err((i, PostError::QueueFull));
-            }
-            if wr.sgl.len() > w.max_sge as usize {
-                return Err((i, PostError::TooManySge));
-            }
-            w.rq.push_back((wr.wr_id, wr.sgl.to_vec()));
-        }
-        Ok(())
+        w.rq.post(wrs, w.state != WqState::Error)
     }
 
     /// Removes a raw QP and its rules; the last closes the socket.
@@ -458,13 +499,8 @@ impl RawQps {
             q.port = attr.port;
         }
         match next {
-            QpState::Reset => q.rq.clear(),
-            QpState::Error if q.state != QpState::Error => {
-                for (wr_id, _) in q.rq.drain(..) {
-                    let c = Completion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn, true);
-                    cqs.complete(q.recv_cq, c);
-                }
-            }
+            QpState::Reset => q.rq.wqes.clear(),
+            QpState::Error if q.state != QpState::Error => q.rq.flush(qpn, cqs),
             _ => {}
         }
         q.state = next;
@@ -478,19 +514,7 @@ impl RawQps {
         wrs: &[RecvWr<'_>],
     ) -> Result<(), (usize, PostError)> {
         let Some(q) = self.qps.get_mut(&qpn) else { return Err((0, PostError::InvalidState)) };
-        for (i, wr) in wrs.iter().enumerate() {
-            if q.state == QpState::Reset {
-                return Err((i, PostError::InvalidState));
-            }
-            if q.rq.len() >= q.rq_depth {
-                return Err((i, PostError::QueueFull));
-            }
-            if wr.sgl.len() > q.max_recv_sge as usize {
-                return Err((i, PostError::TooManySge));
-            }
-            q.rq.push_back((wr.wr_id, wr.sgl.to_vec()));
-        }
-        Ok(())
+        q.rq.post(wrs, q.state != QpState::Reset)
     }
 
     /// `ibv_post_send` on a raw QP: each WR one frame, sent at once (SEND
@@ -624,22 +648,11 @@ impl RawQps {
             self.dropped += 1;
             return;
         }
-        let Some((wr_id, sgl)) = q.rq.pop_front() else {
-            self.dropped += 1;
-            return;
-        };
-        let who = Accessor { pd: q.pd, qpn };
-        let status = scatter(&sgl, who, mem, frame);
-        let mut c = Completion::new(wr_id, status, WcOpcode::Recv, qpn, true);
-        c.byte_len = frame.len() as u32;
-        cqs.complete(q.recv_cq, c);
-        if status != WcStatus::Success {
-            // A receive error moves the QP to ERR, its receives flushed.
-            q.state = QpState::Error;
-            for (wr_id, _) in q.rq.drain(..) {
-                let c = Completion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, qpn, true);
-                cqs.complete(q.recv_cq, c);
-            }
+        match q.rq.deliver(qpn, frame, mem, cqs) {
+            Delivered::NoWqe => self.dropped += 1,
+            // A receive error moves the QP to ERR.
+            Delivered::Failed => q.state = QpState::Error,
+            Delivered::Done => {}
         }
     }
 
@@ -650,20 +663,10 @@ impl RawQps {
             self.dropped += 1;
             return;
         }
-        let Some((wr_id, sgl)) = w.rq.pop_front() else {
-            self.dropped += 1;
-            return;
-        };
-        let status = scatter(&sgl, Accessor { pd: w.pd, qpn: wqn }, mem, frame);
-        let mut c = Completion::new(wr_id, status, WcOpcode::Recv, wqn, true);
-        c.byte_len = frame.len() as u32;
-        cqs.complete(w.cq, c);
-        if status != WcStatus::Success {
-            w.state = WqState::Error;
-            for (wr_id, _) in w.rq.drain(..) {
-                let c = Completion::new(wr_id, WcStatus::WrFlushErr, WcOpcode::Recv, wqn, true);
-                cqs.complete(w.cq, c);
-            }
+        match w.rq.deliver(wqn, frame, mem, cqs) {
+            Delivered::NoWqe => self.dropped += 1,
+            Delivered::Failed => w.state = WqState::Error,
+            Delivered::Done => {}
         }
     }
 
@@ -811,15 +814,12 @@ mod tests {
                 RawQp {
                     pd: 1,
                     send_cq: 0,
-                    recv_cq: 0,
                     state: QpState::ReadyToSend,
                     port: 1,
                     sq_sig_all: false,
                     max_send_sge: 1,
-                    max_recv_sge: 1,
                     max_inline: 0,
-                    rq_depth: 4,
-                    rq: VecDeque::new(),
+                    rq: RecvQueue::new(1, 0, 4, 1),
                     rss: None,
                 },
             );
