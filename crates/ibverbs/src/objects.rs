@@ -13,7 +13,7 @@
 
 use std::cell::UnsafeCell;
 use std::collections::HashMap;
-use std::ffi::c_void;
+use std::ffi::{c_int, c_void};
 use std::sync::atomic::{AtomicBool, AtomicPtr, AtomicU32, Ordering};
 use std::sync::{Arc, Condvar, Mutex, Weak};
 
@@ -359,7 +359,7 @@ pub(crate) struct QpBox {
     /// An XRC target's domain, else null.
     pub(crate) xrcd: *const XrcdBox,
     /// An RSS QP's indirection table, else null.
-    pub(crate) ind_table: *const crate::wq::RwqBox,
+    pub(crate) ind_table: *const RwqBox,
     /// Created with `IBV_QP_INIT_ATTR_SEND_OPS_FLAGS`: `ibv_qp_to_qp_ex`
     /// answers for it.
     pub(crate) ex: bool,
@@ -476,6 +476,64 @@ pub(crate) fn live_pd_ctx<'a>(pd: *mut ibv_pd) -> Option<(&'a PdBox, &'a CtxBox)
 pub(crate) fn live_srq<'a>(srq: *mut ibv_srq) -> Option<&'a SrqBox> {
     // SAFETY: dereferenced only once the registry says it is a live SRQ.
     is_live(srq.cast::<SrqBox>(), Kind::Srq).then(|| unsafe { obj::<_, SrqBox>(srq) }).flatten()
+}
+
+/// `struct ibv_wq` (152 bytes; rdma-core's inline `ibv_create_wq`
+/// initialises the mutex and condition variable).
+#[repr(C)]
+pub(crate) struct IbvWq {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) wq_context: *mut c_void,
+    pub(crate) pd: *mut ibv_pd,
+    pub(crate) cq: *mut ibv_cq,
+    pub(crate) wq_num: u32,
+    pub(crate) handle: u32,
+    pub(crate) state: c_int,
+    pub(crate) wq_type: c_int,
+    pub(crate) post_recv:
+        Option<unsafe extern "C" fn(*mut Self, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int>,
+    pub(crate) mutex: [u64; 5],
+    pub(crate) cond: [u64; 6],
+    pub(crate) events_completed: u32,
+    pub(crate) comp_mask: u32,
+}
+
+const _: () = {
+    assert!(size_of::<IbvWq>() == 152);
+    assert!(std::mem::offset_of!(IbvWq, post_recv) == 48);
+    assert!(std::mem::offset_of!(IbvWq, mutex) == 56);
+    assert!(std::mem::offset_of!(IbvWq, cond) == 96);
+    assert!(std::mem::offset_of!(IbvWq, events_completed) == 144);
+};
+
+/// `struct ibv_rwq_ind_table`.
+#[repr(C)]
+pub(crate) struct IbvRwqIndTable {
+    pub(crate) context: *mut ibv_context,
+    pub(crate) ind_tbl_handle: c_int,
+    pub(crate) ind_tbl_num: c_int,
+    pub(crate) comp_mask: u32,
+}
+
+/// An `ibv_wq`.
+#[repr(C)]
+pub(crate) struct WqBox {
+    pub(crate) wq: UnsafeCell<IbvWq>,
+    pub(crate) inner: uroce::Wq,
+    pub(crate) pd: *const PdBox,
+    pub(crate) cq: *const CqBox,
+    /// Indirection tables naming it: destroying it is EBUSY meanwhile.
+    pub(crate) users: AtomicU32,
+}
+
+/// An `ibv_rwq_ind_table`.
+#[repr(C)]
+pub(crate) struct RwqBox {
+    pub(crate) tbl: UnsafeCell<IbvRwqIndTable>,
+    pub(crate) inner: uroce::RwqIndTable,
+    pub(crate) wqs: Vec<*const WqBox>,
+    /// RSS QPs on it.
+    pub(crate) users: AtomicU32,
 }
 
 #[cfg(test)]

@@ -195,7 +195,7 @@ pub(crate) unsafe extern "C" fn create_qp_ex(
                 return null_errno(libc::EINVAL);
             }
             let Some(p) = live_pd(a.pd) else { return null_errno(libc::EINVAL) };
-            return match crate::wq::create_rss_qp(c, p, a.rwq_ind_tbl, &a.rx_hash_conf) {
+            return match create_rss_qp(c, p, a.rwq_ind_tbl, &a.rx_hash_conf) {
                 Ok((inner, table)) => rss_box(c, p, a.pd, inner, table, a.qp_context).cast(),
                 Err(e) => null_errno(e),
             };
@@ -777,7 +777,7 @@ fn rss_box(
     p: &crate::objects::PdBox,
     pd: *mut ibv_pd,
     inner: uroce::Qp,
-    table: *const crate::wq::RwqBox,
+    table: *const crate::objects::RwqBox,
     qp_context: *mut c_void,
 ) -> *mut QpBox {
     let qpn = inner.qpn();
@@ -855,4 +855,40 @@ fn target_box(c: &CtxBox, x: &XrcdBox, inner: uroce::Qp, qp_context: *mut c_void
     // Async events go to the first live handle of the QP.
     c.dev.objects.qps.lock().unwrap_or_else(|e| e.into_inner()).entry(qpn).or_insert(b as usize);
     b
+}
+
+/// An RSS raw packet QP of `pd` over indirection table `tbl`, by `hash`
+/// (`ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_RX_HASH | _IND_TABLE`).
+pub(crate) fn create_rss_qp(
+    c: &CtxBox,
+    pd: &crate::objects::PdBox,
+    tbl: *mut c_void,
+    hash: &ibv_rx_hash_conf,
+) -> Result<(uroce::Qp, *const crate::objects::RwqBox), c_int> {
+    if !is_live(tbl.cast::<crate::objects::RwqBox>(), Kind::RwqIndTable) {
+        return Err(libc::EINVAL);
+    }
+    // SAFETY: a live table of ours (checked just above).
+    let t = unsafe { &*tbl.cast::<crate::objects::RwqBox>() };
+    const TOEPLITZ: u8 = 1;
+    if hash.rx_hash_function != TOEPLITZ {
+        return Err(libc::EOPNOTSUPP);
+    }
+    if hash.rx_hash_key.is_null() && hash.rx_hash_key_len != 0 {
+        return Err(libc::EINVAL);
+    }
+    let key = if hash.rx_hash_key_len == 0 {
+        Vec::new()
+    } else {
+        // SAFETY: the caller gives `rx_hash_key_len` readable key bytes.
+        unsafe { std::slice::from_raw_parts(hash.rx_hash_key, usize::from(hash.rx_hash_key_len)) }
+            .to_vec()
+    };
+    let _ = c;
+    let qp = pd
+        .inner
+        .create_rss_qp(&t.inner, uroce::raw::RxHash { fields: hash.rx_hash_fields_mask, key })
+        .map_err(|e| e.errno())?;
+    hold(&t.users);
+    Ok((qp, std::ptr::from_ref(t)))
 }

@@ -1,47 +1,20 @@
 //! Receive work queues and RSS (`ibv_create_wq`, `ibv_modify_wq`,
 //! `ibv_destroy_wq`, `ibv_post_wq_recv`, `ibv_create_rwq_ind_table`,
 //! `ibv_destroy_rwq_ind_table`, and RSS raw packet QPs through
-//! `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_RX_HASH | _IND_TABLE`) over
-//! `uroce::Wq`, `uroce::RwqIndTable` and `Pd::create_rss_qp`.
+//! `ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_RX_HASH | _IND_TABLE`, made
+//! in `qp.rs`) over `uroce::Wq`, `uroce::RwqIndTable` and
+//! `Pd::create_rss_qp`. The C structs and boxes are in `objects.rs`.
 
 use std::cell::UnsafeCell;
 use std::ffi::{c_int, c_void};
 use std::sync::atomic::AtomicU32;
 
-use uroce::raw::{RxHash, WqState};
+use uroce::raw::WqState;
 
 use crate::abi::*;
 use crate::ffi::{Kind, guard, is_live, null_errno};
-use crate::objects::release;
-use crate::objects::{CqBox, CtxBox, PdBox, from_c, hold, in_use, into_c, live_ctx, live_pd, obj};
-
-/// `struct ibv_wq` (152 bytes; rdma-core's inline `ibv_create_wq`
-/// initialises the mutex and condition variable).
-#[repr(C)]
-pub(crate) struct IbvWq {
-    context: *mut ibv_context,
-    wq_context: *mut c_void,
-    pd: *mut ibv_pd,
-    cq: *mut ibv_cq,
-    wq_num: u32,
-    handle: u32,
-    state: c_int,
-    wq_type: c_int,
-    post_recv:
-        Option<unsafe extern "C" fn(*mut Self, *mut ibv_recv_wr, *mut *mut ibv_recv_wr) -> c_int>,
-    mutex: [u64; 5],
-    cond: [u64; 6],
-    events_completed: u32,
-    comp_mask: u32,
-}
-
-const _: () = {
-    assert!(size_of::<IbvWq>() == 152);
-    assert!(std::mem::offset_of!(IbvWq, post_recv) == 48);
-    assert!(std::mem::offset_of!(IbvWq, mutex) == 56);
-    assert!(std::mem::offset_of!(IbvWq, cond) == 96);
-    assert!(std::mem::offset_of!(IbvWq, events_completed) == 144);
-};
+use crate::objects::{IbvRwqIndTable, IbvWq, RwqBox, WqBox};
+use crate::objects::{from_c, hold, in_use, into_c, live_ctx, live_pd, obj, release};
 
 /// `struct ibv_wq_init_attr`.
 #[repr(C)]
@@ -66,42 +39,12 @@ struct WqAttr {
     flags_mask: u32,
 }
 
-/// `struct ibv_rwq_ind_table`.
-#[repr(C)]
-struct IbvRwqIndTable {
-    context: *mut ibv_context,
-    ind_tbl_handle: c_int,
-    ind_tbl_num: c_int,
-    comp_mask: u32,
-}
-
 /// `struct ibv_rwq_ind_table_init_attr`.
 #[repr(C)]
 struct RwqInitAttr {
     log_ind_tbl_size: u32,
     ind_tbl: *mut *mut IbvWq,
     comp_mask: u32,
-}
-
-/// An `ibv_wq`.
-#[repr(C)]
-pub(crate) struct WqBox {
-    wq: UnsafeCell<IbvWq>,
-    inner: uroce::Wq,
-    pd: *const PdBox,
-    cq: *const CqBox,
-    /// Indirection tables naming it: destroying it is EBUSY meanwhile.
-    users: AtomicU32,
-}
-
-/// An `ibv_rwq_ind_table`.
-#[repr(C)]
-pub(crate) struct RwqBox {
-    tbl: UnsafeCell<IbvRwqIndTable>,
-    pub(crate) inner: uroce::RwqIndTable,
-    wqs: Vec<*const WqBox>,
-    /// RSS QPs on it.
-    pub(crate) users: AtomicU32,
 }
 
 const WQT_RQ: c_int = 0;
@@ -304,40 +247,4 @@ pub(crate) unsafe extern "C" fn destroy_rwq_ind_table(tbl: *mut c_void) -> c_int
         drop(unsafe { from_c(tbl.cast::<RwqBox>(), Kind::RwqIndTable) });
         0
     })
-}
-
-/// An RSS raw packet QP of `pd` over indirection table `tbl`, by `hash`
-/// (`ibv_create_qp_ex` with `IBV_QP_INIT_ATTR_RX_HASH | _IND_TABLE`).
-pub(crate) fn create_rss_qp(
-    c: &CtxBox,
-    pd: &PdBox,
-    tbl: *mut c_void,
-    hash: &ibv_rx_hash_conf,
-) -> Result<(uroce::Qp, *const RwqBox), c_int> {
-    if !is_live(tbl.cast::<RwqBox>(), Kind::RwqIndTable) {
-        return Err(libc::EINVAL);
-    }
-    // SAFETY: a live table of ours (checked just above).
-    let t = unsafe { &*tbl.cast::<RwqBox>() };
-    const TOEPLITZ: u8 = 1;
-    if hash.rx_hash_function != TOEPLITZ {
-        return Err(libc::EOPNOTSUPP);
-    }
-    if hash.rx_hash_key.is_null() && hash.rx_hash_key_len != 0 {
-        return Err(libc::EINVAL);
-    }
-    let key = if hash.rx_hash_key_len == 0 {
-        Vec::new()
-    } else {
-        // SAFETY: the caller gives `rx_hash_key_len` readable key bytes.
-        unsafe { std::slice::from_raw_parts(hash.rx_hash_key, usize::from(hash.rx_hash_key_len)) }
-            .to_vec()
-    };
-    let _ = c;
-    let qp = pd
-        .inner
-        .create_rss_qp(&t.inner, RxHash { fields: hash.rx_hash_fields_mask, key })
-        .map_err(|e| e.errno())?;
-    hold(&t.users);
-    Ok((qp, std::ptr::from_ref(t)))
 }
