@@ -521,11 +521,15 @@ impl RawQps {
     /// only; a frame shorter than an Ethernet header or longer than
     /// `MAX_FRAME` completes with a local length error, memory the QP
     /// cannot read with a local protection error).
+    /// `inline`: how an `INLINE` WR's gather list is read (the C verbs
+    /// contract reads it as plain memory, without an L_Key check); every
+    /// other WR's goes through `mem`'s key checks.
     pub(crate) fn post_send(
         &mut self,
         qpn: u32,
         wrs: &[SendWr<'_>],
         mem: &dyn Memory,
+        inline: Option<&dyn Memory>,
         cqs: &mut dyn CqSink,
     ) -> Result<(), (usize, PostError)> {
         let Some(q) = self.qps.get(&qpn) else { return Err((0, PostError::InvalidState)) };
@@ -543,12 +547,19 @@ impl RawQps {
             }
             let frame = &mut self.frame;
             frame.clear();
+            let is_inline = wr.flags.0 & SendFlags::INLINE.0 != 0;
             let status = if let Some(data) = wr.inline_data {
                 if data.len() > q.max_inline as usize {
                     return Err((i, PostError::InlineTooLong));
                 }
                 frame.extend_from_slice(data);
                 WcStatus::Success
+            } else if is_inline {
+                let len: usize = wr.sgl.iter().map(|s| s.length as usize).sum();
+                if len > q.max_inline as usize {
+                    return Err((i, PostError::InlineTooLong));
+                }
+                gather(wr.sgl, who, inline.unwrap_or(mem), frame)
             } else {
                 gather(wr.sgl, who, mem, frame)
             };

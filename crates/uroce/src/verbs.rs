@@ -1436,12 +1436,10 @@ impl Qp {
             let now = e.now();
             let d = &mut *e;
             let mut cqs = crate::driver::CqsAt { ep: &mut d.ep, now };
-            let r = match gather {
-                Some(_) => {
-                    d.raw.post_send(self.qpn, wrs, &crate::mr::UncheckedInline(&d.mem), &mut cqs)
-                }
-                None => d.raw.post_send(self.qpn, wrs, &d.mem, &mut cqs),
-            };
+            // Only INLINE WRs read their gather lists without a key check.
+            let unchecked = crate::mr::UncheckedInline(&d.mem);
+            let inline = gather.map(|_| &unchecked as &dyn uroce_transport::Memory);
+            let r = d.raw.post_send(self.qpn, wrs, &d.mem, inline, &mut cqs);
             d.forward_events();
             return r.map_err(|(index, error)| Error::Post { index, error });
         }

@@ -195,6 +195,14 @@ int main(void)
 	s.length = 10;
 	REQUIRE(!ibv_post_send(tx, &w, &bad_w), "post a runt");
 	CHECK(poll_for(cq, &wc, 2000) && wc.status == IBV_WC_LOC_LEN_ERR, "runt: status %d", wc.status);
+	/* A gather list with a key of no region: a local protection error,
+	 * nothing read. */
+	s.length = 64;
+	s.lkey = mo->lkey ^ 0x5a5a00;
+	REQUIRE(!ibv_post_send(tx, &w, &bad_w), "post with a bad key");
+	CHECK(poll_for(cq, &wc, 2000) && wc.status == IBV_WC_LOC_PROT_ERR, "bad key: status %d",
+	      wc.status);
+	s.lkey = mo->lkey;
 	/* RSS: two receive WQs behind an indirection table, an RSS QP
 	 * hashing IPv4 addresses; eight frames from eight sources each land
 	 * in one of the WQs, on the WQs' CQ. */
