@@ -205,3 +205,82 @@ pub(crate) unsafe extern "C" fn destroy_flow(flow: *mut c_void) -> c_int {
         0
     })
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An `ibv_flow_attr` header for `count` specs.
+    fn header(kind: u32, count: u8, flags: u32) -> Vec<u8> {
+        let mut b = vec![0u8; ATTR_LEN];
+        b[4..8].copy_from_slice(&kind.to_ne_bytes());
+        b[8..10].copy_from_slice(&(ATTR_LEN as u16).to_ne_bytes());
+        b[10..12].copy_from_slice(&7u16.to_ne_bytes());
+        b[12] = count;
+        b[13] = 1;
+        b[16..20].copy_from_slice(&flags.to_ne_bytes());
+        b
+    }
+
+    /// A spec of `kind` whose size field says `len` (at least its 8-byte
+    /// header is there).
+    fn spec_bytes(kind: u32, len: u16) -> Vec<u8> {
+        let mut b = vec![0u8; usize::from(len).max(8)];
+        b[..4].copy_from_slice(&kind.to_ne_bytes());
+        b[4..6].copy_from_slice(&len.to_ne_bytes());
+        b
+    }
+
+    fn read(b: &[u8]) -> Result<(FlowAttr, u8), c_int> {
+        // SAFETY: `b` holds the header and every spec its sizes name.
+        unsafe { read_attr(b.as_ptr()) }
+    }
+
+    #[test]
+    fn specs_are_read_at_rdma_core_44s_offsets() {
+        let mut b = header(0, 2, 0);
+        let mut eth = spec_bytes(SPEC_ETH, 40);
+        eth[6..12].copy_from_slice(&[2, 0, 0, 0, 0, 9]); // val.dst_mac
+        eth[18..20].copy_from_slice(&0x0800u16.to_be_bytes()); // val.ether_type
+        eth[22..28].fill(0xff); // mask.dst_mac
+        eth[34..36].fill(0xff); // mask.ether_type
+        let mut udp = spec_bytes(SPEC_UDP, 16);
+        udp[6..8].copy_from_slice(&4791u16.to_be_bytes()); // val.dst_port
+        udp[10..12].fill(0xff); // mask.dst_port
+        b.extend(eth);
+        b.extend(udp);
+        let (attr, port) = read(&b).unwrap();
+        assert_eq!((attr.kind, attr.priority, port), (FlowKind::Normal, 7, 1));
+        assert_eq!(
+            attr.specs,
+            vec![
+                FlowSpec::Eth {
+                    dst: ([2, 0, 0, 0, 0, 9], [0xff; 6]),
+                    src: ([0; 6], [0; 6]),
+                    ether_type: (0x0800, 0xffff),
+                    vlan: (0, 0),
+                },
+                FlowSpec::Udp { src: (0, 0), dst: (4791, 0xffff) },
+            ]
+        );
+    }
+
+    #[test]
+    fn what_is_not_done_is_refused_plainly() {
+        let with = |kind: u32, len: u16| {
+            let mut b = header(0, 1, 0);
+            b.extend(spec_bytes(kind, len));
+            read(&b).map(|_| ())
+        };
+        assert_eq!(with(0x100 | SPEC_ETH, 40), Err(libc::EOPNOTSUPP), "inner specs");
+        assert_eq!(with(0x1001, 8), Err(libc::EOPNOTSUPP), "a drop action");
+        assert_eq!(with(SPEC_ETH, 4), Err(libc::EINVAL), "a spec shorter than its header");
+        assert_eq!(with(SPEC_ETH, 1000), Err(libc::EINVAL), "an absurd size");
+        assert_eq!(with(SPEC_ETH, 12), Err(libc::EINVAL), "an Ethernet spec cut short");
+        let egress = header(0, 0, 1 << 2);
+        assert_eq!(read(&egress).map(|_| ()), Err(libc::EOPNOTSUPP), "egress rules");
+        let dont_trap = header(3, 0, DONT_TRAP);
+        assert_eq!(read(&dont_trap).unwrap().0.kind, FlowKind::Sniffer);
+        assert_eq!(read(&header(9, 0, 0)).map(|_| ()), Err(libc::EINVAL), "an unknown type");
+    }
+}
