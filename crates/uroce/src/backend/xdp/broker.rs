@@ -200,8 +200,10 @@ fn missing_capabilities() -> Vec<&'static str> {
 
 /// Serves `iface` until asked to stop (`stop`) or killed: each admitted
 /// context's request gets the interface's sockets and program, one
-/// context at a time (an interface takes one program). `ready` is called
-/// once the broker's name is bound.
+/// context at a time (an interface takes one program; the others are
+/// told EBUSY). `ready` is called once the broker's name is bound. A
+/// program held when it returns stays until its context ends or this
+/// process does (the `uroce setup xdp` process ends right after).
 pub fn serve(iface: &str, opts: &Options, ready: impl FnOnce()) -> io::Result<()> {
     let ifindex = crate::netif::index_of_name(iface)
         .ok_or_else(|| io::Error::new(io::ErrorKind::NotFound, format!("no interface {iface}")))?;
@@ -226,11 +228,25 @@ pub fn serve(iface: &str, opts: &Options, ready: impl FnOnce()) -> io::Result<()
     ready();
     // The process holding the interface's program, if any.
     let holder: Arc<Mutex<Option<i32>>> = Arc::new(Mutex::new(None));
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
     for conn in listener.incoming() {
-        let Ok(conn) = conn else { continue };
-        if serve_one(iface, ifindex, opts, conn, &holder) {
+        if stop.load(std::sync::atomic::Ordering::SeqCst) {
             return Ok(());
         }
+        let Ok(conn) = conn else { continue };
+        // A thread per connection: one that says nothing holds up no
+        // other (each waits at most its read timeout).
+        let (iface, opts) = (iface.to_string(), opts.clone());
+        let (holder, stop) = (Arc::clone(&holder), Arc::clone(&stop));
+        std::thread::spawn(move || {
+            if serve_one(&iface, ifindex, &opts, conn, &holder) {
+                stop.store(true, std::sync::atomic::Ordering::SeqCst);
+                // Wakes the accept loop, which sees the flag and ends.
+                if let Ok(a) = address(&iface) {
+                    let _ = UnixStream::connect_addr(&a);
+                }
+            }
+        });
     }
     Ok(())
 }
