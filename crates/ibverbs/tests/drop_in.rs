@@ -11,7 +11,7 @@ use std::sync::{Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
 mod common;
-use common::{env, finish, text};
+use common::{HugePages, env, finish, text};
 
 /// The Debian tools the suite runs, checked once.
 fn tools_present() {
@@ -516,34 +516,6 @@ fn perftest_options() {
         text(&co),
         text(&so)
     );
-}
-
-/// A reservation of huge pages (`vm.nr_hugepages`), given back on drop.
-struct HugePages {
-    before: String,
-}
-
-impl HugePages {
-    const KNOB: &str = "/proc/sys/vm/nr_hugepages";
-
-    fn reserve(n: u64) -> Self {
-        let before = std::fs::read_to_string(Self::KNOB).unwrap().trim().to_string();
-        if before.parse::<u64>().unwrap_or(0) < n {
-            let set = std::fs::write(Self::KNOB, n.to_string());
-            let now: u64 = std::fs::read_to_string(Self::KNOB).unwrap().trim().parse().unwrap();
-            assert!(
-                set.is_ok() && now >= n,
-                "reserving {n} huge pages (needs root): {set:?}, {now}"
-            );
-        }
-        Self { before }
-    }
-}
-
-impl Drop for HugePages {
-    fn drop(&mut self) {
-        let _ = std::fs::write(Self::KNOB, &self.before);
-    }
 }
 
 #[test]

@@ -98,3 +98,31 @@ fn leads_group(pid: u32) -> bool {
 pub(crate) fn text(o: &Output) -> String {
     format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
 }
+
+/// A reservation of huge pages (`vm.nr_hugepages`), given back on drop.
+pub(crate) struct HugePages {
+    before: String,
+}
+
+impl HugePages {
+    const KNOB: &str = "/proc/sys/vm/nr_hugepages";
+
+    pub(crate) fn reserve(n: u64) -> Self {
+        let before = std::fs::read_to_string(Self::KNOB).unwrap().trim().to_string();
+        if before.parse::<u64>().unwrap_or(0) < n {
+            let set = std::fs::write(Self::KNOB, n.to_string());
+            let now: u64 = std::fs::read_to_string(Self::KNOB).unwrap().trim().parse().unwrap();
+            assert!(
+                set.is_ok() && now >= n,
+                "reserving {n} huge pages (needs root): {set:?}, {now}"
+            );
+        }
+        Self { before }
+    }
+}
+
+impl Drop for HugePages {
+    fn drop(&mut self) {
+        let _ = std::fs::write(Self::KNOB, &self.before);
+    }
+}
