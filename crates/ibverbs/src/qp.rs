@@ -780,33 +780,51 @@ fn rss_box(
     table: *const crate::objects::RwqBox,
     qp_context: *mut c_void,
 ) -> *mut QpBox {
+    crate::objects::hold(&p.users);
+    let bare = Bare { qp_type: 8, pd: (pd, p), xrcd: std::ptr::null(), ind_table: table };
+    bare_box(c, inner, qp_context, bare)
+}
+
+/// What a QP without CQs or queues of its own holds (an XRC target: its
+/// domain; an RSS QP: its PD and indirection table).
+struct Bare {
+    qp_type: c_int,
+    pd: (*mut ibv_pd, *const crate::objects::PdBox),
+    xrcd: *const XrcdBox,
+    ind_table: *const crate::objects::RwqBox,
+}
+
+/// The C handle of a QP without CQs or queues of its own; its caller
+/// has taken the use counts of what `bare` names.
+fn bare_box(c: &CtxBox, inner: uroce::Qp, qp_context: *mut c_void, bare: Bare) -> *mut QpBox {
     let qpn = inner.qpn();
-    // SAFETY: ibv_qp_ex is C data; all-zero is valid.
+    // SAFETY: ibv_qp_ex is C data; all-zero is valid (NULL fn pointers,
+    // static-initialiser mutex/cond).
     let mut qpx: ibv_qp_ex = unsafe { std::mem::zeroed() };
     let base = &mut qpx.qp_base;
     base.context = c.ibv();
     base.qp_context = qp_context;
-    base.pd = pd;
+    base.pd = bare.pd.0;
     base.handle = qpn;
     base.qp_num = qpn;
     base.state = inner.query().state as c_int;
-    base.qp_type = 8;
-    crate::objects::hold(&p.users);
+    base.qp_type = bare.qp_type;
+    let cap = ibv_qp_cap::default();
     into_c(
         QpBox {
             qpx: UnsafeCell::new(qpx),
             inner,
             dev: c.dev.clone(),
-            pd: p,
+            pd: bare.pd.1,
             send_cq: std::ptr::null(),
             recv_cq: std::ptr::null(),
             srq: std::ptr::null(),
-            xrcd: std::ptr::null(),
-            ind_table: table,
+            xrcd: bare.xrcd,
+            ind_table: bare.ind_table,
             ex: false,
-            cap: ibv_qp_cap::default(),
+            cap,
             sq_sig_all: false,
-            builder: Mutex::new(crate::wr_batch::Builder::new(&ibv_qp_cap::default())),
+            builder: Mutex::new(crate::wr_batch::Builder::new(&cap)),
             posting: AtomicBool::new(false),
             async_events: EventLedger::default(),
             async_queue: c.async_queue.clone(),
@@ -819,38 +837,9 @@ fn rss_box(
 /// queues, its domain held.
 fn target_box(c: &CtxBox, x: &XrcdBox, inner: uroce::Qp, qp_context: *mut c_void) -> *mut QpBox {
     let qpn = inner.qpn();
-    // SAFETY: ibv_qp_ex is C data; all-zero is valid (NULL fn pointers,
-    // static-initialiser mutex/cond).
-    let mut qpx: ibv_qp_ex = unsafe { std::mem::zeroed() };
-    let base = &mut qpx.qp_base;
-    base.context = c.ibv();
-    base.qp_context = qp_context;
-    base.handle = qpn;
-    base.qp_num = qpn;
-    base.state = inner.query().state as c_int;
-    base.qp_type = IBV_QPT_XRC_RECV;
-    let cap = ibv_qp_cap::default();
-    let b = into_c(
-        QpBox {
-            qpx: UnsafeCell::new(qpx),
-            inner,
-            dev: c.dev.clone(),
-            pd: std::ptr::null(),
-            send_cq: std::ptr::null(),
-            recv_cq: std::ptr::null(),
-            srq: std::ptr::null(),
-            xrcd: x,
-            ind_table: std::ptr::null(),
-            ex: false,
-            cap,
-            sq_sig_all: false,
-            builder: Mutex::new(crate::wr_batch::Builder::new(&cap)),
-            posting: std::sync::atomic::AtomicBool::new(false),
-            async_events: EventLedger::default(),
-            async_queue: c.async_queue.clone(),
-        },
-        Kind::Qp,
-    );
+    let null = (std::ptr::null_mut(), std::ptr::null());
+    let bare = Bare { qp_type: IBV_QPT_XRC_RECV, pd: null, xrcd: x, ind_table: std::ptr::null() };
+    let b = bare_box(c, inner, qp_context, bare);
     hold(&x.users);
     // Async events go to the first live handle of the QP.
     c.dev.objects.qps.lock().unwrap_or_else(|e| e.into_inner()).entry(qpn).or_insert(b as usize);

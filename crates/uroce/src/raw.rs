@@ -599,12 +599,17 @@ impl RawQps {
                 continue;
             }
             let frame = &buf[..n];
-            let targets = self.targets(frame);
+            // Read once, for the rules and for an RSS hash.
+            let Some(x) = fields(frame) else {
+                self.dropped += 1;
+                continue;
+            };
+            let targets = self.targets(&x);
             if targets.is_empty() {
                 self.dropped += 1;
             }
             for qpn in targets {
-                self.deliver(qpn, frame, mem, cqs);
+                self.deliver(qpn, frame, &x, mem, cqs);
             }
         }
         self.frame = buf;
@@ -614,15 +619,14 @@ impl RawQps {
 
     /// The QPs a frame goes to: sniffers', and the best normal rule's (or
     /// a default rule's).
-    fn targets(&self, frame: &[u8]) -> Vec<u32> {
-        let Some(x) = fields(frame) else { return Vec::new() };
+    fn targets(&self, x: &Fields) -> Vec<u32> {
         let mut out: Vec<u32> = Vec::new();
         let mut best: Option<(u16, u32)> = None;
         for (_, qpn, r) in &self.rules {
             match r.kind {
                 FlowKind::Sniffer => out.push(*qpn),
                 FlowKind::Normal
-                    if r.specs.iter().all(|s| s.matches(&x))
+                    if r.specs.iter().all(|s| s.matches(x))
                         && best.is_none_or(|(p, _)| r.priority < p) =>
                 {
                     best = Some((r.priority, *qpn));
@@ -648,9 +652,16 @@ impl RawQps {
 
     /// Puts `frame` into QP `qpn`'s next receive, if it takes frames (an
     /// RSS QP's: the work queue its hash picks).
-    fn deliver(&mut self, qpn: u32, frame: &[u8], mem: &dyn Memory, cqs: &mut dyn CqSink) {
+    fn deliver(
+        &mut self,
+        qpn: u32,
+        frame: &[u8],
+        x: &Fields,
+        mem: &dyn Memory,
+        cqs: &mut dyn CqSink,
+    ) {
         if let Some(rss) = self.qps.get(&qpn).and_then(|q| q.rss.as_ref()) {
-            let h = toeplitz(&rss.hash.key, &hash_input(frame, rss.hash.fields));
+            let h = toeplitz(&rss.hash.key, &hash_input(x, rss.hash.fields));
             let wqn = rss.table[h as usize & (rss.table.len() - 1)];
             return self.deliver_wq(wqn, frame, mem, cqs);
         }
@@ -704,10 +715,10 @@ impl RawQps {
     }
 }
 
-/// What an RSS hash reads of a frame, in the order RSS defines: source
+/// What an RSS hash reads of a frame's fields, in the order RSS defines: source
 /// and destination address, then source and destination port (each only
 /// if `mask` names it and the frame has it).
-fn hash_input(frame: &[u8], mask: u64) -> Vec<u8> {
+fn hash_input(x: &Fields, mask: u64) -> Vec<u8> {
     const SRC_IPV4: u64 = 1;
     const DST_IPV4: u64 = 2;
     const SRC_IPV6: u64 = 4;
@@ -715,7 +726,6 @@ fn hash_input(frame: &[u8], mask: u64) -> Vec<u8> {
     const TCP_PORTS: (u64, u64) = (0x10, 0x20);
     const UDP_PORTS: (u64, u64) = (0x40, 0x80);
     let mut out = Vec::with_capacity(36);
-    let Some(x) = fields(frame) else { return out };
     if let Some((src, dst, ..)) = x.v4 {
         if mask & SRC_IPV4 != 0 {
             out.extend_from_slice(&src);
@@ -874,12 +884,13 @@ mod tests {
             (13, FlowAttr { kind: FlowKind::AllDefault, priority: 0, specs: vec![] }),
             (14, FlowAttr { kind: FlowKind::Sniffer, priority: 0, specs: vec![] }),
         ]);
-        assert_eq!(r.targets(&udp4(4000)), vec![14, 11], "priority 1 beats 5");
-        assert_eq!(r.targets(&udp4(5000)), vec![14, 12]);
-        assert_eq!(r.targets(&udp4(6000)), vec![14, 13], "to the default rule");
+        let targets = |f: &[u8]| fields(f).map_or_else(Vec::new, |x| r.targets(&x));
+        assert_eq!(targets(&udp4(4000)), vec![14, 11], "priority 1 beats 5");
+        assert_eq!(targets(&udp4(5000)), vec![14, 12]);
+        assert_eq!(targets(&udp4(6000)), vec![14, 13], "to the default rule");
         let mut tcp = udp4(4000);
         tcp[23] = 6;
-        assert_eq!(r.targets(&tcp), vec![14, 13], "a UDP spec takes no TCP segment");
-        assert_eq!(r.targets(&[0u8; 10]), Vec::<u32>::new(), "no whole Ethernet header");
+        assert_eq!(targets(&tcp), vec![14, 13], "a UDP spec takes no TCP segment");
+        assert_eq!(targets(&[0u8; 10]), Vec::<u32>::new(), "no whole Ethernet header");
     }
 }

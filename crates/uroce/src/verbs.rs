@@ -410,9 +410,6 @@ impl Pd {
         if init.srq.is_some() {
             return Err(Error::InvalidArgument("a raw packet QP takes no SRQ"));
         }
-        let ip = self.ctx.device.socket_addr().ip();
-        let ifindex = crate::netif::index_of(ip)
-            .ok_or(Error::InvalidArgument("the device's address is on no interface"))?;
         let raw = crate::raw::RawInit {
             qpn,
             pd: self.handle,
@@ -424,35 +421,61 @@ impl Pd {
             max_inline: c.max_inline_data,
             rq_depth: c.max_recv_wr,
         };
-        e.raw.create(ifindex, raw).map_err(|source| Error::Open {
+        let cqs = vec![init.send_cq.clone(), init.recv_cq.clone()];
+        self.add_raw_qp(e, raw, None, c, cqs)
+    }
+
+    /// Adds raw QP `raw` to the driver (with `rss`, an RSS QP: its
+    /// indirection table and hash) and makes its handle, which keeps
+    /// `cqs` and the table alive.
+    fn add_raw_qp(
+        &self,
+        e: &mut crate::driver::Driver,
+        raw: crate::raw::RawInit,
+        rss: Option<(&RwqIndTable, crate::raw::RxHash)>,
+        caps: QpCaps,
+        cqs: Vec<Cq>,
+    ) -> Result<Qp> {
+        let ip = self.ctx.device.socket_addr().ip();
+        let ifindex = crate::netif::index_of(ip)
+            .ok_or(Error::InvalidArgument("the device's address is on no interface"))?;
+        let table = rss.as_ref().map(|(t, _)| (*t).clone());
+        let added = match rss {
+            Some((t, hash)) => {
+                let wqns = t.inner.wqs.iter().map(|w| w.inner.wqn).collect();
+                e.raw.create_rss(ifindex, raw, wqns, hash)
+            }
+            None => e.raw.create(ifindex, raw),
+        };
+        added.map_err(|source| Error::Open {
             device: self.ctx.device.name().to_string(),
             addr: self.ctx.device.socket_addr(),
             source,
         })?;
         // Its posting state stands unused: raw posts go to the raw module.
         let qp_init = QpInit {
-            qpn,
+            qpn: raw.qpn,
             qp_type: QpType::RawPacket,
             pd: self.handle,
-            caps: c,
-            sq_sig_all: init.sq_sig_all,
+            caps,
+            sq_sig_all: raw.sq_sig_all,
             max_unacked_psns: limits::SEND_WINDOW_PSNS,
             port_mtu: self.ctx.device.port_attr().active_mtu,
-            uses_srq: false,
+            uses_srq: table.is_some(),
         };
         let post = Arc::new(QpPost::new(qp_init, uroce_transport::Qp::new(qp_init).gauge()));
         Ok(Qp {
             ctx: self.ctx.clone(),
-            qpn,
+            qpn: raw.qpn,
             post,
-            cap: c,
+            cap: caps,
             qp_type: QpType::RawPacket,
             _pd: Some(self.clone()),
-            _cqs: vec![init.send_cq.clone(), init.recv_cq.clone()],
+            _cqs: cqs,
             _srq: None,
             _xrcd: None,
             target: None,
-            _table: None,
+            _table: table,
         })
     }
 }
@@ -518,9 +541,6 @@ impl Pd {
         if !Arc::ptr_eq(&table.inner.ctx, &self.ctx) {
             return Err(Error::InvalidArgument("indirection table of another context"));
         }
-        let ip = self.ctx.device.socket_addr().ip();
-        let ifindex = crate::netif::index_of(ip)
-            .ok_or(Error::InvalidArgument("the device's address is on no interface"))?;
         let mut e = self.ctx.lock();
         let qpn = e.ep.alloc_qpn();
         let none = u32::MAX;
@@ -535,12 +555,6 @@ impl Pd {
             max_inline: 0,
             rq_depth: 0,
         };
-        let wqns = table.inner.wqs.iter().map(|w| w.inner.wqn).collect();
-        e.raw.create_rss(ifindex, raw, wqns, hash).map_err(|source| Error::Open {
-            device: self.ctx.device.name().to_string(),
-            addr: self.ctx.device.socket_addr(),
-            source,
-        })?;
         let caps = QpCaps {
             max_send_wr: 0,
             max_recv_wr: 0,
@@ -548,30 +562,7 @@ impl Pd {
             max_recv_sge: 0,
             max_inline_data: 0,
         };
-        let qp_init = QpInit {
-            qpn,
-            qp_type: QpType::RawPacket,
-            pd: self.handle,
-            caps,
-            sq_sig_all: false,
-            max_unacked_psns: limits::SEND_WINDOW_PSNS,
-            port_mtu: self.ctx.device.port_attr().active_mtu,
-            uses_srq: true,
-        };
-        let post = Arc::new(QpPost::new(qp_init, uroce_transport::Qp::new(qp_init).gauge()));
-        Ok(Qp {
-            ctx: self.ctx.clone(),
-            qpn,
-            post,
-            cap: caps,
-            qp_type: QpType::RawPacket,
-            _pd: Some(self.clone()),
-            _cqs: Vec::new(),
-            _srq: None,
-            _xrcd: None,
-            target: None,
-            _table: Some(table.clone()),
-        })
+        self.add_raw_qp(&mut e, raw, Some((table, hash)), caps, Vec::new())
     }
 }
 
