@@ -137,7 +137,8 @@ pub struct verbs_context {
     pub alloc_td:
         Option<unsafe extern "C" fn(*mut ibv_context, *mut ibv_td_init_attr) -> *mut ibv_td>,
     pub modify_cq: Option<unsafe extern "C" fn(*mut ibv_cq, *mut ibv_modify_cq_attr) -> c_int>,
-    pub post_srq_ops: *mut c_void,
+    pub post_srq_ops:
+        Option<unsafe extern "C" fn(*mut ibv_srq, *mut ibv_ops_wr, *mut *mut ibv_ops_wr) -> c_int>,
     pub destroy_rwq_ind_table: *mut c_void,
     pub create_rwq_ind_table: *mut c_void,
     pub destroy_wq: *mut c_void,
@@ -241,7 +242,7 @@ pub struct ibv_cq_ex {
     pub read_completion_ts: Option<unsafe extern "C" fn(CqEx) -> u64>,
     pub read_cvlan: Option<unsafe extern "C" fn(CqEx) -> u16>,
     pub read_flow_tag: Option<unsafe extern "C" fn(CqEx) -> u32>,
-    pub read_tm_info: Option<unsafe extern "C" fn(CqEx, *mut c_void)>,
+    pub read_tm_info: Option<unsafe extern "C" fn(CqEx, *mut ibv_wc_tm_info)>,
     pub read_completion_wallclock_ns: Option<unsafe extern "C" fn(CqEx) -> u64>,
 }
 
@@ -296,8 +297,37 @@ pub struct ibv_srq_init_attr_ex {
     pub tm_cap: [u32; 2],
 }
 
+/// `struct ibv_ops_wr`: a tag matching list operation.
+#[repr(C)]
+pub struct ibv_ops_wr {
+    pub wr_id: u64,
+    pub next: *mut ibv_ops_wr,
+    pub opcode: c_int,
+    pub flags: c_int,
+    pub unexpected_cnt: u32,
+    pub handle: u32,
+    pub recv_wr_id: u64,
+    pub sg_list: *mut ibv_sge,
+    pub num_sge: c_int,
+    pub tag: u64,
+    pub mask: u64,
+}
+
+/// `struct ibv_wc_tm_info`.
+#[repr(C)]
+pub struct ibv_wc_tm_info {
+    pub tag: u64,
+    pub priv_: u32,
+}
+
 // rdma-core 44's verbs.h on LP64 (not in the measured layout file).
 const _: () = {
+    assert!(size_of::<ibv_ops_wr>() == 72);
+    assert!(std::mem::offset_of!(ibv_ops_wr, unexpected_cnt) == 24);
+    assert!(std::mem::offset_of!(ibv_ops_wr, recv_wr_id) == 32);
+    assert!(std::mem::offset_of!(ibv_ops_wr, num_sge) == 48);
+    assert!(std::mem::offset_of!(ibv_ops_wr, tag) == 56);
+    assert!(size_of::<ibv_wc_tm_info>() == 16);
     assert!(size_of::<ibv_srq_init_attr_ex>() == 64);
     assert!(std::mem::offset_of!(ibv_srq_init_attr_ex, comp_mask) == 20);
     assert!(std::mem::offset_of!(ibv_srq_init_attr_ex, pd) == 32);
@@ -661,7 +691,11 @@ pub struct ibv_device_attr_ex {
     /// kHz.
     pub hca_core_clock: u64,
     pub device_cap_flags_ex: u64,
-    pub _ext: [u8; 80],
+    /// TSO, RSS, WQ, packet pacing and raw packet capabilities (none).
+    pub _ext: [u8; 60],
+    /// `ibv_tm_caps`: `max_rndv_hdr_size`, `max_num_tags`, `flags`,
+    /// `max_ops`, `max_sge`.
+    pub tm_caps: [u32; 5],
     /// `max_cq_count`, `max_cq_period` (µs).
     pub cq_mod_caps: [u16; 2],
     pub _pad2: u32,
@@ -869,6 +903,7 @@ pub mod consts {
     pub const IBV_WC_EX_WITH_SL: u64 = 1 << 5;
     pub const IBV_WC_EX_WITH_DLID_PATH_BITS: u64 = 1 << 6;
     pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP: u64 = 1 << 7;
+    pub const IBV_WC_EX_WITH_TM_INFO: u64 = 1 << 10;
     pub const IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK: u64 = 1 << 11;
     /// The `wc_flags` an extended CQ of ours can report (no completion
     /// timestamps: `query_device_ex` reports no timestamp clock).
@@ -880,6 +915,7 @@ pub mod consts {
         | IBV_WC_EX_WITH_SL
         | IBV_WC_EX_WITH_DLID_PATH_BITS
         | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP
+        | IBV_WC_EX_WITH_TM_INFO
         | IBV_WC_EX_WITH_COMPLETION_TIMESTAMP_WALLCLOCK;
 
     /// Access bits rdma-core defines as optional: a provider that does not
@@ -1069,7 +1105,7 @@ mod tests {
             "odp_caps" => odp_caps, "completion_timestamp_mask" => completion_timestamp_mask,
             "hca_core_clock" => hca_core_clock, "device_cap_flags_ex" => device_cap_flags_ex,
             "cq_mod_caps" => cq_mod_caps, "max_dm_size" => max_dm_size,
-            "xrc_odp_caps" => xrc_odp_caps,
+            "xrc_odp_caps" => xrc_odp_caps, "tm_caps" => tm_caps,
             "phys_port_cnt_ex" => phys_port_cnt_ex });
         check!(m, ibv_port_attr { "state" => state, "max_mtu" => max_mtu,
             "active_mtu" => active_mtu, "gid_tbl_len" => gid_tbl_len,

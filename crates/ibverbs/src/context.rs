@@ -75,6 +75,7 @@ pub(crate) fn make_context(
     // pointers, integers); all-zero is valid (NULL everywhere).
     let mut vctx: verbs_context = unsafe { std::mem::zeroed() };
     vctx.query_port = Some(crate::device::query_port);
+    vctx.post_srq_ops = Some(crate::srq::post_srq_ops);
     vctx.query_device_ex = Some(crate::device::query_device_ex);
     vctx.create_qp_ex = Some(crate::qp::create_qp_ex);
     vctx.create_cq_ex = Some(crate::cq::create_cq_ex);

@@ -114,6 +114,7 @@ fn create(
     pub_cq.read_dlid_path_bits = Some(read_dlid_path_bits);
     pub_cq.read_completion_ts = Some(read_completion_ts);
     pub_cq.read_completion_wallclock_ns = Some(read_completion_wallclock_ns);
+    pub_cq.read_tm_info = Some(read_tm_info);
     let b = into_c(
         CqBox {
             cq: UnsafeCell::new(pub_cq),
@@ -272,7 +273,12 @@ impl AtomicCounter for u32 {
 /// `wc.imm_data`: immediate data as the `__be32` it arrived as (the wire
 /// bytes), an invalidated R_Key as a host order number.
 fn imm_to_c(c: &Completion) -> u32 {
-    if c.flags.contains(uroce::WcFlags::WITH_IMM) { c.imm_or_inv.to_be() } else { c.imm_or_inv }
+    match c.opcode {
+        // Their application context is read with `ibv_wc_read_tm_info`.
+        uroce::WcOpcode::TmRecv | uroce::WcOpcode::TmNoTag => 0,
+        _ if c.flags.contains(uroce::WcFlags::WITH_IMM) => c.imm_or_inv.to_be(),
+        _ => c.imm_or_inv,
+    }
 }
 
 /// `ibv_wc` from a uroce completion.
@@ -457,6 +463,18 @@ unsafe extern "C" fn read_src_qp(cq: *mut ibv_cq_ex) -> u32 {
 }
 unsafe extern "C" fn read_wc_flags(cq: *mut ibv_cq_ex) -> c_uint {
     guard(0, || cursor(cq).flags.0)
+}
+/// A tag matching completion's tag and application context.
+unsafe extern "C" fn read_tm_info(cq: *mut ibv_cq_ex, info: *mut ibv_wc_tm_info) {
+    guard((), || {
+        let c = cursor(cq);
+        let tm = matches!(c.opcode, uroce::WcOpcode::TmRecv | uroce::WcOpcode::TmNoTag);
+        let (tag, priv_) = if tm { (c.tm_tag, c.imm_or_inv) } else { (0, 0) };
+        // SAFETY: NULL or the caller's writable `ibv_wc_tm_info`.
+        if let Some(i) = unsafe { info.as_mut() } {
+            *i = ibv_wc_tm_info { tag, priv_ };
+        }
+    })
 }
 unsafe extern "C" fn read_slid(_: *mut ibv_cq_ex) -> u32 {
     0

@@ -192,9 +192,9 @@ pub(crate) unsafe extern "C" fn ibv_query_device(
 }
 
 /// `verbs_context.query_device_ex`: the basic attributes, on-demand
-/// paging, completion timestamps (a 1 GHz clock, every bit counting) and
-/// device memory; none of the other extended capabilities (TSO, RSS, ...)
-/// exist here.
+/// paging, completion timestamps (a 1 GHz clock, every bit counting),
+/// tag matching and device memory; none of the other extended
+/// capabilities (TSO, RSS, ...) are reported.
 pub(crate) unsafe extern "C" fn query_device_ex(
     context: *mut ibv_context,
     input: *const ibv_query_device_ex_input,
@@ -229,6 +229,9 @@ pub(crate) unsafe extern "C" fn query_device_ex(
                 (*attr).hca_core_clock = d.hca_core_clock_khz;
                 (*attr).device_cap_flags_ex = d.device_cap_flags_ex;
                 (*attr).cq_mod_caps = [d.max_cq_count, d.max_cq_period_us];
+                // IBV_TM_CAP_RC.
+                (*attr).tm_caps =
+                    [d.tm_max_rndv_hdr_size, d.tm_max_num_tags, 1, d.tm_max_ops, d.tm_max_sge];
             }
         }
         if attr_size >= std::mem::offset_of!(ibv_device_attr_ex, _ext2) {

@@ -3,7 +3,8 @@
 //! `uroce run`: device and port queries, PDs, MRs (re-registration, device
 //! memory, memory windows, ODP), CQs and extended CQs, every QP type's
 //! traffic, SRQs, XRC, atomics, parent domains, the RDMA CM between forked
-//! processes, raw packet QPs and flow steering. Every test must pass or be
+//! processes, raw packet QPs and flow steering, tag matching SRQs. Every
+//! test must pass or be
 //! skipped for one of the reasons `ALLOWED_SKIPS` lists (or fail as
 //! `KNOWN_ERRORS` says).
 
@@ -26,8 +27,6 @@ const ALLOWED_SKIPS: &[(&str, &str)] = &[
     ("cuda-python", "no CUDA"),
     ("PCI device must be passed", "VFIO to a PCI device"),
     ("All gid indices populated", "nothing to check"),
-    // Tag-matching SRQs (IBV_SRQT_TM) are not implemented.
-    ("Extended CQ is not supported", "tag matching (IBV_WC_EX_WITH_TM_INFO)"),
 ];
 
 /// Tests that fail here for a reason listed (what they need is not

@@ -10,6 +10,7 @@
 //! their CQs. A QP with no traffic, no timer and no completion costs
 //! nothing per progress pass, however many there are.
 
+use crate::wqe::PostError;
 use std::cmp::Reverse;
 use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::net::IpAddr;
@@ -418,8 +419,11 @@ impl Endpoint {
 
     /// Adds a QP (numbered by [`Endpoint::alloc_qpn`]) whose completions
     /// go to `send_cq` and `recv_cq` and whose receives come from `srq`.
-    pub fn add_qp(&mut self, qp: Qp, send_cq: u32, recv_cq: u32, srq: Option<u32>) {
+    pub fn add_qp(&mut self, mut qp: Qp, send_cq: u32, recv_cq: u32, srq: Option<u32>) {
         let qpn = qp.qpn();
+        if srq.and_then(|id| self.srqs.get(&id)).is_some_and(|s| s.tm().is_some()) {
+            qp.reserve_rendezvous();
+        }
         let slot = Slot {
             qp,
             send_cq,
@@ -603,6 +607,39 @@ impl Endpoint {
     pub fn srq_mut(&mut self, id: u32) -> Option<&mut Srq> {
         self.srq_dirty = true;
         self.srqs.get_mut(&id)
+    }
+
+    /// Runs tag matching list operations on SRQ `id` (`ibv_post_srq_ops`),
+    /// in order, writing each ADD's handle to `handles` (same index); their
+    /// completions go to the SRQ's CQ.
+    ///
+    /// # Errors
+    /// The index of the first operation not run and why:
+    /// [`PostError::InvalidOpcode`] (EINVAL) if the SRQ is no tag matching
+    /// one, [`PostError::TooManySge`] for an ADD of more than one SGE,
+    /// [`PostError::QueueFull`] (ENOMEM) for an ADD to a full list.
+    pub fn post_srq_ops(
+        &mut self,
+        now: Instant,
+        id: u32,
+        ops: &[crate::tm::OpsWr],
+        handles: &mut [Option<u32>],
+    ) -> Result<(), (usize, PostError)> {
+        let Some(list) = self.srqs.get_mut(&id).and_then(Srq::tm_mut) else {
+            return Err((0, PostError::InvalidOpcode));
+        };
+        let cq = list.cq();
+        for (i, op) in ops.iter().enumerate() {
+            let (h, c) = list.post(op).map_err(|e| (i, e))?;
+            if let Some(slot) = handles.get_mut(i) {
+                *slot = h;
+            }
+            if let Some(c) = c {
+                Self::push_completion(&self.cqs, &mut self.notify, &mut self.events, cq, c, now);
+                self.moved = true;
+            }
+        }
+        Ok(())
     }
 
     /// Live SRQs.
@@ -972,9 +1009,12 @@ impl Endpoint {
         slot.active = false;
         // Slots freed before their completions can be seen.
         slot.qp.publish_gauge();
+        // A tag matching SRQ's receives complete on its own CQ.
+        let tm_cq = slot.srq.and_then(|s| self.srqs.get(&s)).and_then(|s| s.tm()).map(|l| l.cq());
+        let recv_cq = tm_cq.unwrap_or(slot.recv_cq);
         while let Some(c) = slot.qp.poll_completion() {
             self.moved = true;
-            let id = if c.is_recv { slot.recv_cq } else { slot.send_cq };
+            let id = if c.is_recv { recv_cq } else { slot.send_cq };
             Self::push_completion(&self.cqs, &mut self.notify, &mut self.events, id, c, now);
         }
         while let Some(e) = slot.qp.poll_event() {

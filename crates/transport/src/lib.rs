@@ -26,6 +26,7 @@ mod queue;
 pub mod srq;
 pub mod stats;
 mod time;
+pub mod tm;
 pub mod wqe;
 pub mod xrc_relay;
 

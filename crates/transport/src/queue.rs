@@ -35,6 +35,22 @@ pub(crate) struct SendWqe {
     pub(crate) bind: Option<crate::memory::MwBind>,
     /// XRC: the target SRQ.
     pub(crate) xrc_srqn: u32,
+    /// Posted by the QP itself, not the application.
+    pub(crate) internal: Internal,
+}
+
+/// Send WQEs the QP posts itself: a tag matching rendezvous's READ of the
+/// requester's data (its tag and application context kept in `compare_add`
+/// and `swap`, its tagged buffer's `recv_wr_id` in `wr_id`), and the FIN
+/// that ends it. Their completions are receive-side ones, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Internal {
+    /// The application's.
+    No,
+    /// A rendezvous READ.
+    TmRead,
+    /// A rendezvous FIN.
+    TmFin,
 }
 
 impl SendWqe {
@@ -58,6 +74,7 @@ impl SendWqe {
         ud: None,
         bind: None,
         xrc_srqn: 0,
+        internal: Internal::No,
     };
 
     /// The last PSN of the WQE (valid once assigned).
@@ -235,11 +252,39 @@ pub(crate) struct RecvCur {
     pub(crate) wr_id: u64,
     pub(crate) length: u64,
     pub(crate) sges: Vec<Sge>,
+    /// Bytes at the message's start that are not placed (a tag matching
+    /// header; `u64::MAX`: none of the message).
+    pub(crate) skip: u64,
+    /// What a tag matching SRQ made of the message.
+    pub(crate) tm: Option<TmCur>,
+}
+
+/// A message on a tag matching SRQ, as its completion reports it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct TmCur {
+    /// `TmRecv` (tagged) or `TmNoTag`.
+    pub(crate) opcode: crate::wqe::WcOpcode,
+    /// Flags of the completion at its end.
+    pub(crate) flags: crate::wqe::WcFlags,
+    /// Status of the completion at its end.
+    pub(crate) status: crate::wqe::WcStatus,
+    /// The tag and application context it reports (0 unless matched).
+    pub(crate) tag: u64,
+    pub(crate) app_ctx: u32,
+    /// A matched rendezvous: its READ follows the message's end.
+    pub(crate) rndv: Option<crate::tm::Rvh>,
 }
 
 impl RecvCur {
     pub(crate) fn new(max_sge: usize) -> Self {
-        Self { active: false, wr_id: 0, length: 0, sges: Vec::with_capacity(max_sge) }
+        Self {
+            active: false,
+            wr_id: 0,
+            length: 0,
+            sges: Vec::with_capacity(max_sge),
+            skip: 0,
+            tm: None,
+        }
     }
 }
 
@@ -255,6 +300,8 @@ impl RecvQueue {
         cur.wr_id = w.wr_id;
         cur.length = w.length;
         cur.active = true;
+        cur.skip = 0;
+        cur.tm = None;
         self.tail += 1;
         true
     }

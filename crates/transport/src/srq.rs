@@ -6,6 +6,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
 use crate::queue::{RecvCur, RecvQueue};
+use crate::tm::TagList;
 use crate::wqe::PostError;
 use crate::wqe::{RecvWr, Sge};
 
@@ -91,6 +92,8 @@ pub struct Srq {
     /// In a shared domain, the longest WQE posted and not yet taken, and
     /// how many have that length (see [`SharedSrq::max_len`]).
     longest: (u64, usize),
+    /// A tag matching SRQ's list of tagged buffers.
+    tm: Option<TagList>,
 }
 
 /// What makes an SRQ an XRC one: requests to XRC target QPs of its domain
@@ -118,6 +121,7 @@ impl Srq {
             shared: None,
             relay: false,
             longest: (0, 0),
+            tm: None,
         }
         .published()
     }
@@ -142,6 +146,22 @@ impl Srq {
     /// `IBV_SRQT_XRC`).
     pub fn new_xrc(max_wr: u32, max_sge: u32, xrc: XrcSrq) -> Self {
         Self { xrc: Some(xrc), ..Self::new(max_wr, max_sge) }
+    }
+
+    /// A tag matching SRQ (`IBV_SRQT_TM`) of up to `max_tags` tagged
+    /// buffers, its receives and list operations completing on `cq`.
+    pub fn new_tm(max_wr: u32, max_sge: u32, max_tags: u32, cq: u32) -> Self {
+        Self { tm: Some(TagList::new(max_tags, cq)), ..Self::new(max_wr, max_sge) }
+    }
+
+    /// A tag matching SRQ's list.
+    pub fn tm(&self) -> Option<&TagList> {
+        self.tm.as_ref()
+    }
+
+    /// A tag matching SRQ's list, to change.
+    pub fn tm_mut(&mut self) -> Option<&mut TagList> {
+        self.tm.as_mut()
     }
 
     /// Makes this XRC SRQ one of a domain that other processes share:
@@ -328,6 +348,8 @@ impl Srq {
             cur.active = true;
             cur.wr_id = 0;
             cur.length = len;
+            cur.skip = 0;
+            cur.tm = None;
             cur.sges.clear();
             cur.sges.push(Sge { addr: 0, length: len as u32, lkey: RELAY_LKEY });
             return true;

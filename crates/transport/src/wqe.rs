@@ -277,6 +277,11 @@ pub enum WcStatus {
     FatalErr = 19,
     /// General error.
     GeneralErr = 21,
+    /// A tag matching list operation failed (a DEL of a consumed tag).
+    TmErr = 22,
+    /// A rendezvous the device could not finish (its data longer than the
+    /// tagged buffer): software completes it.
+    TmRndvIncomplete = 23,
 }
 
 impl WcStatus {
@@ -298,6 +303,8 @@ impl WcStatus {
             Self::RnrRetryExcErr => "RNR retry counter exceeded",
             Self::FatalErr => "fatal error",
             Self::GeneralErr => "general error",
+            Self::TmErr => "TM error",
+            Self::TmRndvIncomplete => "TM software rendezvous",
         }
     }
 }
@@ -327,6 +334,16 @@ pub enum WcOpcode {
     Recv = 128,
     /// A received RDMA WRITE with immediate.
     RecvRdmaWithImm = 129,
+    /// A tag matching list ADD (`IBV_WC_TM_ADD`).
+    TmAdd = 130,
+    /// A tag matching list DEL.
+    TmDel = 131,
+    /// A tag matching list SYNC.
+    TmSync = 132,
+    /// A tagged message received (matched, or unexpected).
+    TmRecv = 133,
+    /// A message without a tag received on a tag matching SRQ.
+    TmNoTag = 134,
 }
 
 /// `ibv_wc_flags`.
@@ -338,6 +355,9 @@ impl WcFlags {
     pub const GRH: Self = Self(1 << 0);
     pub const WITH_IMM: Self = Self(1 << 1);
     pub const WITH_INV: Self = Self(1 << 3);
+    pub const TM_SYNC_REQ: Self = Self(1 << 4);
+    pub const TM_MATCH: Self = Self(1 << 5);
+    pub const TM_DATA_VALID: Self = Self(1 << 6);
     pub const NONE: Self = Self(0);
 
     /// Whether every bit of `other` is set.
@@ -379,6 +399,9 @@ pub struct Completion {
     /// When the completion was placed on its CQ: nanoseconds on the
     /// endpoint's clock (`IBV_WC_EX_WITH_COMPLETION_TIMESTAMP`; 0 before).
     pub timestamp: u64,
+    /// A tag matching receive's tag (its application context is in
+    /// `imm_or_inv`): `ibv_wc_read_tm_info`.
+    pub tm_tag: u64,
 }
 
 impl Completion {
@@ -404,6 +427,7 @@ impl Completion {
             solicited: false,
             sl: 0,
             timestamp: 0,
+            tm_tag: 0,
         }
     }
 

@@ -205,6 +205,10 @@ impl Device {
             hca_core_clock_khz: 1_000_000,
             completion_timestamp_mask: u64::MAX,
             max_dm_size: limits::MAX_DM_SIZE,
+            tm_max_rndv_hdr_size: uroce_transport::tm::MAX_RNDV_HDR,
+            tm_max_num_tags: uroce_transport::tm::MAX_TAGS,
+            tm_max_ops: uroce_transport::tm::MAX_OPS,
+            tm_max_sge: 1,
             device_cap_flags_ex: u64::from(limits::DEVICE_CAP_FLAGS)
                 | limits::DEVICE_CAP_FLAGS_EX_HIGH,
             // IBV_ODP_SUPPORT | IBV_ODP_SUPPORT_IMPLICIT.
@@ -336,6 +340,13 @@ pub struct DeviceAttr {
     /// CQ event moderation (`cq_mod_caps`): largest count, period in µs.
     pub max_cq_count: u16,
     pub max_cq_period_us: u16,
+    /// Tag matching (`ibv_tm_caps`, for RC): the longest rendezvous
+    /// request, tagged buffers per SRQ, list operations at once, SGEs per
+    /// tagged buffer.
+    pub tm_max_rndv_hdr_size: u32,
+    pub tm_max_num_tags: u32,
+    pub tm_max_ops: u32,
+    pub tm_max_sge: u32,
 }
 
 /// `ibv_atomic_cap`: what a device's atomics are atomic with respect to.

@@ -851,7 +851,7 @@ impl Xrcd {
         let post = Arc::new(crate::staging::SrqPost::new(id, attr.max_wr, attr.max_sge, gauge));
         let keep = (cq.clone(), self.clone());
         let ctx = self.inner.ctx.clone();
-        Ok(Srq { inner: Arc::new(SrqInner { ctx, id, post, _xrc: Some(keep) }) })
+        Ok(Srq { inner: Arc::new(SrqInner { ctx, id, post, _xrc: Some(keep), tm: None }) })
     }
 
     /// Creates an XRC target QP of this domain (`ibv_create_qp_ex` with
@@ -1581,6 +1581,8 @@ struct SrqInner {
     post: Arc<crate::staging::SrqPost>,
     /// An XRC SRQ's CQ and domain, kept alive with it.
     _xrc: Option<(Cq, Xrcd)>,
+    /// A tag matching SRQ's.
+    tm: Option<TmSrq>,
 }
 
 impl Drop for SrqInner {
@@ -1636,14 +1638,87 @@ impl Context {
         let gauge = srq.gauge();
         let id = e.ep.add_srq(srq);
         let post = Arc::new(crate::staging::SrqPost::new(id, attr.max_wr, attr.max_sge, gauge));
-        Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.clone(), id, post, _xrc: None }) })
+        Ok(Srq {
+            inner: Arc::new(SrqInner { ctx: self.inner.clone(), id, post, _xrc: None, tm: None }),
+        })
     }
+}
+
+impl Context {
+    /// Creates a tag matching SRQ (`ibv_create_srq_ex` with
+    /// `IBV_SRQT_TM`): besides plain receive WQEs it keeps up to
+    /// `max_tags` tagged buffers ([`Srq::post_ops`]); its receives and
+    /// list operations complete on `cq` (see `uroce_transport::tm`).
+    ///
+    /// # Errors
+    /// As [`Context::create_srq`], and [`Error::InvalidArgument`] for
+    /// `max_tags` of 0 or above `tm_max_num_tags`, or a CQ of another
+    /// context.
+    pub fn create_tm_srq(&self, cq: &Cq, attr: &SrqAttr, max_tags: u32) -> Result<Srq> {
+        if !Arc::ptr_eq(&cq.inner.ctx, &self.inner) {
+            return Err(Error::InvalidArgument("CQ of another context"));
+        }
+        if max_tags == 0 || max_tags > uroce_transport::tm::MAX_TAGS {
+            return Err(Error::InvalidArgument("max_num_tags out of range"));
+        }
+        if attr.max_wr == 0
+            || attr.max_wr > limits::MAX_SRQ_WR
+            || attr.max_sge == 0
+            || attr.max_sge > limits::MAX_SGE
+        {
+            return Err(Error::InvalidArgument("SRQ size out of range"));
+        }
+        let mut srq =
+            uroce_transport::Srq::new_tm(attr.max_wr, attr.max_sge, max_tags, cq.inner.id);
+        srq.arm(attr.srq_limit).map_err(|_| Error::InvalidArgument("srq_limit above max_wr"))?;
+        let mut e = self.inner.lock();
+        if e.ep.srq_count() as u32 >= limits::MAX_SRQ {
+            return Err(Error::Limit("max_srq"));
+        }
+        let gauge = srq.gauge();
+        let id = e.ep.add_srq(srq);
+        let post = Arc::new(crate::staging::SrqPost::new(id, attr.max_wr, attr.max_sge, gauge));
+        let tm = Some(TmSrq { _cq: cq.clone() });
+        Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.clone(), id, post, _xrc: None, tm }) })
+    }
+}
+
+/// What a tag matching SRQ keeps alive: the CQ it completes on.
+struct TmSrq {
+    _cq: Cq,
 }
 
 impl Srq {
     /// The handle events name this SRQ by.
     pub fn handle(&self) -> u32 {
         self.inner.id
+    }
+
+    /// Whether this is a tag matching SRQ.
+    pub fn is_tag_matching(&self) -> bool {
+        self.inner.tm.is_some()
+    }
+
+    /// Runs tag matching list operations (`ibv_post_srq_ops`), in order:
+    /// each ADD's handle is written to `handles` at its index (a DEL names
+    /// one); the operations asked to be signaled complete on the SRQ's CQ.
+    ///
+    /// # Errors
+    /// [`Error::Post`] naming the first operation not run: `InvalidOpcode`
+    /// (EINVAL) on an SRQ without tag matching, `QueueFull` (ENOMEM) for
+    /// an ADD to a full list.
+    pub fn post_ops(
+        &self,
+        ops: &[uroce_transport::tm::OpsWr],
+        handles: &mut [Option<u32>],
+    ) -> Result<()> {
+        let ctx = &self.inner.ctx;
+        let mut e = ctx.lock();
+        let now = e.now();
+        let r = e.ep.post_srq_ops(now, self.inner.id, ops, handles);
+        // Completions (and their channel's events) go out now.
+        ctx.app_progress(&mut e);
+        r.map_err(|(index, error)| Error::Post { index, error })
     }
 
     /// Posts receive WRs (`ibv_post_srq_recv`).

@@ -187,3 +187,112 @@ fn srq_limit_rnr_and_last_wqe() {
     b.modify(&QpAttr { state: QpState::Error, ..QpAttr::default() }, AttrMask::STATE).unwrap();
     assert_eq!(event(&cb), AsyncEvent::QpLastWqeReached { qpn: b.qpn() });
 }
+
+/// A tag matching SRQ through the Rust API, over UDP: EAGER messages of
+/// several packets into the tagged buffers they match (header stripped),
+/// an unexpected one whole into a plain WQE, and a rendezvous whose 64 KiB
+/// the server's QP (no send queue of its own) READs, then answers with a
+/// FIN.
+#[test]
+fn tag_matching_eager_unexpected_and_rendezvous() {
+    use uroce::transport::tm::{OpsWr, TmOp, Tmh, TmhOp};
+    use uroce::{SendFlags, WcFlags};
+    let port = uroce::testing::free_port();
+    let (ca, pa, cqa, ma) = open("127.0.0.1", port);
+    let (cb, pb, cqb, mb) = open("127.0.0.2", port);
+    assert_eq!(cb.query_device().tm_max_num_tags, 255);
+    let attr = SrqAttr { max_wr: 16, max_sge: 1, srq_limit: 0 };
+    let srq = cb.create_tm_srq(&cqb, &attr, 8).unwrap();
+    let a = qp(&pa, &cqa, None);
+    let b = pb
+        .create_qp(&QpInitAttr {
+            send_cq: &cqb,
+            recv_cq: &cqb,
+            cap: QpCaps {
+                max_send_wr: 0,
+                max_recv_wr: 0,
+                max_send_sge: 0,
+                max_recv_sge: 0,
+                max_inline_data: 0,
+            },
+            qp_type: QpType::Rc,
+            sq_sig_all: false,
+            srq: Some(&srq),
+        })
+        .unwrap();
+    let (ia, ib): (IpAddr, IpAddr) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    uroce::connect(&a, ib, port, b.qpn(), 1, 2, ALL).unwrap();
+    uroce::connect(&b, ia, port, a.qpn(), 2, 1, ALL).unwrap();
+    srq.post_recv(&[RecvWr { wr_id: 7, sgl: &[mb.sge(3 << 20, 65536).unwrap()] }]).unwrap();
+    // Tags 1 and 2 at 0 and 1 MiB.
+    let ops: Vec<OpsWr> = (1..=2u64)
+        .map(|t| OpsWr {
+            wr_id: t,
+            op: TmOp::Add {
+                recv_wr_id: 100 + t,
+                sge: Some(mb.sge(((t - 1) << 20) as usize, 1 << 20).unwrap()),
+                tag: t,
+                mask: !0,
+            },
+            signaled: true,
+            sync: false,
+            unexpected_cnt: 0,
+        })
+        .collect();
+    let mut handles = [None; 2];
+    srq.post_ops(&ops, &mut handles).unwrap();
+    assert_eq!(handles, [Some(0), Some(1)]);
+    assert!(poll_n(&cqb, 2).iter().all(|c| c.opcode == WcOpcode::TmAdd));
+    let send = |at: usize, tmh: Tmh, tail: &[u8], len: usize| {
+        let mut msg = tmh.encode().to_vec();
+        msg.extend_from_slice(tail);
+        msg.resize(len, 0);
+        for (k, b) in msg.iter_mut().enumerate().skip(16 + tail.len()) {
+            *b = (k * 7) as u8;
+        }
+        ma.write(at, &msg).unwrap();
+        let sge = [ma.sge(at, len as u32).unwrap()];
+        a.post_send(&[SendWr { sgl: &sge, flags: SendFlags::SIGNALED, ..SendWr::default() }])
+            .unwrap();
+        assert_eq!(poll_n(&cqa, 1)[0].status, WcStatus::Success);
+        msg
+    };
+    // EAGER to tag 2, 20,016 bytes: the match, then the data.
+    let msg = send(0, Tmh { op: TmhOp::Eager as u8, app_ctx: 5, tag: 2 }, &[], 20_016);
+    let c = poll_n(&cqb, 2);
+    assert_eq!((c[0].opcode, c[0].wr_id, c[0].flags), (WcOpcode::TmRecv, 102, WcFlags::TM_MATCH));
+    assert_eq!((c[0].tm_tag, c[0].imm_or_inv), (2, 5));
+    assert_eq!((c[1].flags, c[1].byte_len), (WcFlags::TM_DATA_VALID, 20_000));
+    let mut got = vec![0u8; 20_000];
+    mb.read(1 << 20, &mut got).unwrap();
+    assert_eq!(got, msg[16..]);
+    // Unexpected (tag 9): whole, into the plain WQE.
+    let msg = send(0, Tmh { op: TmhOp::Eager as u8, app_ctx: 0, tag: 9 }, &[], 3000);
+    let c = poll_n(&cqb, 1);
+    assert_eq!((c[0].opcode, c[0].wr_id, c[0].byte_len), (WcOpcode::TmRecv, 7, 3000));
+    assert_eq!(c[0].flags, WcFlags::NONE);
+    let mut got = vec![0u8; 3000];
+    mb.read(3 << 20, &mut got).unwrap();
+    assert_eq!(got, msg);
+    // Rendezvous to tag 1: 64 KiB at the client's 2 MiB, READ by the
+    // server; the FIN lands in the client's receive.
+    let data: Vec<u8> = (0..65536u32).map(|k| (k % 251) as u8).collect();
+    ma.write(2 << 20, &data).unwrap();
+    a.post_recv(&[RecvWr { wr_id: 55, sgl: &[ma.sge(3 << 20, 64).unwrap()] }]).unwrap();
+    let mut rvh = (ma.addr() + (2 << 20) as u64).to_be_bytes().to_vec();
+    rvh.extend_from_slice(&ma.rkey().to_be_bytes());
+    rvh.extend_from_slice(&65536u32.to_be_bytes());
+    send(4096, Tmh { op: TmhOp::Rndv as u8, app_ctx: 8, tag: 1 }, &rvh, 48);
+    let c = poll_n(&cqb, 2);
+    assert_eq!((c[0].wr_id, c[0].flags, c[0].tm_tag), (101, WcFlags::TM_MATCH, 1));
+    assert_eq!((c[1].wr_id, c[1].flags, c[1].byte_len), (101, WcFlags::TM_DATA_VALID, 65536));
+    let mut got = vec![0u8; 65536];
+    mb.read(0, &mut got).unwrap();
+    assert_eq!(got, data);
+    let fin = poll_n(&cqa, 1);
+    assert_eq!((fin[0].opcode, fin[0].wr_id, fin[0].byte_len), (WcOpcode::Recv, 55, 16));
+    let mut h = [0u8; 16];
+    ma.read(3 << 20, &mut h).unwrap();
+    assert_eq!(Tmh::parse(&h), Some(Tmh { op: TmhOp::Fin as u8, app_ctx: 8, tag: 1 }));
+    drop((ca, cb));
+}

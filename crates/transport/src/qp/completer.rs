@@ -114,6 +114,9 @@ impl Qp {
             self.sq.tx = self.sq.comp;
             self.sq.tx_pkt = 0;
         }
+        if w.internal != crate::queue::Internal::No {
+            self.internal_done(&w, WcStatus::Success);
+        }
     }
 
     /// Completes every SEND/WRITE WQE that `psn` acknowledges, in order.

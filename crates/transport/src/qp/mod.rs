@@ -12,6 +12,7 @@ mod completer;
 mod recovery;
 mod requester;
 mod responder;
+mod tag_matching;
 mod ud;
 
 use std::collections::VecDeque;
@@ -24,7 +25,7 @@ use uroce_wire::udp::{ROCE_V2_PORT, rxe_connected_sport};
 use uroce_wire::{Psn, RocePacket, Transport};
 
 use crate::memory::Memory;
-use crate::queue::{RecvCur, RecvQueue, SendQueue, SendWqe};
+use crate::queue::{Internal, RecvCur, RecvQueue, SendQueue, SendWqe};
 use crate::srq::Srq;
 use crate::stats::{DropReason, Stats};
 pub use crate::wqe::PostError;
@@ -291,6 +292,10 @@ pub(crate) struct ReqState {
     /// A signaled WR ended a run of at least [`AWAITED_RUN`] unsignaled
     /// ones since [`Qp::take_awaited_post`] last asked.
     pub(crate) awaited_post: bool,
+    /// Send queue slots kept for tag matching rendezvous (see
+    /// `Qp::reserve_rendezvous`), and how many internal WQEs use them.
+    pub(crate) tm_reserved: u32,
+    pub(crate) tm_inflight: u32,
 }
 
 /// Unsignaled WRs in a row after which a signaled one is taken as awaited:
@@ -404,6 +409,8 @@ impl Qp {
                 nak_streak: 0,
                 rec: recovery::Recovery::new(init.max_unacked_psns),
                 acked_psn: Psn::new(0),
+                tm_reserved: 0,
+                tm_inflight: 0,
             },
             comp: CompState { psn: Psn::new(0), gap_retry_pending: false },
             resp: RespState::new(RC_MAX_RD_ATOMIC as usize),
@@ -626,7 +633,11 @@ impl Qp {
     /// spec says.
     fn reset(&mut self) {
         let init = self.init;
+        let rendezvous = self.req.tm_reserved > 0;
         *self = Self::new(init);
+        if rendezvous {
+            self.reserve_rendezvous();
+        }
     }
 
     /// Posts send WRs, stopping at the first bad one (`ibv_post_send`).
@@ -692,7 +703,7 @@ impl Qp {
         if matches!(self.state, QpState::Reset | QpState::Init | QpState::ReadyToReceive) {
             return Err(PostError::InvalidState);
         }
-        if self.sq.len() >= self.sq.capacity() {
+        if !self.sq_room() {
             return Err(PostError::QueueFull);
         }
         let shape = self.init.check_send(wr, mem.is_some())?;
@@ -998,6 +1009,11 @@ impl Qp {
     pub(crate) fn flush_all(&mut self) {
         while self.sq.comp < self.sq.head {
             let w = *self.sq.get(self.sq.comp);
+            self.sq.comp += 1;
+            if w.internal != Internal::No {
+                self.internal_done(&w, WcStatus::WrFlushErr);
+                continue;
+            }
             let mut c = Completion::new(
                 w.wr_id,
                 WcStatus::WrFlushErr,
@@ -1007,7 +1023,6 @@ impl Qp {
             );
             c.byte_len = 0;
             self.push_completion(c);
-            self.sq.comp += 1;
         }
         self.sq.tx = self.sq.head;
         self.sq.tx_pkt = 0;

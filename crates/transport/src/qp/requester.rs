@@ -390,16 +390,20 @@ impl Qp {
     pub(crate) fn complete_send_error(&mut self, idx: u64, status: WcStatus) {
         debug_assert_eq!(idx, self.sq.comp);
         let w = *self.sq.get(idx);
-        let mut c = crate::wqe::Completion::new(
-            w.wr_id,
-            status,
-            w.opcode.wc_opcode(),
-            self.init.qpn,
-            false,
-        );
-        c.byte_len = 0;
-        self.push_completion(c);
         self.sq.comp += 1;
+        if w.internal == crate::queue::Internal::No {
+            let mut c = crate::wqe::Completion::new(
+                w.wr_id,
+                status,
+                w.opcode.wc_opcode(),
+                self.init.qpn,
+                false,
+            );
+            c.byte_len = 0;
+            self.push_completion(c);
+        } else {
+            self.internal_done(&w, status);
+        }
         if self.sq.tx < self.sq.comp {
             self.sq.tx = self.sq.comp;
             self.sq.tx_pkt = 0;

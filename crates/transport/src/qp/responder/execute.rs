@@ -148,12 +148,20 @@ impl Qp {
             InMsg::Send { offset } => offset,
             _ => 0,
         };
-        // First or only: a receive WQE must be waiting.
-        if offset == 0 && !matches!(self.resp.in_msg, InMsg::Send { .. }) && !self.take_recv(srq) {
-            return Err(Reject::Rnr);
+        // First or only: a receive WQE must be waiting (on a tag matching
+        // SRQ, a tagged buffer may take the message instead).
+        if offset == 0 && !matches!(self.resp.in_msg, InMsg::Send { .. }) {
+            let taken = match srq {
+                Some(s) if s.tm().is_some() => self.take_tm_recv(pkt, s),
+                other => self.take_recv(other),
+            };
+            if !taken {
+                return Err(Reject::Rnr);
+            }
         }
         let data = pkt.payload();
-        if offset + data.len() as u64 > self.recv_cur.length {
+        let skip = self.recv_cur.skip;
+        if (offset + data.len() as u64).saturating_sub(skip) > self.recv_cur.length {
             return Err(Reject::Fatal {
                 code: NakCode::InvalidRequest,
                 recv: Some(WcStatus::LocLenErr),
@@ -177,6 +185,11 @@ impl Qp {
                     code: NakCode::InvalidRequest,
                     recv: Some(WcStatus::LocProtErr),
                 });
+            }
+            if let Some(tm) = self.recv_cur.tm {
+                self.end_tm_message(&tm, total.saturating_sub(skip));
+                self.accept(pkt, 1);
+                return Ok(());
             }
             let mut c = Completion::new(
                 self.recv_cur.wr_id,
@@ -221,8 +234,27 @@ impl Qp {
         }
     }
 
-    /// Writes `data` into the taken receive WQE at `offset`.
+    /// Completes a message received on a tag matching SRQ (`placed`
+    /// bytes of it in its buffer) and, for a matched rendezvous request,
+    /// starts the READ of its data.
+    fn end_tm_message(&mut self, tm: &crate::queue::TmCur, placed: u64) {
+        let c = self.tm_completion(tm, placed);
+        self.recv_cur.active = false;
+        self.push_completion(c);
+        self.resp.in_msg = InMsg::None;
+        self.resp.msn = self.resp.msn.wrapping_add(1) & 0xff_ffff;
+        self.stats.rdma_recvs += 1;
+        if let Some(rvh) = tm.rndv {
+            self.start_rendezvous(tm, rvh);
+        }
+    }
+
+    /// Writes `data`, the message's bytes from `offset`, into the taken
+    /// receive WQE (past the bytes it skips: a tag matching header).
     pub(in crate::qp) fn scatter_cur(&self, offset: u64, data: &[u8], mem: &dyn Memory) -> bool {
+        let skip = self.recv_cur.skip;
+        let start = skip.saturating_sub(offset).min(data.len() as u64) as usize;
+        let (offset, data) = ((offset + start as u64).saturating_sub(skip), &data[start..]);
         let mut at = 0usize;
         for (sge, off, l) in sgl_pieces(&self.recv_cur.sges, offset, data.len() as u64) {
             let chunk = &data[at..at + l as usize];
