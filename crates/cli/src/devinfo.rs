@@ -158,6 +158,11 @@ fn print_device(d: &Device, a: &DevinfoArgs) -> Result<()> {
             println!("\t\t\t\t\tUnknown flags: 0x{unknown:X}");
         }
         print!("{EXTENDED_NONE}");
+        println!("\tmax_rndv_hdr_size:\t\t{}", at.tm_max_rndv_hdr_size);
+        println!("\tmax_num_tags:\t\t\t{}", at.tm_max_num_tags);
+        println!("\tmax_ops:\t\t\t{}", at.tm_max_ops);
+        println!("\tmax_sge:\t\t\t{}", at.tm_max_sge);
+        caps_lines("flags", 1, &["IBV_TM_CAP_RC"]);
         println!("\n\tcq moderation caps:");
         println!("\t\tmax_cq_count:\t{}", at.max_cq_count);
         println!("\t\tmax_cq_period:\t{} us\n", at.max_cq_period_us);
@@ -233,8 +238,8 @@ fn print_odp(at: &uroce::DeviceAttr) {
 }
 
 /// What ibv_devinfo -v prints after the clock for a device with none of
-/// the other extended capabilities (TSO, RSS, packet pacing, tag
-/// matching); device memory follows.
+/// the other extended capabilities (TSO, RSS, packet pacing); tag
+/// matching follows.
 const EXTENDED_NONE: &str = "\ttso_caps:
 \t\tmax_tso:\t\t\t0
 \trss_caps:
@@ -246,5 +251,4 @@ const EXTENDED_NONE: &str = "\ttso_caps:
 \tpacket_pacing_caps:
 \t\tqp_rate_limit_min:\t0kbps
 \t\tqp_rate_limit_max:\t0kbps
-\ttag matching not supported
 ";
