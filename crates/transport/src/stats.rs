@@ -188,6 +188,8 @@ counters! {
     xdp_rx_ring_full,
     /// The kernel's `rx_fill_ring_empty_descs` (no buffer to receive into).
     xdp_fill_empty,
+    /// AF_XDP sockets bound in zero-copy mode (the rest copy: veth).
+    xdp_zero_copy_sockets,
     /// Frames the DPDK backend received as RoCE datagrams.
     dpdk_rcvd_frames,
     /// Frames the DPDK backend queued for its port (ARP included).

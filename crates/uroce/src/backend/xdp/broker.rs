@@ -34,15 +34,16 @@ use std::time::Duration;
 use super::{fdpass, xsk};
 
 const MAGIC: [u8; 4] = *b"UXDP";
-const VERSION: u16 = 1;
+const VERSION: u16 = 2;
 /// A request for the interface's sockets and program.
 const OPEN: u16 = 1;
 /// A request that the broker end (root's or the broker's user's only).
 const STOP: u16 = 2;
 /// Request: magic, version, kind, slot (`u32::MAX`: none), reserved.
 const REQUEST_LEN: usize = 16;
-/// Reply: status (0 or an errno), sockets, multi-buffer bits, text length.
-const REPLY_LEN: usize = 16;
+/// Reply: status (0 or an errno), sockets, multi-buffer bits, text length,
+/// zero-copy bits.
+const REPLY_LEN: usize = 20;
 /// The longest reason a refusal carries.
 const MAX_TEXT: usize = 1024;
 
@@ -131,6 +132,7 @@ pub(crate) fn open(
     read_full(&conn, &mut head, &mut fds)?;
     let word = |i: usize| u32::from_le_bytes([head[i], head[i + 1], head[i + 2], head[i + 3]]);
     let (status, count, multi, text_len) = (word(0) as i32, word(4), word(8), word(12));
+    let zero_copy = word(16);
     let mut text = vec![0u8; (text_len as usize).min(MAX_TEXT)];
     read_full(&conn, &mut text, &mut fds)?;
     if status != 0 {
@@ -147,6 +149,7 @@ pub(crate) fn open(
             sock: it.next().expect("counted"),
             umem: it.next().expect("counted"),
             multi_buffer: multi & (1 << i) != 0,
+            zero_copy: zero_copy & (1 << i) != 0,
         })
         .collect();
     Ok(Some(Granted { conn, sockets }))
@@ -274,10 +277,12 @@ fn serve_one(
             Err((errno, text)) => (errno, Vec::new(), text),
         };
         let text = &text.as_bytes()[..text.len().min(MAX_TEXT)];
-        let multi =
-            sockets.iter().enumerate().fold(0u32, |m, (i, b)| m | u32::from(b.multi_buffer) << i);
+        let bits = |f: fn(&xsk::Bound) -> bool| {
+            sockets.iter().enumerate().fold(0u32, |m, (i, b)| m | u32::from(f(b)) << i)
+        };
+        let (multi, zero_copy) = (bits(|b| b.multi_buffer), bits(|b| b.zero_copy));
         let mut msg = Vec::with_capacity(REPLY_LEN + text.len());
-        for w in [status as u32, sockets.len() as u32, multi, text.len() as u32] {
+        for w in [status as u32, sockets.len() as u32, multi, text.len() as u32, zero_copy] {
             msg.extend_from_slice(&w.to_le_bytes());
         }
         msg.extend_from_slice(text);

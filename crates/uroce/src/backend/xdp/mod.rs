@@ -449,6 +449,9 @@ impl Backend for XdpBackend {
             stats.xdp_rx_ring_full += st[3];
             stats.xdp_fill_empty += st[4];
         }
+        for x in &self.xsks {
+            stats.xdp_zero_copy_sockets += u64::from(x.zero_copy());
+        }
     }
 
     fn raw_fds(&self) -> Vec<i32> {

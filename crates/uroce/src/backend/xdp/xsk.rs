@@ -47,6 +47,8 @@ const XDP_UMEM_PGOFF_FILL_RING: libc::off_t = 0x1_0000_0000;
 const XDP_UMEM_PGOFF_COMPLETION_RING: libc::off_t = 0x1_8000_0000;
 /// `sxdp_flags`: copy mode (veth has no zero-copy).
 const XDP_COPY: u16 = 1 << 1;
+/// `sxdp_flags`: zero-copy mode (the driver's DMA into the UMEM).
+const XDP_ZEROCOPY: u16 = 1 << 2;
 /// `sxdp_flags`: frames may span chunks (multi-buffer).
 const XDP_USE_SG: u16 = 1 << 4;
 /// `xdp_desc.options`: the frame goes on in the next descriptor.
@@ -204,6 +206,8 @@ pub(crate) struct Xsk {
     unkicked: u32,
     /// The kernel took `XDP_USE_SG`: frames may span chunks.
     multi_buffer: bool,
+    /// Bound in zero-copy mode.
+    zero_copy: bool,
     /// Where a frame received in several chunks is put together
     /// (`MAX_FRAME` bytes, allocated once).
     joined: Vec<u8>,
@@ -237,6 +241,8 @@ pub(crate) struct Bound {
     pub(crate) umem: OwnedFd,
     /// The kernel took `XDP_USE_SG`: frames may span chunks.
     pub(crate) multi_buffer: bool,
+    /// Bound in zero-copy mode.
+    pub(crate) zero_copy: bool,
 }
 
 /// Bytes of UMEM per socket.
@@ -302,16 +308,28 @@ pub(crate) fn bind(ifindex: u32, queue: u32) -> io::Result<Bound> {
         }
         std::thread::sleep(std::time::Duration::from_millis(5));
     };
-    // Multi-buffer where the kernel has it (EINVAL before 6.6).
-    let multi_buffer = match bind(XDP_COPY | XDP_USE_SG) {
-        Ok(()) => true,
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => {
-            bind(XDP_COPY)?;
-            false
+    // Zero-copy where the driver has it (veth has not), then copy mode;
+    // multi-buffer where the kernel (6.6) and driver have it. A mode
+    // refused is EOPNOTSUPP or EINVAL; `UROCE_XDP_COPY=1` skips zero-copy.
+    let copy_only = std::env::var_os("UROCE_XDP_COPY").is_some_and(|v| v != "0");
+    let modes = [
+        (XDP_ZEROCOPY | XDP_USE_SG, true, true),
+        (XDP_ZEROCOPY, true, false),
+        (XDP_COPY | XDP_USE_SG, false, true),
+        (XDP_COPY, false, false),
+    ];
+    let mut last = io::Error::from(io::ErrorKind::Unsupported);
+    for (flags, zero_copy, multi_buffer) in modes {
+        if zero_copy && copy_only {
+            continue;
         }
-        Err(e) => return Err(e),
-    };
-    Ok(Bound { sock, umem: umem.into(), multi_buffer })
+        match bind(flags) {
+            Ok(()) => return Ok(Bound { sock, umem: umem.into(), multi_buffer, zero_copy }),
+            Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => last = e,
+            Err(e) => return Err(e),
+        }
+    }
+    Err(last)
 }
 
 /// A shared mapping of a UMEM memfd.
@@ -379,6 +397,7 @@ impl Xsk {
                 .collect(),
             unkicked: 0,
             multi_buffer: b.multi_buffer,
+            zero_copy: b.zero_copy,
             joined: Vec::with_capacity(MAX_FRAME),
         };
         // Every receive chunk into the fill ring.
@@ -394,6 +413,11 @@ impl Xsk {
     /// Whether frames may span chunks (the kernel took `XDP_USE_SG`).
     pub(crate) fn multi_buffer(&self) -> bool {
         self.multi_buffer
+    }
+
+    /// Whether the socket runs in zero-copy mode.
+    pub(crate) fn zero_copy(&self) -> bool {
+        self.zero_copy
     }
 
     /// The kernel's counters of this socket (`XDP_STATISTICS`): frames
