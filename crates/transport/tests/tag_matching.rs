@@ -305,3 +305,97 @@ fn short_messages_long_rendezvous_and_bad_keys() {
     assert_eq!(b.ep.qp(b.qpn).unwrap().attr().state, QpState::Error);
     assert!(b.mem.guards_intact() && a.mem.guards_intact());
 }
+
+/// Random traffic at a tag matching SRQ, list operations between the
+/// messages: every opcode byte (the four TMH ones and others), tags that
+/// match and do not, masks, messages shorter than a header, rendezvous of
+/// several lengths, DELs of handles that are and are not there. Nothing panics, every completion is one the semantics
+/// allow, no byte lands outside a region, and the connection stays up.
+#[test]
+fn random_tag_matching_traffic_keeps_the_rules() {
+    let now = Instant::from_nanos(1);
+    let (mut a, _) = side(A, false);
+    let (mut b, srq) = side(B, true);
+    let srq = srq.unwrap();
+    connect(&mut a, &b, now);
+    connect(&mut b, &a, now);
+    let (bbuf, blkey) = b.buf;
+    let mut rng = uroce_sim::SplitMix64::new(7);
+    let mut pick = |n: u64| rng.next_u64() % n;
+    let plain = [Sge { addr: bbuf + 3 * MSG as u64, length: MSG as u32, lkey: blkey }];
+    let fin = [Sge { addr: a.buf.0 + 3 * MSG as u64, length: 64, lkey: a.buf.1 }];
+    let (mut tagged, mut plain_left, mut fins_left) = (0u32, 0u32, 0u32);
+    // Matched, unexpected, not tagged, rendezvous ended (FINs).
+    let mut seen = [0u32; 4];
+    for i in 0..400u64 {
+        while plain_left < 4 {
+            b.ep.srq_mut(srq).unwrap().post_recv(&[RecvWr { wr_id: 77, sgl: &plain }]).unwrap();
+            plain_left += 1;
+        }
+        while fins_left < 4 {
+            a.ep.qp_mut(a.qpn).unwrap().post_recv(&[RecvWr { wr_id: 90, sgl: &fin }]).unwrap();
+            fins_left += 1;
+        }
+        let o = match pick(4) {
+            0 | 1 => {
+                // Each long enough for any message sent (a longer one is a
+                // local length error that ends the connection, as for any
+                // SEND; `short_messages_long_rendezvous_and_bad_keys` has
+                // rendezvous longer than their buffers).
+                let len = [2600, MSG as u32][pick(2) as usize];
+                let sge = Some(Sge { addr: bbuf, length: len, lkey: blkey });
+                let mask = [!0, 0xf0, 0][pick(3) as usize];
+                TmOp::Add { recv_wr_id: 500 + i, sge, tag: pick(8), mask }
+            }
+            2 => TmOp::Del { handle: pick(10) as u32 },
+            _ => TmOp::Sync,
+        };
+        let sync = pick(2) == 0;
+        let unexpected = b.ep.srq(srq).unwrap().tm().unwrap().unexpected_count();
+        let mut h = [None];
+        match b.ep.post_srq_ops(now, srq, &[op(i, o, sync.then_some(unexpected))], &mut h) {
+            Ok(()) => tagged += u32::from(h[0].is_some()),
+            Err((_, e)) => assert_eq!(e, uroce_transport::PostError::QueueFull, "{o:?}"),
+        }
+        // A message: any opcode byte, any tag, any length.
+        let op_byte = [0, 1, 2, 3, 4, 0xff][pick(6) as usize];
+        let tmh = Tmh { op: op_byte, app_ctx: i as u32, tag: pick(8) };
+        let len = [4, 16, 31, 48, 64, 1024, 2500][pick(7) as usize];
+        let mut rest = (a.buf.0 + MSG as u64).to_be_bytes().to_vec();
+        rest.extend_from_slice(&a.rkey.to_be_bytes());
+        rest.extend_from_slice(&([0u32, 50, 200, 2000][pick(4) as usize]).to_be_bytes());
+        send(&mut a, tmh, &rest, len, now);
+        settle(&mut a, &mut b, now);
+        for c in drain(&mut b) {
+            let ok = match c.opcode {
+                WcOpcode::TmAdd | WcOpcode::TmSync => c.status == WcStatus::Success,
+                WcOpcode::TmDel => matches!(c.status, WcStatus::Success | WcStatus::TmErr),
+                WcOpcode::TmRecv | WcOpcode::TmNoTag => {
+                    if c.wr_id == 77 {
+                        plain_left -= 1;
+                    }
+                    let k = match (c.opcode, c.wr_id) {
+                        (WcOpcode::TmNoTag, _) => 2,
+                        (_, 77) => 1,
+                        _ => 0,
+                    };
+                    seen[k] += 1;
+                    matches!(c.status, WcStatus::Success | WcStatus::TmRndvIncomplete)
+                }
+                _ => false,
+            };
+            assert!(ok, "message {i}: {c:?}");
+        }
+        for c in drain(&mut a) {
+            assert_eq!(c.status, WcStatus::Success, "message {i}: {c:?}");
+            if c.opcode == WcOpcode::Recv {
+                fins_left -= 1;
+                seen[3] += 1;
+            }
+        }
+    }
+    assert!(tagged > 50, "{tagged} buffers added");
+    assert!(seen.iter().all(|&n| n > 5), "matched, unexpected, untagged, FINs: {seen:?}");
+    assert_eq!(b.ep.qp(b.qpn).unwrap().attr().state, QpState::ReadyToSend);
+    assert!(a.mem.guards_intact() && b.mem.guards_intact());
+}

@@ -270,8 +270,9 @@ impl Qp {
     pub(in crate::qp) fn complete_recv_error(&mut self, status: WcStatus) {
         if self.recv_cur.active {
             self.recv_cur.active = false;
-            let c =
-                Completion::new(self.recv_cur.wr_id, status, WcOpcode::Recv, self.init.qpn, true);
+            // A tag matching SRQ's buffer ends as what it received.
+            let opcode = self.recv_cur.tm.map_or(WcOpcode::Recv, |t| t.opcode);
+            let c = Completion::new(self.recv_cur.wr_id, status, opcode, self.init.qpn, true);
             self.push_completion(c);
         }
     }
