@@ -33,8 +33,13 @@ struct XdpArgs {
     /// Stay in the foreground (logs on stderr) instead of detaching.
     #[arg(long)]
     foreground: bool,
+    /// Busy-poll each socket's queue for this many microseconds: the
+    /// contexts' empty receive checks run the driver's receive themselves
+    /// (SO_PREFER_BUSY_POLL and SO_BUSY_POLL, set by the broker).
+    #[arg(long, value_name = "USECS", value_parser = clap::value_parser!(u32).range(1..=100_000))]
+    busy_poll: Option<u32>,
     /// Stop the interface's broker instead (its programs are detached).
-    #[arg(long, conflicts_with_all = ["group", "foreground"])]
+    #[arg(long, conflicts_with_all = ["group", "foreground", "busy_poll"])]
     stop: bool,
 }
 
@@ -49,7 +54,7 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
         return Ok(ExitCode::SUCCESS);
     }
     let group = x.group.as_deref().map(group_id).transpose()?;
-    let opts = uroce::xdp_broker::Options { group };
+    let opts = uroce::xdp_broker::Options { group, busy_poll: x.busy_poll };
     if x.foreground {
         uroce::xdp_broker::serve(&x.iface, &opts, || {
             println!("uroce: AF_XDP broker of {} ready (pid {})", x.iface, std::process::id());
@@ -60,6 +65,9 @@ pub(crate) fn run(a: &Args) -> Result<ExitCode> {
     // its own, its output read until it is ready (or has failed).
     let mut cmd = Command::new(std::env::current_exe()?);
     cmd.args(["setup", "xdp", &x.iface, "--foreground"]);
+    if let Some(us) = x.busy_poll {
+        cmd.args(["--busy-poll", &us.to_string()]);
+    }
     if let Some(g) = &x.group {
         cmd.args(["--group", g]);
     }

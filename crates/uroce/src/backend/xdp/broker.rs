@@ -53,6 +53,10 @@ pub struct Options {
     /// Only root, the broker's user and members of this group (primary or
     /// supplementary); everyone when `None`.
     pub group: Option<u32>,
+    /// Busy polling of each socket's queue, in µs (`SO_BUSY_POLL` with
+    /// `SO_PREFER_BUSY_POLL`, which need `CAP_NET_ADMIN`): the contexts'
+    /// empty receive checks then run the driver's receive themselves.
+    pub busy_poll: Option<u32>,
 }
 
 /// What a broker granted a context: its connection (the program stays
@@ -323,7 +327,7 @@ fn serve_one(
         return false;
     }
     let slot = (slot != u32::MAX).then_some(slot);
-    let granted = grant(iface, ifindex, fds, slot, holder, pid);
+    let granted = grant(iface, ifindex, fds, slot, holder, pid, opts.busy_poll);
     let (steering, sockets) = match granted {
         Ok(g) => g,
         Err(r) => {
@@ -357,6 +361,7 @@ fn grant(
     slot: Option<u32>,
     holder: &Mutex<Option<i32>>,
     pid: i32,
+    busy_poll: Option<u32>,
 ) -> Result<(super::Steering, Vec<xsk::Bound>), Refusal> {
     let [udp]: [OwnedFd; 1] =
         fds.try_into().map_err(|_| refuse(libc::EINVAL, "a request carries one UDP socket"))?;
@@ -382,7 +387,7 @@ fn grant(
             format!("process {other} holds {iface}'s program (an interface takes one)"),
         ));
     }
-    let got = super::steer(iface, ifindex, local, slot)
+    let got = super::steer(iface, ifindex, local, slot, busy_poll)
         .map_err(|(what, e)| (e.raw_os_error().unwrap_or(libc::EIO), format!("{what}: {e}")))?;
     *h = Some(pid);
     Ok(got)

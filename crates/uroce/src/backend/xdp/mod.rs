@@ -123,6 +123,7 @@ pub(crate) fn steer(
     ifindex: u32,
     addr: SocketAddr,
     slot: Option<u32>,
+    busy_poll: Option<u32>,
 ) -> Result<(Steering, Vec<xsk::Bound>), (String, io::Error)> {
     let queues = queues(iface);
     let map = bpf::create_xskmap(queues).map_err(|e| ("creating the XSKMAP".into(), e))?;
@@ -133,13 +134,28 @@ pub(crate) fn steer(
         .map_err(|e| (format!("attaching to {iface}"), e))?;
     let mut sockets = Vec::new();
     for q in 0..queues {
-        let b =
-            xsk::bind(ifindex, q).map_err(|e| (format!("opening the socket of queue {q}"), e))?;
+        let b = xsk::bind(ifindex, q, busy_poll)
+            .map_err(|e| (format!("opening the socket of queue {q}"), e))?;
         bpf::map_update(&map, q, b.sock.as_raw_fd() as u32)
             .map_err(|e| ("adding the socket to the map".to_string(), e))?;
         sockets.push(b);
     }
     Ok((Steering { _link: link, _prog: prog, _map: map }, sockets))
+}
+
+/// `UROCE_XDP_BUSY_POLL`: busy polling of each socket's queue for this
+/// many µs (for a context that attaches its own program; a broker's
+/// sockets come as `uroce setup xdp --busy-poll` asked).
+fn busy_poll() -> io::Result<Option<u32>> {
+    let Some(v) = std::env::var_os("UROCE_XDP_BUSY_POLL") else { return Ok(None) };
+    match v.to_str().and_then(|s| s.parse::<u32>().ok()) {
+        Some(0) => Ok(None),
+        Some(us) if us <= 100_000 => Ok(Some(us)),
+        _ => Err(io::Error::new(
+            io::ErrorKind::InvalidInput,
+            "UROCE_XDP_BUSY_POLL must be a number of microseconds (0 to 100000)",
+        )),
+    }
 }
 
 /// What the AF_XDP backend counts (`uroce stat`'s `xdp_*`).
@@ -221,7 +237,7 @@ impl XdpBackend {
             // Another member's program, attached a moment before.
             Err(e) if e.kind() == io::ErrorKind::ResourceBusy && others => return member(udp),
             Err(e) => return Err(context(&format!("the broker of {iface}"), e)),
-            Ok(None) => match steer(&iface, ifindex, udp.local(), owner) {
+            Ok(None) => match steer(&iface, ifindex, udp.local(), owner, busy_poll()?) {
                 Ok((steering, sockets)) => (Program::Own(steering), sockets),
                 Err((_, e))
                     if matches!(e.raw_os_error(), Some(libc::EBUSY | libc::EEXIST)) && others =>

@@ -51,6 +51,10 @@ const XDP_COPY: u16 = 1 << 1;
 const XDP_ZEROCOPY: u16 = 1 << 2;
 /// `sxdp_flags`: frames may span chunks (multi-buffer).
 const XDP_USE_SG: u16 = 1 << 4;
+/// `SOL_SOCKET` options of busy polling (asm-generic/socket.h).
+const SO_BUSY_POLL: libc::c_int = 46;
+const SO_PREFER_BUSY_POLL: libc::c_int = 69;
+const SO_BUSY_POLL_BUDGET: libc::c_int = 70;
 /// `xdp_desc.options`: the frame goes on in the next descriptor.
 const XDP_PKT_CONTD: u32 = 1;
 
@@ -208,6 +212,9 @@ pub(crate) struct Xsk {
     multi_buffer: bool,
     /// Bound in zero-copy mode.
     zero_copy: bool,
+    /// Busy polling is on (see `set_busy_poll`): an empty receive ring
+    /// makes the kernel poll the driver.
+    busy_poll: bool,
     /// Where a frame received in several chunks is put together
     /// (`MAX_FRAME` bytes, allocated once).
     joined: Vec<u8>,
@@ -245,6 +252,42 @@ pub(crate) struct Bound {
     pub(crate) zero_copy: bool,
 }
 
+/// Asks for busy polling of socket `fd`'s queue: each receive check that
+/// finds the ring empty then runs the driver's receive (NAPI) for up to
+/// `usecs` µs on the calling thread instead of waiting for its interrupt
+/// and softirq (`SO_PREFER_BUSY_POLL`, `SO_BUSY_POLL`, a budget of 64
+/// frames). Needs `CAP_NET_ADMIN` (the broker has it).
+fn set_busy_poll(fd: RawFd, usecs: u32) -> io::Result<()> {
+    let usecs = libc::c_int::try_from(usecs).map_err(|_| io::ErrorKind::InvalidInput)?;
+    for (name, v) in [(SO_PREFER_BUSY_POLL, 1), (SO_BUSY_POLL, usecs), (SO_BUSY_POLL_BUDGET, 64)] {
+        // SAFETY: an int option of the size passed.
+        let r = unsafe {
+            libc::setsockopt(
+                fd,
+                libc::SOL_SOCKET,
+                name,
+                (&raw const v).cast(),
+                size_of::<libc::c_int>() as u32,
+            )
+        };
+        if r < 0 {
+            return Err(io::Error::last_os_error());
+        }
+    }
+    Ok(())
+}
+
+/// Socket `fd`'s `SO_BUSY_POLL` (µs; 0: off).
+fn busy_poll_of(fd: RawFd) -> u32 {
+    let mut v: libc::c_int = 0;
+    let mut len = size_of::<libc::c_int>() as libc::socklen_t;
+    // SAFETY: an int option read into a live int of the length passed.
+    let r = unsafe {
+        libc::getsockopt(fd, libc::SOL_SOCKET, SO_BUSY_POLL, (&raw mut v).cast(), &raw mut len)
+    };
+    if r == 0 { v.max(0) as u32 } else { 0 }
+}
+
 /// Bytes of UMEM per socket.
 const AREA_LEN: usize = (RX_FRAMES + TX_FRAMES) as usize * FRAME;
 
@@ -256,7 +299,7 @@ const AREA_LEN: usize = (RX_FRAMES + TX_FRAMES) as usize * FRAME;
 /// process's socket in deferred work, after its descriptors are closed
 /// (the caller attached the interface's program, so no live member of
 /// the device has one).
-pub(crate) fn bind(ifindex: u32, queue: u32) -> io::Result<Bound> {
+pub(crate) fn bind(ifindex: u32, queue: u32, busy_poll: Option<u32>) -> io::Result<Bound> {
     // SAFETY: plain socket call; checked.
     let raw = unsafe { libc::socket(libc::AF_XDP, libc::SOCK_RAW | libc::SOCK_CLOEXEC, 0) };
     if raw < 0 {
@@ -324,7 +367,12 @@ pub(crate) fn bind(ifindex: u32, queue: u32) -> io::Result<Bound> {
             continue;
         }
         match bind(flags) {
-            Ok(()) => return Ok(Bound { sock, umem: umem.into(), multi_buffer, zero_copy }),
+            Ok(()) => {
+                if let Some(us) = busy_poll {
+                    set_busy_poll(raw, us)?;
+                }
+                return Ok(Bound { sock, umem: umem.into(), multi_buffer, zero_copy });
+            }
             Err(e) if matches!(e.raw_os_error(), Some(libc::EINVAL | libc::EOPNOTSUPP)) => last = e,
             Err(e) => return Err(e),
         }
@@ -398,6 +446,7 @@ impl Xsk {
             unkicked: 0,
             multi_buffer: b.multi_buffer,
             zero_copy: b.zero_copy,
+            busy_poll: busy_poll_of(raw) > 0,
             joined: Vec::with_capacity(MAX_FRAME),
         };
         // Every receive chunk into the fill ring.
@@ -462,7 +511,11 @@ impl Xsk {
     /// descriptors at once; one whose last has not come is left for the
     /// next call); one longer than `MAX_FRAME` is handed over empty.
     pub(crate) fn recv<R>(&mut self, f: impl FnOnce(&[u8]) -> R) -> Option<R> {
-        let (at, n) = self.rx.readable();
+        let (mut at, mut n) = self.rx.readable();
+        if n == 0 && self.busy_poll {
+            self.poll_driver();
+            (at, n) = self.rx.readable();
+        }
         if n == 0 {
             return None;
         }
@@ -497,6 +550,23 @@ impl Xsk {
         self.joined = joined;
         self.give_back(at, count);
         Some(r)
+    }
+
+    /// Busy polling: a receive call with no buffer runs the driver's
+    /// receive for the socket's queue on this thread.
+    fn poll_driver(&self) {
+        // SAFETY: no buffer: `recvfrom` with a NULL pointer and length 0
+        // is how AF_XDP busy polling is driven.
+        unsafe {
+            libc::recvfrom(
+                self.raw_fd(),
+                std::ptr::null_mut(),
+                0,
+                libc::MSG_DONTWAIT,
+                std::ptr::null_mut(),
+                std::ptr::null_mut(),
+            )
+        };
     }
 
     /// Consumes `count` RX descriptors from `at` and puts their chunks
