@@ -668,7 +668,8 @@ fn loss_suite_over_veth() {
         }
         Ok("broker") => {
             let iface = std::env::var("UROCE_LOSS_IFACE").unwrap();
-            let opts = uroce::xdp_broker::Options::default();
+            // Its sockets busy-poll: the suite runs through that path too.
+            let opts = uroce::xdp_broker::Options { busy_poll: Some(20), ..Default::default() };
             uroce::xdp_broker::serve(&iface, &opts, || {
                 line(&mut std::io::stdout(), "BROKER READY")
             })
