@@ -264,6 +264,15 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
     if !can_run() {
         return;
     }
+    // `rdma res show`: a pingpong server's QP, CQ and MR while it waits
+    // (a port of its own each time).
+    let listing = || {
+        format!(
+            "ibv_rc_pingpong -g 0 -p {} >/dev/null 2>&1 & sleep 1.5; rdma res show qp; \
+             rdma res show cq; rdma res show mr; rdma res; kill $!",
+            uroce::testing::free_port()
+        )
+    };
     let probe = "test -c /dev/infiniband/uverbs0 && test -w /dev/infiniband/uverbs0 \
                  && test -c /dev/null && test -d /dev/shm && test -e /sys/class/net/lo \
                  && cat /sys/class/infiniband_verbs/uverbs0/ibdev \
@@ -285,6 +294,12 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
         "netns shared copy-on-fork on\n",
         "Error: uroce devices are configured with UROCE_DEVICES or devices.conf, not by \
          netlink.\nerror: Operation not supported",
+        "link uroce0/1 lqpn ",
+        " type RC state INIT rq-psn 0 sq-psn 0 path-mig-state MIGRATED pdn ",
+        " comm ibv_rc_pingpong \ndev uroce0 cqn ",
+        " cqe 501 users 1 pid ",
+        " mrlen 4096 pdn ",
+        "0: uroce0: cq 1 qp 1 mr 1 ctx 1 \n",
     ];
     // A copy anyone may read and run: the build tree may sit where an
     // unprivileged user cannot reach.
@@ -305,10 +320,14 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
         if as_user {
             c.args(["--reuid=65534", "--regid=65534", "--clear-groups"]);
         }
+        // A run directory each may write (its own, as `/tmp/uroce-<uid>`).
+        let run_dir = dir.join(if as_user { "run-nobody" } else { "run-root" });
+        std::fs::create_dir_all(&run_dir).unwrap();
+        std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         let out = c
-            .args([&uroce, "run", "--", "sh", "-c", probe])
+            .args([&uroce, "run", "--", "sh", "-c", &format!("{probe} && {}", listing())])
             .env("UROCE_DEVICES", "uroce0=127.0.0.1")
-            .env("UROCE_RUN_DIR", &dir)
+            .env("UROCE_RUN_DIR", &run_dir)
             .current_dir(&dir)
             .output()
             .unwrap();

@@ -556,6 +556,16 @@ impl Endpoint {
         self.cqs.get(&id)
     }
 
+    /// Each QP's send and receive CQ (`u32::MAX` for an XRC target's).
+    pub fn qp_cqs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
+        self.qps.values().map(|s| (s.send_cq, s.recv_cq))
+    }
+
+    /// The live CQs' handles.
+    pub fn cq_ids(&self) -> impl Iterator<Item = u32> + '_ {
+        self.cqs.keys().copied()
+    }
+
     /// Live CQs.
     pub fn cq_count(&self) -> usize {
         self.cqs.len()

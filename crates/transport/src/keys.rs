@@ -167,6 +167,13 @@ impl<B> KeyTable<B> {
         self.slots.iter().filter_map(|s| s.region.as_ref())
     }
 
+    /// Every live registration with its key (L_Key and R_Key).
+    pub fn keyed_regions(&self) -> impl Iterator<Item = (u32, &Region<B>)> {
+        self.slots.iter().enumerate().filter_map(|(i, s)| {
+            s.region.as_ref().map(|r| (((i as u32) << 8) | u32::from(s.key_byte), r))
+        })
+    }
+
     /// The registration of MR key `key`, without access checks (the owner's
     /// own copies).
     pub fn lookup(&self, key: u32) -> Option<&Region<B>> {

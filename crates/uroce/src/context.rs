@@ -195,13 +195,16 @@ impl Inner {
     /// consistent.
     /// The device totals and the per-QP counters; with `all_qps` false,
     /// QPs that have counted nothing yet are left out (what the progress
-    /// thread publishes: a thousand idle QPs cost it no copies or lines).
+    /// thread publishes: a thousand idle QPs cost it no counter lines, one
+    /// object line each). The objects (QPs, CQs, MRs) for `rdma res`.
     fn snapshot(&self, all_qps: bool) -> crate::published::Snapshot {
+        use crate::published::Object;
         let e = self.lock();
         let mut total = e.ep.stats;
         e.backend().add_counters(&mut total);
         let zero = uroce_transport::Stats::default();
         let mut qps: Vec<(u32, uroce_transport::Stats)> = Vec::new();
+        let mut objects = Vec::with_capacity(e.ep.qp_count() + e.ep.cq_count() + e.mem.len());
         for q in e.ep.qps() {
             let s = q.stats();
             if *s != zero {
@@ -210,6 +213,31 @@ impl Inner {
             } else if all_qps {
                 qps.push((q.qpn(), *s));
             }
+            let a = q.attr();
+            objects.push(Object::Qp {
+                qpn: q.qpn(),
+                qp_type: q.init().qp_type as u8,
+                state: a.state as u8,
+                dest_qpn: a.dest_qpn,
+                rq_psn: q.expected_psn().value(),
+                sq_psn: q.next_psn().value(),
+                pd: q.init().pd,
+            });
+        }
+        let mut users: uroce_transport::fastmap::FastMap<u32, u32> = Default::default();
+        for (send, recv) in e.ep.qp_cqs() {
+            *users.entry(send).or_default() += 1;
+            if recv != send {
+                *users.entry(recv).or_default() += 1;
+            }
+        }
+        for cqn in e.ep.cq_ids() {
+            let cqe = e.ep.cq(cqn).map_or(0, |c| c.lock().capacity() as u32);
+            let users = users.get(&cqn).copied().unwrap_or(0);
+            objects.push(Object::Cq { cqn, cqe, users });
+        }
+        for (key, iova, len, pd) in e.mem.listing() {
+            objects.push(Object::Mr { key, iova, len, pd });
         }
         drop(e);
         qps.sort_by_key(|(qpn, _)| *qpn);
@@ -218,6 +246,7 @@ impl Inner {
             pid: std::process::id(),
             device_stats: total,
             qps,
+            objects,
         }
     }
 

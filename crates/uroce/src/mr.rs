@@ -159,6 +159,11 @@ impl MemTable {
     }
 
     /// Registrations alive.
+    /// The live registrations: key, IOVA, length, PD (`rdma res show mr`).
+    pub(crate) fn listing(&self) -> impl Iterator<Item = (u32, u64, u64, u32)> + '_ {
+        self.keys.keyed_regions().map(|(k, r)| (k, r.addr, r.len as u64, r.pd))
+    }
+
     pub(crate) fn len(&self) -> usize {
         self.keys.len()
     }

@@ -50,6 +50,21 @@ pub struct Snapshot {
     pub device_stats: Stats,
     /// Live QPs: number and counters.
     pub qps: Vec<(u32, Stats)>,
+    /// The context's objects, for `rdma res show qp/cq/mr`.
+    pub objects: Vec<Object>,
+}
+
+/// A verbs object as `rdma res show` lists it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[allow(missing_docs)]
+pub enum Object {
+    /// A QP: number, `ib_qp_type`, `ib_qp_state`, the peer's QP number,
+    /// the PSNs the responder expects and the requester sends next, PD.
+    Qp { qpn: u32, qp_type: u8, state: u8, dest_qpn: u32, rq_psn: u32, sq_psn: u32, pd: u32 },
+    /// A CQ: number, size and the QPs using it.
+    Cq { cqn: u32, cqe: u32, users: u32 },
+    /// A memory region: key (L_Key and R_Key), IOVA, length, PD.
+    Mr { key: u32, iova: u64, len: u64, pd: u32 },
 }
 
 /// The directory snapshots live under.
@@ -276,13 +291,47 @@ fn render(s: &Snapshot) -> String {
             let _ = writeln!(text, "qp {qpn} {name} {v}");
         }
     }
+    for o in &s.objects {
+        let _ = match *o {
+            Object::Qp { qpn, qp_type, state, dest_qpn, rq_psn, sq_psn, pd } => {
+                writeln!(text, "res-qp {qpn} {qp_type} {state} {dest_qpn} {rq_psn} {sq_psn} {pd}")
+            }
+            Object::Cq { cqn, cqe, users } => writeln!(text, "res-cq {cqn} {cqe} {users}"),
+            Object::Mr { key, iova, len, pd } => writeln!(text, "res-mr {key} {iova} {len} {pd}"),
+        };
+    }
     text
+}
+
+/// An object line's fields after its kind.
+fn object(kind: &str, f: &[&str]) -> Option<Object> {
+    let n = |i: usize| -> Option<u64> { f.get(i)?.parse().ok() };
+    let n32 = |i: usize| -> Option<u32> { f.get(i)?.parse().ok() };
+    Some(match (kind, f.len()) {
+        ("res-qp", 7) => Object::Qp {
+            qpn: n32(0)?,
+            qp_type: f[1].parse().ok()?,
+            state: f[2].parse().ok()?,
+            dest_qpn: n32(3)?,
+            rq_psn: n32(4)?,
+            sq_psn: n32(5)?,
+            pd: n32(6)?,
+        },
+        ("res-cq", 3) => Object::Cq { cqn: n32(0)?, cqe: n32(1)?, users: n32(2)? },
+        ("res-mr", 4) => Object::Mr { key: n32(0)?, iova: n(1)?, len: n(2)?, pd: n32(3)? },
+        _ => return None,
+    })
 }
 
 /// Parses a snapshot file; `None` if it is not one.
 pub fn parse(text: &str) -> Option<Snapshot> {
-    let mut s =
-        Snapshot { device: String::new(), pid: 0, device_stats: Stats::default(), qps: Vec::new() };
+    let mut s = Snapshot {
+        device: String::new(),
+        pid: 0,
+        device_stats: Stats::default(),
+        qps: Vec::new(),
+        objects: Vec::new(),
+    };
     for line in text.lines() {
         let f: Vec<&str> = line.split_whitespace().collect();
         match f.as_slice() {
@@ -298,6 +347,7 @@ pub fn parse(text: &str) -> Option<Snapshot> {
                 }
                 s.qps.last_mut()?.1.set(name, v.parse().ok()?);
             }
+            [kind, rest @ ..] if kind.starts_with("res-") => s.objects.push(object(kind, rest)?),
             _ => return None,
         }
     }
@@ -381,6 +431,7 @@ mod tests {
             pid,
             device_stats: Stats { sent_pkts: u64::from(pid), ..Stats::default() },
             qps: Vec::new(),
+            objects: Vec::new(),
         };
         let p = Publication::at(dev.join("7.0.1"));
         p.offer(s(7));
@@ -411,6 +462,19 @@ mod tests {
             pid: 42,
             device_stats: a,
             qps: vec![(0x11, Stats { rcvd_seq_err: 5, ..Stats::default() }), (0x12, a)],
+            objects: vec![
+                Object::Qp {
+                    qpn: 0x11,
+                    qp_type: 2,
+                    state: 3,
+                    dest_qpn: 0x40,
+                    rq_psn: 9,
+                    sq_psn: 0xff_ffff,
+                    pd: 1,
+                },
+                Object::Cq { cqn: 2, cqe: 255, users: 2 },
+                Object::Mr { key: 0x1a2b, iova: u64::MAX, len: 1 << 40, pd: 1 },
+            ],
         };
         let dir = std::env::temp_dir().join(format!("uroce-pub-{}", std::process::id()));
         let dev = dir.join("uroce0");
@@ -437,6 +501,7 @@ mod tests {
         }
         assert_eq!(rxe_value(&a, "ack_deferred"), 2);
         assert!(parse("device x\npid 1\nbogus line\n").is_none());
+        assert!(parse("device x\npid 1\nres-qp 1 2 3\n").is_none(), "a short object line");
         std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -6,8 +6,9 @@
 //!
 //! Answered: the device dump and query (`rdma dev`), ports (`rdma link`),
 //! the port's counters (`rdma statistic`), the system attributes
-//! (`rdma sys`) and a resource summary (`rdma res`: contexts and QPs, the
-//! objects uroce publishes across processes). Everything else, links
+//! (`rdma sys`), a resource summary (`rdma res`: contexts, QPs, CQs and
+//! MRs, the objects uroce publishes across processes) and their listings
+//! (`rdma res show qp`, `cq`, `mr`). Everything else, links
 //! added or deleted by netlink included, fails with `EOPNOTSUPP` and a
 //! message saying why, as the kernel refuses what a device cannot do.
 //!
@@ -15,6 +16,8 @@
 //! `NETLINK_CAP_ACK`: a query is answered by its message and an ACK, a
 //! dump by its messages and `NLMSG_DONE`, every datagram at most 4096
 //! bytes (what libmnl reads at once).
+
+use uroce::published::Object;
 
 /// `RDMA_NL_NLDEV`: the client number in the message type's top bits.
 const NLDEV: u16 = 5;
@@ -27,6 +30,10 @@ mod cmd {
     pub(super) const PORT_GET: u16 = 5;
     pub(super) const SYS_GET: u16 = 6;
     pub(super) const RES_GET: u16 = 9;
+    pub(super) const RES_QP_GET: u16 = 10;
+    pub(super) const RES_CQ_GET: u16 = 12;
+    pub(super) const RES_MR_GET: u16 = 13;
+    pub(super) const RES_PD_GET: u16 = 14;
     pub(super) const STAT_GET: u16 = 17;
     pub(super) const STAT_GET_STATUS: u16 = 24;
 }
@@ -47,6 +54,30 @@ mod attr {
     pub(super) const RES_SUMMARY_ENTRY: u16 = 16;
     pub(super) const RES_SUMMARY_ENTRY_NAME: u16 = 17;
     pub(super) const RES_SUMMARY_ENTRY_CURR: u16 = 18;
+    pub(super) const RES_QP: u16 = 19;
+    pub(super) const RES_QP_ENTRY: u16 = 20;
+    pub(super) const RES_LQPN: u16 = 21;
+    pub(super) const RES_RQPN: u16 = 22;
+    pub(super) const RES_RQ_PSN: u16 = 23;
+    pub(super) const RES_SQ_PSN: u16 = 24;
+    pub(super) const RES_PATH_MIG_STATE: u16 = 25;
+    pub(super) const RES_TYPE: u16 = 26;
+    pub(super) const RES_STATE: u16 = 27;
+    pub(super) const RES_PID: u16 = 28;
+    pub(super) const RES_CQ: u16 = 35;
+    pub(super) const RES_CQ_ENTRY: u16 = 36;
+    pub(super) const RES_CQE: u16 = 37;
+    pub(super) const RES_USECNT: u16 = 38;
+    pub(super) const RES_MR: u16 = 40;
+    pub(super) const RES_MR_ENTRY: u16 = 41;
+    pub(super) const RES_RKEY: u16 = 42;
+    pub(super) const RES_LKEY: u16 = 43;
+    pub(super) const RES_IOVA: u16 = 44;
+    pub(super) const RES_MRLEN: u16 = 45;
+    pub(super) const RES_PDN: u16 = 60;
+    pub(super) const RES_CQN: u16 = 61;
+    pub(super) const RES_MRN: u16 = 62;
+    /// `RDMA_NLDEV_ATTR_STAT_RES` shares `RES_QP`'s number.
     pub(super) const STAT_RES: u16 = 19;
     pub(super) const NDEV_INDEX: u16 = 50;
     pub(super) const NDEV_NAME: u16 = 51;
@@ -95,9 +126,52 @@ pub(crate) struct DevInfo {
     pub(crate) netdev: Option<(String, u32)>,
     /// The port's counters, rxe's names.
     pub(crate) counters: Vec<(&'static str, u64)>,
-    /// Live contexts and QPs over every process using the device.
+    /// Live contexts over every process using the device.
     pub(crate) contexts: u64,
-    pub(crate) qps: u64,
+    /// Their QPs, CQs and MRs, each with its process's ID.
+    pub(crate) objects: Vec<(u32, Object)>,
+}
+
+impl DevInfo {
+    /// How many of the objects `of` picks.
+    fn count(&self, of: fn(&Object) -> bool) -> u64 {
+        self.objects.iter().filter(|(_, o)| of(o)).count() as u64
+    }
+}
+
+/// Objects per message of a listing (each under 100 bytes: a message stays
+/// within a datagram).
+const OBJECTS_PER_MESSAGE: usize = 32;
+
+/// One object's entry of a listing, with the attributes the kernel gives
+/// it (`ib_qp_type` 2, 3 and 9/10 are RC, UC and XRC: connected, with a
+/// peer and its PSN).
+fn object_entry(m: &mut Msg, pid: u32, o: &Object) {
+    match *o {
+        Object::Qp { qpn, qp_type, state, dest_qpn, rq_psn, sq_psn, pd } => {
+            let connected = matches!(qp_type, 2 | 3 | 9 | 10);
+            m.begin(attr::RES_QP_ENTRY).u32(attr::PORT_INDEX, 1).u32(attr::RES_LQPN, qpn);
+            if connected {
+                m.u32(attr::RES_RQPN, dest_qpn).u32(attr::RES_RQ_PSN, rq_psn);
+            }
+            m.u32(attr::RES_SQ_PSN, sq_psn);
+            if connected {
+                // MIGRATED: no alternate path.
+                m.u8(attr::RES_PATH_MIG_STATE, 0);
+            }
+            m.u8(attr::RES_TYPE, qp_type).u8(attr::RES_STATE, state);
+            m.u32(attr::RES_PID, pid).u32(attr::RES_PDN, pd).end();
+        }
+        Object::Cq { cqn, cqe, users } => {
+            m.begin(attr::RES_CQ_ENTRY).u32(attr::RES_CQE, cqe).u64(attr::RES_USECNT, users.into());
+            m.u32(attr::RES_PID, pid).u32(attr::RES_CQN, cqn).end();
+        }
+        Object::Mr { key, iova, len, pd } => {
+            m.begin(attr::RES_MR_ENTRY).u32(attr::RES_RKEY, key).u32(attr::RES_LKEY, key);
+            m.u64(attr::RES_IOVA, iova).u64(attr::RES_MRLEN, len).u32(attr::RES_PID, pid);
+            m.u32(attr::RES_MRN, key >> 8).u32(attr::RES_PDN, pd).end();
+        }
+    }
 }
 
 /// A request's header and attributes.
@@ -262,6 +336,21 @@ pub(crate) fn answer(request: &[u8], portid: u32, devices: &[DevInfo]) -> Vec<Ve
             };
             reply.one(m)
         }
+        cmd::RES_QP_GET | cmd::RES_CQ_GET | cmd::RES_MR_GET => {
+            let listed: Vec<&DevInfo> = match r.u32_attr(attr::DEV_INDEX) {
+                Some(_) => match device() {
+                    Some(d) => vec![d],
+                    None => return reply.error(ENODEV, "no such uroce device"),
+                },
+                None => devices.iter().collect(),
+            };
+            let msgs = listed.into_iter().flat_map(|d| reply.objects(op, d)).collect::<Vec<_>>();
+            if r.is_dump() { reply.dump(msgs.into_iter()) } else { reply.all(msgs) }
+        }
+        cmd::RES_PD_GET => reply.error(
+            EOPNOTSUPP,
+            "uroce lists no PDs (`rdma res show qp`, `cq` and `mr` show theirs)",
+        ),
         cmd::SYS_GET => {
             let mut m = reply.msg(op, 0);
             // Every network namespace sees the devices; registered memory
@@ -273,10 +362,9 @@ pub(crate) fn answer(request: &[u8], portid: u32, devices: &[DevInfo]) -> Vec<Ve
             EOPNOTSUPP,
             "uroce devices are configured with UROCE_DEVICES or devices.conf, not by netlink",
         ),
-        op if (cmd::RES_GET..cmd::STAT_GET).contains(&op) => reply.error(
-            EOPNOTSUPP,
-            "uroce lists no resources by object; `uroce stat` shows each QP's counters",
-        ),
+        op if (cmd::RES_GET..cmd::STAT_GET).contains(&op) => {
+            reply.error(EOPNOTSUPP, "uroce lists QPs, CQs and MRs, not these objects")
+        }
         _ => reply.error(EOPNOTSUPP, "not served by uroce run"),
     }
 }
@@ -332,7 +420,10 @@ impl Replier<'_> {
         let mut m = self.msg(op, self.flags());
         self.identity(&mut m, d);
         m.begin(attr::RES_SUMMARY);
-        for (name, n) in [("qp", d.qps), ("ctx", d.contexts)] {
+        let qps = d.count(|o| matches!(o, Object::Qp { .. }));
+        let cqs = d.count(|o| matches!(o, Object::Cq { .. }));
+        let mrs = d.count(|o| matches!(o, Object::Mr { .. }));
+        for (name, n) in [("cq", cqs), ("qp", qps), ("mr", mrs), ("ctx", d.contexts)] {
             m.begin(attr::RES_SUMMARY_ENTRY)
                 .str(attr::RES_SUMMARY_ENTRY_NAME, name)
                 .u64(attr::RES_SUMMARY_ENTRY_CURR, n)
@@ -359,6 +450,52 @@ impl Replier<'_> {
         }
         m.end();
         m.finish()
+    }
+
+    /// `RDMA_NLDEV_CMD_RES_{QP,CQ,MR}_GET`: device `d`'s objects of the
+    /// kind, as the kernel lists them (messages of at most
+    /// `OBJECTS_PER_MESSAGE`; one, empty, when there are none). An
+    /// object's ID attribute in the request picks that one.
+    fn objects(&self, op: u16, d: &DevInfo) -> Vec<Vec<u8>> {
+        let (table, want) = match op {
+            cmd::RES_QP_GET => (attr::RES_QP, self.r.u32_attr(attr::RES_LQPN)),
+            cmd::RES_CQ_GET => (attr::RES_CQ, self.r.u32_attr(attr::RES_CQN)),
+            _ => (attr::RES_MR, self.r.u32_attr(attr::RES_MRN)),
+        };
+        let picked: Vec<&(u32, Object)> = d
+            .objects
+            .iter()
+            .filter(|(_, o)| match (op, o) {
+                (cmd::RES_QP_GET, Object::Qp { qpn, .. }) => want.is_none_or(|w| w == *qpn),
+                (cmd::RES_CQ_GET, Object::Cq { cqn, .. }) => want.is_none_or(|w| w == *cqn),
+                (cmd::RES_MR_GET, Object::Mr { key, .. }) => want.is_none_or(|w| w == key >> 8),
+                _ => false,
+            })
+            .collect();
+        let chunks: Vec<&[&(u32, Object)]> = if picked.is_empty() {
+            vec![&[]]
+        } else {
+            picked.chunks(OBJECTS_PER_MESSAGE).collect()
+        };
+        chunks
+            .into_iter()
+            .map(|chunk| {
+                let mut m = self.msg(op, self.flags());
+                self.identity(&mut m, d);
+                m.begin(table);
+                for (pid, o) in chunk {
+                    object_entry(&mut m, *pid, o);
+                }
+                m.end();
+                m.finish()
+            })
+            .collect()
+    }
+
+    /// A query's answer: the messages, then the ACK.
+    fn all(&self, mut msgs: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+        msgs.push(self.error_msg(0, ""));
+        msgs
     }
 
     /// A query's answer: the message, then the ACK.
@@ -416,7 +553,34 @@ mod tests {
             netdev: Some(("lo".into(), 1)),
             counters: vec![("sent_pkts", 7), ("rcvd_pkts", 9)],
             contexts: 2,
-            qps: 3,
+            objects: vec![
+                (
+                    40,
+                    Object::Qp {
+                        qpn: 17,
+                        qp_type: 2,
+                        state: 3,
+                        dest_qpn: 18,
+                        rq_psn: 5,
+                        sq_psn: 6,
+                        pd: 1,
+                    },
+                ),
+                (
+                    40,
+                    Object::Qp {
+                        qpn: 19,
+                        qp_type: 4,
+                        state: 3,
+                        dest_qpn: 0,
+                        rq_psn: 0,
+                        sq_psn: 9,
+                        pd: 1,
+                    },
+                ),
+                (40, Object::Cq { cqn: 1, cqe: 255, users: 2 }),
+                (41, Object::Mr { key: 0x2a7, iova: 0x7000, len: 4096, pd: 1 }),
+            ],
         }
     }
 
@@ -499,6 +663,86 @@ mod tests {
         let first = attrs_of(nest.attr(attr::STAT_HWCOUNTER_ENTRY).unwrap());
         assert_eq!(first.attr(attr::STAT_HWCOUNTER_ENTRY_NAME), Some(&b"sent_pkts\0"[..]));
         assert_eq!(first.attr(attr::STAT_HWCOUNTER_ENTRY_VALUE), Some(&7u64.to_ne_bytes()[..]));
+    }
+
+    /// `rdma res show qp/cq/mr`: each device's objects under its table,
+    /// with the attributes iproute2 requires (a UD QP without a peer), one
+    /// picked by its ID, a device without any listing an empty table, PDs
+    /// refused with a reason; and many split into several messages.
+    #[test]
+    fn objects_are_listed_as_the_kernel_lists_them() {
+        let entries = |m: &[(u16, u16, u32, u32, Vec<u8>)], table: u16| -> Vec<Vec<u8>> {
+            let mut out = Vec::new();
+            for (_, _, _, _, body) in m.iter().filter(|x| x.0 >> 10 == NLDEV) {
+                let t = attrs_of(body).attr(table).expect("the table").to_vec();
+                let mut rest = &t[..];
+                while rest.len() >= 4 {
+                    let len = u16::from_ne_bytes([rest[0], rest[1]]) as usize;
+                    out.push(rest[4..len].to_vec());
+                    rest = &rest[align(len).min(rest.len())..];
+                }
+            }
+            out
+        };
+        let devs = [dev(0), dev(1)];
+        let q = request(cmd::RES_QP_GET, 0x305, &[(attr::DEV_INDEX, 1), (attr::PORT_INDEX, 1)]);
+        let m = messages(&answer(&q, 5, &devs));
+        assert_eq!(m.last().unwrap().0, NLMSG_DONE);
+        let qps = entries(&m, attr::RES_QP);
+        assert_eq!(qps.len(), 2);
+        let rc = attrs_of(&qps[0]);
+        assert_eq!(rc.u32_attr(attr::RES_LQPN), Some(17));
+        assert_eq!(rc.u32_attr(attr::RES_RQPN), Some(18));
+        assert_eq!(rc.u32_attr(attr::RES_SQ_PSN), Some(6));
+        assert_eq!(rc.attr(attr::RES_TYPE), Some(&[2u8][..]));
+        assert_eq!(rc.attr(attr::RES_STATE), Some(&[3u8][..]));
+        assert_eq!(rc.u32_attr(attr::RES_PID), Some(40));
+        assert_eq!(rc.u32_attr(attr::PORT_INDEX), Some(1));
+        let ud = attrs_of(&qps[1]);
+        assert_eq!((ud.attr(attr::RES_RQPN), ud.u32_attr(attr::RES_SQ_PSN)), (None, Some(9)));
+        // One QP by its number, as a query.
+        let q = request(cmd::RES_QP_GET, 0x5, &[(attr::DEV_INDEX, 0), (attr::RES_LQPN, 19)]);
+        let m = messages(&answer(&q, 5, &devs));
+        assert_eq!(entries(&m, attr::RES_QP).len(), 1);
+        assert_eq!(m.last().unwrap().0, NLMSG_ERROR);
+        let cq = entries(
+            &messages(&answer(&request(cmd::RES_CQ_GET, 0x305, &[]), 5, &devs)),
+            attr::RES_CQ,
+        );
+        assert_eq!(cq.len(), 2, "one per device");
+        assert_eq!(attrs_of(&cq[0]).attr(attr::RES_USECNT), Some(&2u64.to_ne_bytes()[..]));
+        let mr = entries(
+            &messages(&answer(&request(cmd::RES_MR_GET, 0x305, &[]), 5, &devs)),
+            attr::RES_MR,
+        );
+        let a = attrs_of(&mr[0]);
+        assert_eq!((a.u32_attr(attr::RES_RKEY), a.u32_attr(attr::RES_MRN)), (Some(0x2a7), Some(2)));
+        assert_eq!(a.u32_attr(attr::RES_PID), Some(41));
+        // A device with none: an empty table.
+        let mut bare = dev(2);
+        bare.objects.clear();
+        let m = messages(&answer(&request(cmd::RES_QP_GET, 0x305, &[]), 5, &[bare]));
+        assert_eq!((m.len(), entries(&m, attr::RES_QP).len()), (2, 0));
+        let m = messages(&answer(&request(cmd::RES_PD_GET, 0x305, &[]), 5, &devs));
+        assert_eq!(&m[0].4[..4], &(-EOPNOTSUPP).to_ne_bytes());
+        // A thousand QPs: every one, in datagrams libmnl reads.
+        let mut many = dev(0);
+        many.objects = (0..1000)
+            .map(|i| {
+                let qp = Object::Qp {
+                    qpn: i,
+                    qp_type: 2,
+                    state: 3,
+                    dest_qpn: i,
+                    rq_psn: 0,
+                    sq_psn: 0,
+                    pd: 1,
+                };
+                (7, qp)
+            })
+            .collect();
+        let m = messages(&answer(&request(cmd::RES_QP_GET, 0x305, &[]), 5, &[many]));
+        assert_eq!(entries(&m, attr::RES_QP).len(), 1000);
     }
 
     #[test]

@@ -6,7 +6,7 @@ use std::net::IpAddr;
 use std::path::PathBuf;
 
 use uroce::Device;
-use uroce::published::{RXE_COUNTERS, read_all, rxe_value};
+use uroce::published::{Object, RXE_COUNTERS, read_all, rxe_value};
 use uroce::transport::Stats;
 
 use super::nldev::DevInfo;
@@ -43,16 +43,17 @@ fn port_states(dev: &Device) -> ((u8, &'static str), (u8, &'static str)) {
 }
 
 /// The device's counters summed over every process using it (as the
-/// kernel's are), with the number of contexts and live QPs.
-fn totals(dev: &Device) -> (Stats, u64, u64) {
+/// kernel's are), with the number of contexts and their objects (each
+/// with its process's ID).
+fn totals(dev: &Device) -> (Stats, u64, Vec<(u32, Object)>) {
     let mut total = Stats::default();
-    let (mut contexts, mut qps) = (0, 0);
+    let (mut contexts, mut objects) = (0, Vec::new());
     for s in read_all(Some(dev.name())) {
         total.accumulate(&s.device_stats);
         contexts += 1;
-        qps += s.qps.len() as u64;
+        objects.extend(s.objects.iter().map(|o| (s.pid, *o)));
     }
-    (total, contexts, qps)
+    (total, contexts, objects)
 }
 
 /// The parts of the tree that change while programs run: the port's state
@@ -79,7 +80,7 @@ pub(crate) fn live_nodes(dev: &Device) -> Vec<Node> {
 pub(crate) fn netlink_info(index: usize, dev: &Device) -> DevInfo {
     let attr = dev.attr();
     let ((state, _), (phys, _)) = port_states(dev);
-    let (total, contexts, qps) = totals(dev);
+    let (total, contexts, objects) = totals(dev);
     let netdev = dev.interface().map(|name| {
         let ifindex = std::fs::read_to_string(format!("/sys/class/net/{name}/ifindex"))
             .ok()
@@ -99,7 +100,7 @@ pub(crate) fn netlink_info(index: usize, dev: &Device) -> DevInfo {
         netdev,
         counters: RXE_COUNTERS.iter().map(|n| (*n, rxe_value(&total, n))).collect(),
         contexts,
-        qps,
+        objects,
     }
 }
 

@@ -471,6 +471,11 @@ impl Qp {
         self.resp.epsn
     }
 
+    /// The PSN the requester sends next.
+    pub fn next_psn(&self) -> Psn {
+        self.req.next_psn
+    }
+
     /// Creation parameters.
     pub fn init(&self) -> &QpInit {
         &self.init
