@@ -269,7 +269,7 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
     let listing = || {
         format!(
             "ibv_rc_pingpong -g 0 -p {} >/dev/null 2>&1 & sleep 1.5; rdma res show qp; \
-             rdma res show cq; rdma res show mr; rdma res; kill $!",
+             rdma res show cq; rdma res show mr; rdma res show pd; rdma res; kill $!",
             uroce::testing::free_port()
         )
     };
@@ -299,7 +299,8 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
         " comm ibv_rc_pingpong \ndev uroce0 cqn ",
         " cqe 501 users 1 pid ",
         " mrlen 4096 pdn ",
-        "0: uroce0: cq 1 qp 1 mr 1 ctx 1 \n",
+        "dev uroce0 pdn 1 users 2 pid ",
+        "0: uroce0: pd 1 cq 1 qp 1 mr 1 ctx 1 \n",
     ];
     // A copy anyone may read and run: the build tree may sit where an
     // unprivileged user cannot reach.

@@ -57,6 +57,10 @@ pub(crate) struct Inner {
     driver: Mutex<Driver>,
     /// Live address handles (AHs hold no driver state, only a count).
     pub(crate) ah_count: std::sync::atomic::AtomicU32,
+    /// Live PDs by handle (PDs hold no driver state). A lock of its own,
+    /// never held while calling out: a PD may go while the driver is
+    /// held.
+    pub(crate) pds: Mutex<std::collections::BTreeSet<u32>>,
     /// The async event queue (also held by the driver, which fills it).
     async_events: Arc<crate::channel::EventQueue<crate::AsyncEvent>>,
     pub(crate) device: Device,
@@ -240,6 +244,17 @@ impl Inner {
             objects.push(Object::Mr { key, iova, len, pd });
         }
         drop(e);
+        // A PD's users: its QPs and MRs.
+        let pds = self.pds.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        for pdn in pds {
+            let users = objects
+                .iter()
+                .filter(
+                    |o| matches!(o, Object::Qp { pd, .. } | Object::Mr { pd, .. } if *pd == pdn),
+                )
+                .count() as u32;
+            objects.push(Object::Pd { pdn, users });
+        }
         qps.sort_by_key(|(qpn, _)| *qpn);
         crate::published::Snapshot {
             device: self.device.name().to_string(),
@@ -371,6 +386,7 @@ impl Device {
             bell,
             async_events: events.clone(),
             ah_count: std::sync::atomic::AtomicU32::new(0),
+            pds: Mutex::new(std::collections::BTreeSet::new()),
             driver: Mutex::new({
                 let mut e = Driver::new(backend, events, origin);
                 e.staged = staged.clone();

@@ -65,6 +65,8 @@ pub enum Object {
     Cq { cqn: u32, cqe: u32, users: u32 },
     /// A memory region: key (L_Key and R_Key), IOVA, length, PD.
     Mr { key: u32, iova: u64, len: u64, pd: u32 },
+    /// A PD: number, and its QPs and MRs.
+    Pd { pdn: u32, users: u32 },
 }
 
 /// The directory snapshots live under.
@@ -298,6 +300,7 @@ fn render(s: &Snapshot) -> String {
             }
             Object::Cq { cqn, cqe, users } => writeln!(text, "res-cq {cqn} {cqe} {users}"),
             Object::Mr { key, iova, len, pd } => writeln!(text, "res-mr {key} {iova} {len} {pd}"),
+            Object::Pd { pdn, users } => writeln!(text, "res-pd {pdn} {users}"),
         };
     }
     text
@@ -319,6 +322,7 @@ fn object(kind: &str, f: &[&str]) -> Option<Object> {
         },
         ("res-cq", 3) => Object::Cq { cqn: n32(0)?, cqe: n32(1)?, users: n32(2)? },
         ("res-mr", 4) => Object::Mr { key: n32(0)?, iova: n(1)?, len: n(2)?, pd: n32(3)? },
+        ("res-pd", 2) => Object::Pd { pdn: n32(0)?, users: n32(1)? },
         _ => return None,
     })
 }
@@ -474,6 +478,7 @@ mod tests {
                 },
                 Object::Cq { cqn: 2, cqe: 255, users: 2 },
                 Object::Mr { key: 0x1a2b, iova: u64::MAX, len: 1 << 40, pd: 1 },
+                Object::Pd { pdn: 1, users: 2 },
             ],
         };
         let dir = std::env::temp_dir().join(format!("uroce-pub-{}", std::process::id()));

@@ -20,6 +20,27 @@ use crate::staging::{Gather, QpPost};
 pub struct Pd {
     ctx: Arc<Inner>,
     handle: u32,
+    _life: Arc<PdLife>,
+}
+
+/// A PD's place among the context's live ones, given back by its last
+/// handle.
+struct PdLife {
+    ctx: Arc<Inner>,
+    handle: u32,
+}
+
+impl Pd {
+    /// The PD's number (`rdma res show pd`'s `pdn`).
+    pub fn handle(&self) -> u32 {
+        self.handle
+    }
+}
+
+impl Drop for PdLife {
+    fn drop(&mut self) {
+        self.ctx.pds.lock().unwrap_or_else(|e| e.into_inner()).remove(&self.handle);
+    }
 }
 
 impl std::fmt::Debug for Pd {
@@ -35,12 +56,21 @@ impl Context {
     /// [`Error::Limit`] past `max_pd`.
     pub fn alloc_pd(&self) -> Result<Pd> {
         let mut e = self.inner.lock();
-        if e.next_pd > limits::MAX_PD {
+        let mut pds = self.inner.pds.lock().unwrap_or_else(|e| e.into_inner());
+        if pds.len() as u32 >= limits::MAX_PD {
             return Err(Error::Limit("max_pd"));
         }
-        let handle = e.next_pd;
-        e.next_pd += 1;
-        Ok(Pd { ctx: self.inner.clone(), handle })
+        // Numbers go on (a freed one is not reused soon), past 0 and live
+        // ones when they wrap.
+        let mut handle = e.next_pd;
+        while handle == 0 || pds.contains(&handle) {
+            handle = handle.wrapping_add(1);
+        }
+        e.next_pd = handle.wrapping_add(1);
+        pds.insert(handle);
+        drop((pds, e));
+        let ctx = self.inner.clone();
+        Ok(Pd { ctx: ctx.clone(), handle, _life: Arc::new(PdLife { ctx, handle }) })
     }
 
     /// Creates a completion queue of `cqe` entries (`ibv_create_cq`).

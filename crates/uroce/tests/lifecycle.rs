@@ -332,3 +332,23 @@ fn moderated_cq_events_wait_for_a_count_or_a_period() {
     cq.ack_events(1);
     uroce::testing::wait_completions(&cq, 1);
 }
+
+/// PDs count while they live: a program that allocates and frees more
+/// PDs over its life than `max_pd` may be alive at once is not refused
+/// (before, every PD ever allocated counted), while `max_pd` live ones
+/// are the limit; a freed PD's number is not handed out again at once.
+#[test]
+fn pds_count_while_they_live() {
+    let ctx = uroce::testing::open("127.0.0.1", uroce::testing::free_port());
+    let max = ctx.query_device().max_pd;
+    let first = ctx.alloc_pd().unwrap();
+    for _ in 0..max + 10 {
+        let pd = ctx.alloc_pd().unwrap();
+        assert_ne!(pd.handle(), first.handle());
+    }
+    let live: Vec<Pd> = (1..max).map(|_| ctx.alloc_pd().unwrap()).collect();
+    assert!(matches!(ctx.alloc_pd(), Err(uroce::Error::Limit(_))), "max_pd live PDs");
+    drop(live);
+    let again = ctx.alloc_pd().unwrap();
+    assert_ne!(again.handle(), first.handle());
+}

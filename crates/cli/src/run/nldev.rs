@@ -6,9 +6,9 @@
 //!
 //! Answered: the device dump and query (`rdma dev`), ports (`rdma link`),
 //! the port's counters (`rdma statistic`), the system attributes
-//! (`rdma sys`), a resource summary (`rdma res`: contexts, QPs, CQs and
-//! MRs, the objects uroce publishes across processes) and their listings
-//! (`rdma res show qp`, `cq`, `mr`). Everything else, links
+//! (`rdma sys`), a resource summary (`rdma res`: contexts, PDs, QPs, CQs
+//! and MRs, the objects uroce publishes across processes) and their
+//! listings (`rdma res show pd`, `qp`, `cq`, `mr`). Everything else, links
 //! added or deleted by netlink included, fails with `EOPNOTSUPP` and a
 //! message saying why, as the kernel refuses what a device cannot do.
 //!
@@ -77,6 +77,8 @@ mod attr {
     pub(super) const RES_PDN: u16 = 60;
     pub(super) const RES_CQN: u16 = 61;
     pub(super) const RES_MRN: u16 = 62;
+    pub(super) const RES_PD: u16 = 46;
+    pub(super) const RES_PD_ENTRY: u16 = 47;
     /// `RDMA_NLDEV_ATTR_STAT_RES` shares `RES_QP`'s number.
     pub(super) const STAT_RES: u16 = 19;
     pub(super) const NDEV_INDEX: u16 = 50;
@@ -165,6 +167,10 @@ fn object_entry(m: &mut Msg, pid: u32, o: &Object) {
         Object::Cq { cqn, cqe, users } => {
             m.begin(attr::RES_CQ_ENTRY).u32(attr::RES_CQE, cqe).u64(attr::RES_USECNT, users.into());
             m.u32(attr::RES_PID, pid).u32(attr::RES_CQN, cqn).end();
+        }
+        Object::Pd { pdn, users } => {
+            m.begin(attr::RES_PD_ENTRY).u64(attr::RES_USECNT, users.into());
+            m.u32(attr::RES_PID, pid).u32(attr::RES_PDN, pdn).end();
         }
         Object::Mr { key, iova, len, pd } => {
             m.begin(attr::RES_MR_ENTRY).u32(attr::RES_RKEY, key).u32(attr::RES_LKEY, key);
@@ -336,7 +342,7 @@ pub(crate) fn answer(request: &[u8], portid: u32, devices: &[DevInfo]) -> Vec<Ve
             };
             reply.one(m)
         }
-        cmd::RES_QP_GET | cmd::RES_CQ_GET | cmd::RES_MR_GET => {
+        cmd::RES_QP_GET | cmd::RES_CQ_GET | cmd::RES_MR_GET | cmd::RES_PD_GET => {
             let listed: Vec<&DevInfo> = match r.u32_attr(attr::DEV_INDEX) {
                 Some(_) => match device() {
                     Some(d) => vec![d],
@@ -347,10 +353,6 @@ pub(crate) fn answer(request: &[u8], portid: u32, devices: &[DevInfo]) -> Vec<Ve
             let msgs = listed.into_iter().flat_map(|d| reply.objects(op, d)).collect::<Vec<_>>();
             if r.is_dump() { reply.dump(msgs.into_iter()) } else { reply.all(msgs) }
         }
-        cmd::RES_PD_GET => reply.error(
-            EOPNOTSUPP,
-            "uroce lists no PDs (`rdma res show qp`, `cq` and `mr` show theirs)",
-        ),
         cmd::SYS_GET => {
             let mut m = reply.msg(op, 0);
             // Every network namespace sees the devices; registered memory
@@ -423,7 +425,8 @@ impl Replier<'_> {
         let qps = d.count(|o| matches!(o, Object::Qp { .. }));
         let cqs = d.count(|o| matches!(o, Object::Cq { .. }));
         let mrs = d.count(|o| matches!(o, Object::Mr { .. }));
-        for (name, n) in [("cq", cqs), ("qp", qps), ("mr", mrs), ("ctx", d.contexts)] {
+        let pds = d.count(|o| matches!(o, Object::Pd { .. }));
+        for (name, n) in [("pd", pds), ("cq", cqs), ("qp", qps), ("mr", mrs), ("ctx", d.contexts)] {
             m.begin(attr::RES_SUMMARY_ENTRY)
                 .str(attr::RES_SUMMARY_ENTRY_NAME, name)
                 .u64(attr::RES_SUMMARY_ENTRY_CURR, n)
@@ -460,7 +463,8 @@ impl Replier<'_> {
         let (table, want) = match op {
             cmd::RES_QP_GET => (attr::RES_QP, self.r.u32_attr(attr::RES_LQPN)),
             cmd::RES_CQ_GET => (attr::RES_CQ, self.r.u32_attr(attr::RES_CQN)),
-            _ => (attr::RES_MR, self.r.u32_attr(attr::RES_MRN)),
+            cmd::RES_MR_GET => (attr::RES_MR, self.r.u32_attr(attr::RES_MRN)),
+            _ => (attr::RES_PD, self.r.u32_attr(attr::RES_PDN)),
         };
         let picked: Vec<&(u32, Object)> = d
             .objects
@@ -469,6 +473,7 @@ impl Replier<'_> {
                 (cmd::RES_QP_GET, Object::Qp { qpn, .. }) => want.is_none_or(|w| w == *qpn),
                 (cmd::RES_CQ_GET, Object::Cq { cqn, .. }) => want.is_none_or(|w| w == *cqn),
                 (cmd::RES_MR_GET, Object::Mr { key, .. }) => want.is_none_or(|w| w == key >> 8),
+                (cmd::RES_PD_GET, Object::Pd { pdn, .. }) => want.is_none_or(|w| w == *pdn),
                 _ => false,
             })
             .collect();
@@ -580,6 +585,7 @@ mod tests {
                 ),
                 (40, Object::Cq { cqn: 1, cqe: 255, users: 2 }),
                 (41, Object::Mr { key: 0x2a7, iova: 0x7000, len: 4096, pd: 1 }),
+                (40, Object::Pd { pdn: 1, users: 2 }),
             ],
         }
     }
@@ -665,10 +671,10 @@ mod tests {
         assert_eq!(first.attr(attr::STAT_HWCOUNTER_ENTRY_VALUE), Some(&7u64.to_ne_bytes()[..]));
     }
 
-    /// `rdma res show qp/cq/mr`: each device's objects under its table,
+    /// `rdma res show qp/cq/mr/pd`: each device's objects under its table,
     /// with the attributes iproute2 requires (a UD QP without a peer), one
-    /// picked by its ID, a device without any listing an empty table, PDs
-    /// refused with a reason; and many split into several messages.
+    /// picked by its ID, a device without any listing an empty table; and
+    /// many split into several messages.
     #[test]
     fn objects_are_listed_as_the_kernel_lists_them() {
         let entries = |m: &[(u16, u16, u32, u32, Vec<u8>)], table: u16| -> Vec<Vec<u8>> {
@@ -723,8 +729,13 @@ mod tests {
         bare.objects.clear();
         let m = messages(&answer(&request(cmd::RES_QP_GET, 0x305, &[]), 5, &[bare]));
         assert_eq!((m.len(), entries(&m, attr::RES_QP).len()), (2, 0));
-        let m = messages(&answer(&request(cmd::RES_PD_GET, 0x305, &[]), 5, &devs));
-        assert_eq!(&m[0].4[..4], &(-EOPNOTSUPP).to_ne_bytes());
+        let pd = entries(
+            &messages(&answer(&request(cmd::RES_PD_GET, 0x305, &[]), 5, &devs)),
+            attr::RES_PD,
+        );
+        let a = attrs_of(&pd[0]);
+        assert_eq!(a.attr(attr::RES_USECNT), Some(&2u64.to_ne_bytes()[..]));
+        assert_eq!((a.u32_attr(attr::RES_PDN), a.u32_attr(attr::RES_PID)), (Some(1), Some(40)));
         // A thousand QPs: every one, in datagrams libmnl reads.
         let mut many = dev(0);
         many.objects = (0..1000)
