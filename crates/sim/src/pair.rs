@@ -268,7 +268,18 @@ impl RcPair {
     }
 }
 
-fn connect(qp: &mut Qp, peer: IpAddr, peer_qpn: u32, sq_psn: Psn, rq_psn: Psn, cfg: &PairConfig) {
+/// Moves `qp` from RESET to RTS connected to QP `peer_qpn` at `peer` (a
+/// UD QP to RTS, no peer), with `cfg`'s MTU, timers and READ/atomic
+/// depth and every access right: the three `ibv_modify_qp` calls of a
+/// verbs program, for tests that build their QPs themselves.
+pub fn connect(
+    qp: &mut Qp,
+    peer: IpAddr,
+    peer_qpn: u32,
+    sq_psn: Psn,
+    rq_psn: Psn,
+    cfg: &PairConfig,
+) {
     let now = Instant::ZERO;
     if cfg.qp_type == QpType::Ud {
         // UD: INIT with a Q_Key, RTR, RTS with a first PSN; no peer.

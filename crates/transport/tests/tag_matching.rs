@@ -8,11 +8,12 @@
 use std::net::{IpAddr, Ipv4Addr};
 
 use uroce_sim::TestMemory;
+use uroce_sim::pair::PairConfig;
 use uroce_transport::tm::{OpsWr, TmOp, Tmh, TmhOp};
-use uroce_transport::wire::{LocalAckTimeout, Mtu, Psn, RnrTimer, RocePacket};
+use uroce_transport::wire::{Mtu, Psn, RocePacket};
 use uroce_transport::{
-    Access, AttrMask, Completion, Endpoint, Instant, Path, Qp, QpAttr, QpCaps, QpInit, QpState,
-    QpType, RecvWr, SendFlags, SendWr, Sge, Srq, WcFlags, WcOpcode, WcStatus, WrOpcode,
+    Access, Completion, Endpoint, Instant, Qp, QpCaps, QpInit, QpState, QpType, RecvWr, SendFlags,
+    SendWr, Sge, Srq, WcFlags, WcOpcode, WcStatus, WrOpcode,
 };
 
 const PD: u32 = 1;
@@ -59,46 +60,22 @@ fn side(addr: IpAddr, tm: bool) -> (Side, Option<u32>) {
     (Side { ep, mem, cq, addr, qpn, buf: (addr_, lkey), rkey }, srq)
 }
 
-fn connect(s: &mut Side, peer: &Side, now: Instant) {
+/// `s`'s QP to RTS, connected to `peer`'s.
+fn connect(s: &mut Side, peer: &Side, _now: Instant) {
     let qp = s.ep.qp_mut(s.qpn).unwrap();
-    let mut attr = QpAttr { state: QpState::Init, access: ALL, ..QpAttr::default() };
-    let m = AttrMask::STATE | AttrMask::PKEY_INDEX | AttrMask::PORT | AttrMask::ACCESS_FLAGS;
-    qp.modify(now, &attr, m).unwrap();
-    attr.state = QpState::ReadyToReceive;
-    attr.path = Some(Path {
-        dst: peer.addr,
-        dst_port: 4791,
-        sgid_index: 0,
-        flow_label: 0,
-        hop_limit: 64,
-        traffic_class: 0,
-    });
-    attr.path_mtu = Mtu::Mtu1024;
-    attr.dest_qpn = peer.qpn;
-    attr.rq_psn = Psn::new(100);
-    attr.max_dest_rd_atomic = 4;
-    attr.min_rnr_timer = RnrTimer::from_code(1);
-    let m = AttrMask::STATE
-        | AttrMask::AV
-        | AttrMask::PATH_MTU
-        | AttrMask::DEST_QPN
-        | AttrMask::RQ_PSN
-        | AttrMask::MAX_DEST_RD_ATOMIC
-        | AttrMask::MIN_RNR_TIMER;
-    qp.modify(now, &attr, m).unwrap();
-    attr.state = QpState::ReadyToSend;
-    attr.sq_psn = Psn::new(100);
-    attr.timeout = LocalAckTimeout::saturating(14);
-    attr.retry_cnt = 7;
-    attr.rnr_retry = 7;
-    attr.max_rd_atomic = 4;
-    let m = AttrMask::STATE
-        | AttrMask::SQ_PSN
-        | AttrMask::TIMEOUT
-        | AttrMask::RETRY_CNT
-        | AttrMask::RNR_RETRY
-        | AttrMask::MAX_QP_RD_ATOMIC;
-    qp.modify(now, &attr, m).unwrap();
+    let (psn, cfg) = (Psn::new(100), PairConfig::default());
+    uroce_sim::pair::connect(qp, peer.addr, peer.qpn, psn, psn, &cfg);
+}
+
+/// A client and a server whose QP takes its receives from a tag matching
+/// SRQ, connected; the time, and the SRQ's handle.
+fn pair() -> (Instant, Side, Side, u32) {
+    let now = Instant::from_nanos(1);
+    let (mut a, _) = side(A, false);
+    let (mut b, srq) = side(B, true);
+    connect(&mut a, &b, now);
+    connect(&mut b, &a, now);
+    (now, a, b, srq.expect("a TM SRQ"))
 }
 
 /// Moves every packet `from` has ready to `to`; how many.
@@ -146,12 +123,7 @@ fn send(a: &mut Side, tmh: Tmh, rest: &[u8], len: usize, now: Instant) {
 
 #[test]
 fn eager_unexpected_no_tag_and_rendezvous() {
-    let now = Instant::from_nanos(1);
-    let (mut a, _) = side(A, false);
-    let (mut b, srq) = side(B, true);
-    let srq = srq.unwrap();
-    connect(&mut a, &b, now);
-    connect(&mut b, &a, now);
+    let (now, mut a, mut b, srq) = pair();
     let (bbuf, blkey) = b.buf;
     // Two plain WQEs at the buffer's second half, tagged buffers in its
     // first: tag 5 (exact) and tag 0x10 under mask 0xf0.
@@ -246,12 +218,7 @@ fn eager_unexpected_no_tag_and_rendezvous() {
 /// no byte of it changes).
 #[test]
 fn short_messages_long_rendezvous_and_bad_keys() {
-    let now = Instant::from_nanos(1);
-    let (mut a, _) = side(A, false);
-    let (mut b, srq) = side(B, true);
-    let srq = srq.unwrap();
-    connect(&mut a, &b, now);
-    connect(&mut b, &a, now);
+    let (now, mut a, mut b, srq) = pair();
     let (bbuf, blkey) = b.buf;
     let plain = [Sge { addr: bbuf + 3 * MSG as u64, length: MSG as u32, lkey: blkey }];
     b.ep.srq_mut(srq).unwrap().post_recv(&[RecvWr { wr_id: 77, sgl: &plain }]).unwrap();
@@ -313,12 +280,7 @@ fn short_messages_long_rendezvous_and_bad_keys() {
 /// allow, no byte lands outside a region, and the connection stays up.
 #[test]
 fn random_tag_matching_traffic_keeps_the_rules() {
-    let now = Instant::from_nanos(1);
-    let (mut a, _) = side(A, false);
-    let (mut b, srq) = side(B, true);
-    let srq = srq.unwrap();
-    connect(&mut a, &b, now);
-    connect(&mut b, &a, now);
+    let (now, mut a, mut b, srq) = pair();
     let (bbuf, blkey) = b.buf;
     let mut rng = uroce_sim::SplitMix64::new(7);
     let mut pick = |n: u64| rng.next_u64() % n;

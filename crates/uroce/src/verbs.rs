@@ -851,13 +851,7 @@ impl Xrcd {
         if !Arc::ptr_eq(&pd.ctx, &self.inner.ctx) || !Arc::ptr_eq(&cq.inner.ctx, &self.inner.ctx) {
             return Err(Error::InvalidArgument("PD or CQ of another context"));
         }
-        if attr.max_wr == 0
-            || attr.max_wr > limits::MAX_SRQ_WR
-            || attr.max_sge == 0
-            || attr.max_sge > limits::MAX_SGE
-        {
-            return Err(Error::InvalidArgument("SRQ size out of range"));
-        }
+        attr.check_size()?;
         let xrc = uroce_transport::XrcSrq { xrcd: self.inner.id, pd: pd.handle, cq: cq.inner.id };
         let mut srq = uroce_transport::Srq::new_xrc(attr.max_wr, attr.max_sge, xrc);
         srq.arm(attr.srq_limit).map_err(|_| Error::InvalidArgument("srq_limit above max_wr"))?;
@@ -1645,6 +1639,15 @@ pub struct SrqAttr {
     pub srq_limit: u32,
 }
 
+impl SrqAttr {
+    /// Sizes of 0 or above the device's limits are refused.
+    fn check_size(&self) -> Result<()> {
+        let wr = (1..=limits::MAX_SRQ_WR).contains(&self.max_wr);
+        let sge = (1..=limits::MAX_SGE).contains(&self.max_sge);
+        if wr && sge { Ok(()) } else { Err(Error::InvalidArgument("SRQ size out of range")) }
+    }
+}
+
 impl Context {
     /// Creates a shared receive queue (`ibv_create_srq`).
     ///
@@ -1652,14 +1655,18 @@ impl Context {
     /// [`Error::InvalidArgument`] for sizes of 0 or above the device limits,
     /// or a limit above `max_wr`; [`Error::Limit`] past `max_srq`.
     pub fn create_srq(&self, attr: &SrqAttr) -> Result<Srq> {
-        if attr.max_wr == 0
-            || attr.max_wr > limits::MAX_SRQ_WR
-            || attr.max_sge == 0
-            || attr.max_sge > limits::MAX_SGE
-        {
-            return Err(Error::InvalidArgument("SRQ size out of range"));
-        }
-        let mut srq = uroce_transport::Srq::new(attr.max_wr, attr.max_sge);
+        attr.check_size()?;
+        self.install_srq(uroce_transport::Srq::new(attr.max_wr, attr.max_sge), attr, None)
+    }
+
+    /// Arms `srq`'s limit and adds it to the device (a basic or tag
+    /// matching SRQ, `tm` keeping the latter's CQ).
+    fn install_srq(
+        &self,
+        mut srq: uroce_transport::Srq,
+        attr: &SrqAttr,
+        tm: Option<TmSrq>,
+    ) -> Result<Srq> {
         srq.arm(attr.srq_limit).map_err(|_| Error::InvalidArgument("srq_limit above max_wr"))?;
         let mut e = self.inner.lock();
         if e.ep.srq_count() as u32 >= limits::MAX_SRQ {
@@ -1668,9 +1675,7 @@ impl Context {
         let gauge = srq.gauge();
         let id = e.ep.add_srq(srq);
         let post = Arc::new(crate::staging::SrqPost::new(id, attr.max_wr, attr.max_sge, gauge));
-        Ok(Srq {
-            inner: Arc::new(SrqInner { ctx: self.inner.clone(), id, post, _xrc: None, tm: None }),
-        })
+        Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.clone(), id, post, _xrc: None, tm }) })
     }
 }
 
@@ -1691,25 +1696,9 @@ impl Context {
         if max_tags == 0 || max_tags > uroce_transport::tm::MAX_TAGS {
             return Err(Error::InvalidArgument("max_num_tags out of range"));
         }
-        if attr.max_wr == 0
-            || attr.max_wr > limits::MAX_SRQ_WR
-            || attr.max_sge == 0
-            || attr.max_sge > limits::MAX_SGE
-        {
-            return Err(Error::InvalidArgument("SRQ size out of range"));
-        }
-        let mut srq =
-            uroce_transport::Srq::new_tm(attr.max_wr, attr.max_sge, max_tags, cq.inner.id);
-        srq.arm(attr.srq_limit).map_err(|_| Error::InvalidArgument("srq_limit above max_wr"))?;
-        let mut e = self.inner.lock();
-        if e.ep.srq_count() as u32 >= limits::MAX_SRQ {
-            return Err(Error::Limit("max_srq"));
-        }
-        let gauge = srq.gauge();
-        let id = e.ep.add_srq(srq);
-        let post = Arc::new(crate::staging::SrqPost::new(id, attr.max_wr, attr.max_sge, gauge));
-        let tm = Some(TmSrq { _cq: cq.clone() });
-        Ok(Srq { inner: Arc::new(SrqInner { ctx: self.inner.clone(), id, post, _xrc: None, tm }) })
+        attr.check_size()?;
+        let srq = uroce_transport::Srq::new_tm(attr.max_wr, attr.max_sge, max_tags, cq.inner.id);
+        self.install_srq(srq, attr, Some(TmSrq { _cq: cq.clone() }))
     }
 }
 
