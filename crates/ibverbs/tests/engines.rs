@@ -264,12 +264,15 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
     if !can_run() {
         return;
     }
-    // `rdma res show`: a pingpong server's QP, CQ and MR while it waits
-    // (a port of its own each time).
+    // `rdma res show`: two pingpong servers' objects while they wait (ports
+    // of their own each time), one of them with an SRQ and two QPs on it.
     let listing = || {
         format!(
-            "ibv_rc_pingpong -g 0 -p {} >/dev/null 2>&1 & sleep 1.5; rdma res show qp; \
-             rdma res show cq; rdma res show mr; rdma res show pd; rdma res; kill $!",
+            "ibv_rc_pingpong -g 0 -p {} >/dev/null 2>&1 & rc=$!; \
+             ibv_srq_pingpong -g 0 -q 2 -p {} >/dev/null 2>&1 & srq=$!; sleep 1.5; \
+             rdma res show qp; rdma res show cq; rdma res show mr; rdma res show pd; \
+             rdma res show srq; rdma res show ctx; rdma res; kill $rc $srq",
+            uroce::testing::free_port(),
             uroce::testing::free_port()
         )
     };
@@ -300,7 +303,9 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
         " cqe 501 users 1 pid ",
         " mrlen 4096 pdn ",
         "dev uroce0 pdn 1 users 2 pid ",
-        "0: uroce0: pd 1 cq 1 qp 1 mr 1 ctx 1 \n",
+        " type BASIC lqpn ",
+        "dev uroce0 ctxn 1 pid ",
+        "0: uroce0: pd 2 cq 2 qp 3 mr 2 ctx 2 srq 1 \n",
     ];
     // A copy anyone may read and run: the build tree may sit where an
     // unprivileged user cannot reach.
@@ -327,7 +332,9 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
         std::fs::set_permissions(&run_dir, std::fs::Permissions::from_mode(0o777)).unwrap();
         let out = c
             .args([&uroce, "run", "--", "sh", "-c", &format!("{probe} && {}", listing())])
-            .env("UROCE_DEVICES", "uroce0=127.0.0.1")
+            // A port of its own: the device is opened, and a port that a
+            // root process of another test holds is not nobody's to join.
+            .env("UROCE_DEVICES", format!("uroce0=127.0.0.1:{}", uroce::testing::free_port()))
             .env("UROCE_RUN_DIR", &run_dir)
             .current_dir(&dir)
             .output()

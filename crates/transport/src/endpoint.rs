@@ -556,9 +556,15 @@ impl Endpoint {
         self.cqs.get(&id)
     }
 
-    /// Each QP's send and receive CQ (`u32::MAX` for an XRC target's).
-    pub fn qp_cqs(&self) -> impl Iterator<Item = (u32, u32)> + '_ {
-        self.qps.values().map(|s| (s.send_cq, s.recv_cq))
+    /// Each QP's number, send and receive CQ (`u32::MAX` for an XRC
+    /// target's) and SRQ.
+    pub fn qp_links(&self) -> impl Iterator<Item = (u32, u32, u32, Option<u32>)> + '_ {
+        self.qps.iter().map(|(qpn, s)| (*qpn, s.send_cq, s.recv_cq, s.srq))
+    }
+
+    /// The live SRQs with their handles.
+    pub fn srqs(&self) -> impl Iterator<Item = (u32, &Srq)> + '_ {
+        self.srqs.iter().map(|(id, s)| (*id, s))
     }
 
     /// The live CQs' handles.

@@ -209,6 +209,8 @@ impl Inner {
         let zero = uroce_transport::Stats::default();
         let mut qps: Vec<(u32, uroce_transport::Stats)> = Vec::new();
         let mut objects = Vec::with_capacity(e.ep.qp_count() + e.ep.cq_count() + e.mem.len());
+        let srq_of: uroce_transport::fastmap::FastMap<u32, u32> =
+            e.ep.qp_links().filter_map(|(qpn, _, _, srq)| Some((qpn, srq?))).collect();
         for q in e.ep.qps() {
             let s = q.stats();
             if *s != zero {
@@ -226,16 +228,31 @@ impl Inner {
                 rq_psn: q.expected_psn().value(),
                 sq_psn: q.next_psn().value(),
                 pd: q.init().pd,
+                srq: srq_of.get(&q.qpn()).copied().unwrap_or(0),
             });
         }
+        // In number order, as the kernel lists them.
+        objects.sort_by_key(|o| if let Object::Qp { qpn, .. } = o { *qpn } else { 0 });
+        let mut srqs: Vec<_> = e.ep.srqs().collect();
+        srqs.sort_unstable_by_key(|(n, _)| *n);
+        for (srqn, srq) in srqs {
+            let (srq_type, pd, cq) = match (srq.xrc(), srq.tm()) {
+                (Some(x), _) => (1, x.pd, x.cq),
+                (None, Some(t)) => (2, 0, t.cq()),
+                (None, None) => (0, 0, 0),
+            };
+            objects.push(Object::Srq { srqn, srq_type, pd, cq });
+        }
         let mut users: uroce_transport::fastmap::FastMap<u32, u32> = Default::default();
-        for (send, recv) in e.ep.qp_cqs() {
+        for (_, send, recv, _) in e.ep.qp_links() {
             *users.entry(send).or_default() += 1;
             if recv != send {
                 *users.entry(recv).or_default() += 1;
             }
         }
-        for cqn in e.ep.cq_ids() {
+        let mut cqs: Vec<u32> = e.ep.cq_ids().collect();
+        cqs.sort_unstable();
+        for cqn in cqs {
             let cqe = e.ep.cq(cqn).map_or(0, |c| c.lock().capacity() as u32);
             let users = users.get(&cqn).copied().unwrap_or(0);
             objects.push(Object::Cq { cqn, cqe, users });

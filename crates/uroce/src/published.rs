@@ -59,8 +59,21 @@ pub struct Snapshot {
 #[allow(missing_docs)]
 pub enum Object {
     /// A QP: number, `ib_qp_type`, `ib_qp_state`, the peer's QP number,
-    /// the PSNs the responder expects and the requester sends next, PD.
-    Qp { qpn: u32, qp_type: u8, state: u8, dest_qpn: u32, rq_psn: u32, sq_psn: u32, pd: u32 },
+    /// the PSNs the responder expects and the requester sends next, PD,
+    /// SRQ (0: none).
+    Qp {
+        qpn: u32,
+        qp_type: u8,
+        state: u8,
+        dest_qpn: u32,
+        rq_psn: u32,
+        sq_psn: u32,
+        pd: u32,
+        srq: u32,
+    },
+    /// An SRQ: number, `ib_srq_type` (basic, XRC, TM), its PD and CQ (0:
+    /// none known: a basic SRQ's).
+    Srq { srqn: u32, srq_type: u8, pd: u32, cq: u32 },
     /// A CQ: number, size and the QPs using it.
     Cq { cqn: u32, cqe: u32, users: u32 },
     /// A memory region: key (L_Key and R_Key), IOVA, length, PD.
@@ -295,8 +308,12 @@ fn render(s: &Snapshot) -> String {
     }
     for o in &s.objects {
         let _ = match *o {
-            Object::Qp { qpn, qp_type, state, dest_qpn, rq_psn, sq_psn, pd } => {
-                writeln!(text, "res-qp {qpn} {qp_type} {state} {dest_qpn} {rq_psn} {sq_psn} {pd}")
+            Object::Qp { qpn, qp_type, state, dest_qpn, rq_psn, sq_psn, pd, srq } => writeln!(
+                text,
+                "res-qp {qpn} {qp_type} {state} {dest_qpn} {rq_psn} {sq_psn} {pd} {srq}"
+            ),
+            Object::Srq { srqn, srq_type, pd, cq } => {
+                writeln!(text, "res-srq {srqn} {srq_type} {pd} {cq}")
             }
             Object::Cq { cqn, cqe, users } => writeln!(text, "res-cq {cqn} {cqe} {users}"),
             Object::Mr { key, iova, len, pd } => writeln!(text, "res-mr {key} {iova} {len} {pd}"),
@@ -311,7 +328,7 @@ fn object(kind: &str, f: &[&str]) -> Option<Object> {
     let n = |i: usize| -> Option<u64> { f.get(i)?.parse().ok() };
     let n32 = |i: usize| -> Option<u32> { f.get(i)?.parse().ok() };
     Some(match (kind, f.len()) {
-        ("res-qp", 7) => Object::Qp {
+        ("res-qp", 8) => Object::Qp {
             qpn: n32(0)?,
             qp_type: f[1].parse().ok()?,
             state: f[2].parse().ok()?,
@@ -319,7 +336,11 @@ fn object(kind: &str, f: &[&str]) -> Option<Object> {
             rq_psn: n32(4)?,
             sq_psn: n32(5)?,
             pd: n32(6)?,
+            srq: n32(7)?,
         },
+        ("res-srq", 4) => {
+            Object::Srq { srqn: n32(0)?, srq_type: f[1].parse().ok()?, pd: n32(2)?, cq: n32(3)? }
+        }
         ("res-cq", 3) => Object::Cq { cqn: n32(0)?, cqe: n32(1)?, users: n32(2)? },
         ("res-mr", 4) => Object::Mr { key: n32(0)?, iova: n(1)?, len: n(2)?, pd: n32(3)? },
         ("res-pd", 2) => Object::Pd { pdn: n32(0)?, users: n32(1)? },
@@ -475,7 +496,9 @@ mod tests {
                     rq_psn: 9,
                     sq_psn: 0xff_ffff,
                     pd: 1,
+                    srq: 0x13,
                 },
+                Object::Srq { srqn: 0x13, srq_type: 2, pd: 0, cq: 2 },
                 Object::Cq { cqn: 2, cqe: 255, users: 2 },
                 Object::Mr { key: 0x1a2b, iova: u64::MAX, len: 1 << 40, pd: 1 },
                 Object::Pd { pdn: 1, users: 2 },

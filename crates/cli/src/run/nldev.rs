@@ -6,9 +6,10 @@
 //!
 //! Answered: the device dump and query (`rdma dev`), ports (`rdma link`),
 //! the port's counters (`rdma statistic`), the system attributes
-//! (`rdma sys`), a resource summary (`rdma res`: contexts, PDs, QPs, CQs
-//! and MRs, the objects uroce publishes across processes) and their
-//! listings (`rdma res show pd`, `qp`, `cq`, `mr`). Everything else, links
+//! (`rdma sys`), a resource summary (`rdma res`: contexts, PDs, QPs, CQs,
+//! MRs and SRQs, the objects uroce publishes across processes) and their
+//! listings (`rdma res show ctx`, `pd`, `qp`, `cq`, `mr`, `srq`; not
+//! `cm_id`). Everything else, links
 //! added or deleted by netlink included, fails with `EOPNOTSUPP` and a
 //! message saying why, as the kernel refuses what a device cannot do.
 //!
@@ -31,9 +32,12 @@ mod cmd {
     pub(super) const SYS_GET: u16 = 6;
     pub(super) const RES_GET: u16 = 9;
     pub(super) const RES_QP_GET: u16 = 10;
+    pub(super) const RES_CM_ID_GET: u16 = 11;
     pub(super) const RES_CQ_GET: u16 = 12;
     pub(super) const RES_MR_GET: u16 = 13;
     pub(super) const RES_PD_GET: u16 = 14;
+    pub(super) const RES_CTX_GET: u16 = 22;
+    pub(super) const RES_SRQ_GET: u16 = 23;
     pub(super) const STAT_GET: u16 = 17;
     pub(super) const STAT_GET_STATUS: u16 = 24;
 }
@@ -79,6 +83,12 @@ mod attr {
     pub(super) const RES_MRN: u16 = 62;
     pub(super) const RES_PD: u16 = 46;
     pub(super) const RES_PD_ENTRY: u16 = 47;
+    pub(super) const RES_CTXN: u16 = 64;
+    pub(super) const RES_CTX: u16 = 86;
+    pub(super) const RES_CTX_ENTRY: u16 = 87;
+    pub(super) const RES_SRQ: u16 = 88;
+    pub(super) const RES_SRQ_ENTRY: u16 = 89;
+    pub(super) const RES_SRQN: u16 = 90;
     /// `RDMA_NLDEV_ATTR_STAT_RES` shares `RES_QP`'s number.
     pub(super) const STAT_RES: u16 = 19;
     pub(super) const NDEV_INDEX: u16 = 50;
@@ -128,8 +138,9 @@ pub(crate) struct DevInfo {
     pub(crate) netdev: Option<(String, u32)>,
     /// The port's counters, rxe's names.
     pub(crate) counters: Vec<(&'static str, u64)>,
-    /// Live contexts over every process using the device.
-    pub(crate) contexts: u64,
+    /// Live contexts over every process using the device: each one's
+    /// process ID.
+    pub(crate) contexts: Vec<u32>,
     /// Their QPs, CQs and MRs, each with its process's ID.
     pub(crate) objects: Vec<(u32, Object)>,
 }
@@ -150,7 +161,7 @@ const OBJECTS_PER_MESSAGE: usize = 32;
 /// peer and its PSN).
 fn object_entry(m: &mut Msg, pid: u32, o: &Object) {
     match *o {
-        Object::Qp { qpn, qp_type, state, dest_qpn, rq_psn, sq_psn, pd } => {
+        Object::Qp { qpn, qp_type, state, dest_qpn, rq_psn, sq_psn, pd, .. } => {
             let connected = matches!(qp_type, 2 | 3 | 9 | 10);
             m.begin(attr::RES_QP_ENTRY).u32(attr::PORT_INDEX, 1).u32(attr::RES_LQPN, qpn);
             if connected {
@@ -167,6 +178,17 @@ fn object_entry(m: &mut Msg, pid: u32, o: &Object) {
         Object::Cq { cqn, cqe, users } => {
             m.begin(attr::RES_CQ_ENTRY).u32(attr::RES_CQE, cqe).u64(attr::RES_USECNT, users.into());
             m.u32(attr::RES_PID, pid).u32(attr::RES_CQN, cqn).end();
+        }
+        Object::Srq { srqn, srq_type, pd, cq } => {
+            // Left open: the caller adds the QP table and closes it.
+            m.begin(attr::RES_SRQ_ENTRY).u32(attr::RES_SRQN, srqn).u8(attr::RES_TYPE, srq_type);
+            if pd != 0 {
+                m.u32(attr::RES_PDN, pd);
+            }
+            if cq != 0 {
+                m.u32(attr::RES_CQN, cq);
+            }
+            m.u32(attr::RES_PID, pid);
         }
         Object::Pd { pdn, users } => {
             m.begin(attr::RES_PD_ENTRY).u64(attr::RES_USECNT, users.into());
@@ -342,7 +364,12 @@ pub(crate) fn answer(request: &[u8], portid: u32, devices: &[DevInfo]) -> Vec<Ve
             };
             reply.one(m)
         }
-        cmd::RES_QP_GET | cmd::RES_CQ_GET | cmd::RES_MR_GET | cmd::RES_PD_GET => {
+        cmd::RES_QP_GET
+        | cmd::RES_CQ_GET
+        | cmd::RES_MR_GET
+        | cmd::RES_PD_GET
+        | cmd::RES_CTX_GET
+        | cmd::RES_SRQ_GET => {
             let listed: Vec<&DevInfo> = match r.u32_attr(attr::DEV_INDEX) {
                 Some(_) => match device() {
                     Some(d) => vec![d],
@@ -364,8 +391,8 @@ pub(crate) fn answer(request: &[u8], portid: u32, devices: &[DevInfo]) -> Vec<Ve
             EOPNOTSUPP,
             "uroce devices are configured with UROCE_DEVICES or devices.conf, not by netlink",
         ),
-        op if (cmd::RES_GET..cmd::STAT_GET).contains(&op) => {
-            reply.error(EOPNOTSUPP, "uroce lists QPs, CQs and MRs, not these objects")
+        cmd::RES_CM_ID_GET => {
+            reply.error(EOPNOTSUPP, "uroce lists no CM ids (`rdma res show qp` has their QPs)")
         }
         _ => reply.error(EOPNOTSUPP, "not served by uroce run"),
     }
@@ -426,7 +453,11 @@ impl Replier<'_> {
         let cqs = d.count(|o| matches!(o, Object::Cq { .. }));
         let mrs = d.count(|o| matches!(o, Object::Mr { .. }));
         let pds = d.count(|o| matches!(o, Object::Pd { .. }));
-        for (name, n) in [("pd", pds), ("cq", cqs), ("qp", qps), ("mr", mrs), ("ctx", d.contexts)] {
+        let srqs = d.count(|o| matches!(o, Object::Srq { .. }));
+        let ctxs = d.contexts.len() as u64;
+        let counts =
+            [("pd", pds), ("cq", cqs), ("qp", qps), ("mr", mrs), ("ctx", ctxs), ("srq", srqs)];
+        for (name, n) in counts {
             m.begin(attr::RES_SUMMARY_ENTRY)
                 .str(attr::RES_SUMMARY_ENTRY_NAME, name)
                 .u64(attr::RES_SUMMARY_ENTRY_CURR, n)
@@ -464,6 +495,8 @@ impl Replier<'_> {
             cmd::RES_QP_GET => (attr::RES_QP, self.r.u32_attr(attr::RES_LQPN)),
             cmd::RES_CQ_GET => (attr::RES_CQ, self.r.u32_attr(attr::RES_CQN)),
             cmd::RES_MR_GET => (attr::RES_MR, self.r.u32_attr(attr::RES_MRN)),
+            cmd::RES_SRQ_GET => (attr::RES_SRQ, self.r.u32_attr(attr::RES_SRQN)),
+            cmd::RES_CTX_GET => return self.contexts(op, d),
             _ => (attr::RES_PD, self.r.u32_attr(attr::RES_PDN)),
         };
         let picked: Vec<&(u32, Object)> = d
@@ -474,6 +507,7 @@ impl Replier<'_> {
                 (cmd::RES_CQ_GET, Object::Cq { cqn, .. }) => want.is_none_or(|w| w == *cqn),
                 (cmd::RES_MR_GET, Object::Mr { key, .. }) => want.is_none_or(|w| w == key >> 8),
                 (cmd::RES_PD_GET, Object::Pd { pdn, .. }) => want.is_none_or(|w| w == *pdn),
+                (cmd::RES_SRQ_GET, Object::Srq { srqn, .. }) => want.is_none_or(|w| w == *srqn),
                 _ => false,
             })
             .collect();
@@ -490,11 +524,41 @@ impl Replier<'_> {
                 m.begin(table);
                 for (pid, o) in chunk {
                     object_entry(&mut m, *pid, o);
+                    if let Object::Srq { srqn, .. } = o {
+                        // Its QPs (iproute2 wants the table, empty or not).
+                        m.begin(attr::RES_QP);
+                        for (p, q) in &d.objects {
+                            if let Object::Qp { qpn, srq, .. } = q
+                                && p == pid
+                                && srq == srqn
+                            {
+                                m.begin(attr::RES_QP_ENTRY).u32(attr::RES_LQPN, *qpn).end();
+                            }
+                        }
+                        m.end().end();
+                    }
                 }
                 m.end();
                 m.finish()
             })
             .collect()
+    }
+
+    /// `RDMA_NLDEV_CMD_RES_CTX_GET`: device `d`'s contexts, numbered in
+    /// the order their processes published them (one message).
+    fn contexts(&self, op: u16, d: &DevInfo) -> Vec<Vec<u8>> {
+        let mut m = self.msg(op, self.flags());
+        self.identity(&mut m, d);
+        m.begin(attr::RES_CTX);
+        let want = self.r.u32_attr(attr::RES_CTXN);
+        for (ctxn, pid) in d.contexts.iter().enumerate() {
+            if want.is_none_or(|w| w as usize == ctxn) {
+                m.begin(attr::RES_CTX_ENTRY).u32(attr::RES_CTXN, ctxn as u32);
+                m.u32(attr::RES_PID, *pid).end();
+            }
+        }
+        m.end();
+        vec![m.finish()]
     }
 
     /// A query's answer: the messages, then the ACK.
@@ -557,7 +621,7 @@ mod tests {
             phys_state: 5,
             netdev: Some(("lo".into(), 1)),
             counters: vec![("sent_pkts", 7), ("rcvd_pkts", 9)],
-            contexts: 2,
+            contexts: vec![40, 41],
             objects: vec![
                 (
                     40,
@@ -569,6 +633,7 @@ mod tests {
                         rq_psn: 5,
                         sq_psn: 6,
                         pd: 1,
+                        srq: 0,
                     },
                 ),
                 (
@@ -581,6 +646,7 @@ mod tests {
                         rq_psn: 0,
                         sq_psn: 9,
                         pd: 1,
+                        srq: 0,
                     },
                 ),
                 (40, Object::Cq { cqn: 1, cqe: 255, users: 2 }),
@@ -724,6 +790,36 @@ mod tests {
         let a = attrs_of(&mr[0]);
         assert_eq!((a.u32_attr(attr::RES_RKEY), a.u32_attr(attr::RES_MRN)), (Some(0x2a7), Some(2)));
         assert_eq!(a.u32_attr(attr::RES_PID), Some(41));
+        // SRQs with the QPs on them (a table, empty too), contexts.
+        let mut d = dev(0);
+        d.objects.push((40, Object::Srq { srqn: 9, srq_type: 2, pd: 0, cq: 1 }));
+        if let Object::Qp { srq, .. } = &mut d.objects[0].1 {
+            *srq = 9;
+        }
+        d.objects.push((41, Object::Srq { srqn: 10, srq_type: 0, pd: 0, cq: 0 }));
+        let srqs = entries(
+            &messages(&answer(&request(cmd::RES_SRQ_GET, 0x305, &[]), 5, &[d])),
+            attr::RES_SRQ,
+        );
+        assert_eq!(srqs.len(), 2);
+        let tm = attrs_of(&srqs[0]);
+        assert_eq!(
+            (tm.u32_attr(attr::RES_SRQN), tm.attr(attr::RES_TYPE)),
+            (Some(9), Some(&[2u8][..]))
+        );
+        assert_eq!((tm.u32_attr(attr::RES_CQN), tm.u32_attr(attr::RES_PDN)), (Some(1), None));
+        let qps = attrs_of(tm.attr(attr::RES_QP).unwrap());
+        assert_eq!(
+            attrs_of(qps.attr(attr::RES_QP_ENTRY).unwrap()).u32_attr(attr::RES_LQPN),
+            Some(17)
+        );
+        assert_eq!(attrs_of(&srqs[1]).attr(attr::RES_QP), Some(&[][..]), "an empty table");
+        let ctx = entries(
+            &messages(&answer(&request(cmd::RES_CTX_GET, 0x305, &[]), 5, &devs[..1])),
+            attr::RES_CTX,
+        );
+        let pids: Vec<_> = ctx.iter().map(|c| attrs_of(c).u32_attr(attr::RES_PID)).collect();
+        assert_eq!(pids, [Some(40), Some(41)]);
         // A device with none: an empty table.
         let mut bare = dev(2);
         bare.objects.clear();
@@ -748,6 +844,7 @@ mod tests {
                     rq_psn: 0,
                     sq_psn: 0,
                     pd: 1,
+                    srq: 0,
                 };
                 (7, qp)
             })

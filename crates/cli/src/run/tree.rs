@@ -43,14 +43,14 @@ fn port_states(dev: &Device) -> ((u8, &'static str), (u8, &'static str)) {
 }
 
 /// The device's counters summed over every process using it (as the
-/// kernel's are), with the number of contexts and their objects (each
+/// kernel's are), with the contexts (their processes' IDs) and their objects (each
 /// with its process's ID).
-fn totals(dev: &Device) -> (Stats, u64, Vec<(u32, Object)>) {
+fn totals(dev: &Device) -> (Stats, Vec<u32>, Vec<(u32, Object)>) {
     let mut total = Stats::default();
-    let (mut contexts, mut objects) = (0, Vec::new());
+    let (mut contexts, mut objects) = (Vec::new(), Vec::new());
     for s in read_all(Some(dev.name())) {
         total.accumulate(&s.device_stats);
-        contexts += 1;
+        contexts.push(s.pid);
         objects.extend(s.objects.iter().map(|o| (s.pid, *o)));
     }
     (total, contexts, objects)
