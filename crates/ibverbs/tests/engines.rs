@@ -269,7 +269,8 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
     let listing = || {
         format!(
             "ibv_rc_pingpong -g 0 -p {} >/dev/null 2>&1 & rc=$!; \
-             ibv_srq_pingpong -g 0 -q 2 -p {} >/dev/null 2>&1 & srq=$!; sleep 1.5; \
+             ibv_srq_pingpong -g 0 -q 2 -p {} >/dev/null 2>&1 & srq=$!; \
+             for i in $(seq 100); do rdma res | grep -q 'qp 3 ' && break; sleep 0.1; done; \
              rdma res show qp; rdma res show cq; rdma res show mr; rdma res show pd; \
              rdma res show srq; rdma res show ctx; rdma res; kill $rc $srq",
             uroce::testing::free_port(),
