@@ -24,7 +24,7 @@ use crate::stats::Stats;
 use crate::time::Instant;
 use crate::wire::{Position, RocePacket};
 use crate::wqe::{Completion, WcStatus};
-use crate::xrc_relay::{RelayMemory, Relays};
+use crate::xrc_relay::{Held, RelayMemory, Relays};
 
 /// The destination QPN of multicast datagrams (IBTA §10.5.2.1).
 pub const MULTICAST_QPN: u32 = 0xff_ffff;
@@ -803,6 +803,22 @@ impl Endpoint {
             return;
         };
         if let Some(xrcd) = slot.xrcd {
+            if Relays::is_relay(pkt, from, to) {
+                // An owner's answer to this target's request: the packets
+                // held for it run now, in order.
+                if let Some(held) = self.relays.answered(qpn, pkt.payload()) {
+                    self.run_held(now, qpn, held, mem);
+                }
+                return;
+            }
+            if self.relays.is_waiting(qpn) {
+                let psn = pkt.bth().psn().value();
+                let held = Held { psn, from, to, bytes: pkt.as_bytes().to_vec() };
+                if !self.relays.hold(qpn, psn, held) {
+                    self.stats.drop(crate::stats::DropReason::OutOfSequence);
+                }
+                return;
+            }
             // An XRC target: the SRQ the request names, of its domain.
             let srqn = pkt.xrceth().map(|x| x.xrc_srqn());
             // A message keeps the SRQ its first packet named. Only packets
@@ -825,7 +841,10 @@ impl Endpoint {
                     && let Some(relayed) =
                         SharedXrc::relay_out(relay, slot, (now, from, to), (xrcd, n), pkt, mem)
                 {
-                    self.stats.xrc_relayed_out += relayed;
+                    match relayed {
+                        Relayed::Messages(n) => self.stats.xrc_relayed_out += n,
+                        Relayed::Asked => self.stats.xrc_accesses_asked += 1,
+                    }
                     self.touch(qpn);
                     return;
                 }
@@ -895,8 +914,16 @@ impl Endpoint {
         }
         while let Some(&qpn) = self.active.front() {
             if let Some(slot) = self.qps.get_mut(&qpn) {
-                if let Some(t) = slot.qp.poll_transmit(now, mem, buf) {
-                    return Some(t);
+                // An XRC target's READ responses may carry data another
+                // process's memory answered with.
+                let t = if slot.xrcd.is_some() {
+                    let through = RelayMemory { inner: mem, relays: &self.relays };
+                    slot.qp.poll_transmit(now, &through, buf)
+                } else {
+                    slot.qp.poll_transmit(now, mem, buf)
+                };
+                if t.is_some() {
+                    return t;
                 }
                 self.settle(qpn, now);
             }
@@ -908,7 +935,10 @@ impl Endpoint {
 
     /// The earliest deadline at which [`Endpoint::handle_timeout`] must run.
     pub fn poll_timeout(&mut self) -> Option<Instant> {
-        let cq = self.moderated_deadline();
+        let cq = match (self.moderated_deadline(), self.relays.next_deadline()) {
+            (Some(a), Some(b)) => Some(a.min(b)),
+            (a, b) => a.or(b),
+        };
         while let Some(&Reverse((t, qpn))) = self.timers.peek() {
             if self.qps.get(&qpn).is_some_and(|s| s.armed == Some(t)) {
                 return Some(cq.map_or(t, |c| c.min(t)));
@@ -941,12 +971,26 @@ impl Endpoint {
             .iter()
             .filter(|Reverse((t, q))| self.qps.get(q).is_some_and(|s| s.armed == Some(*t)))
             .map(|Reverse((t, _))| *t)
+            .chain(self.relays.next_deadline())
             .min()
     }
 
     /// Runs the timers due at `now`. Returns how many QPs had one.
     pub fn handle_timeout(&mut self, now: Instant) -> usize {
         let mut fired = 0;
+        if self.relays.next_deadline().is_some_and(|d| d <= now) {
+            // Requests to other processes unanswered: asked again, or,
+            // their owners gone, the connections that wait for them end.
+            let mut gave_up = Vec::new();
+            self.relays.ask_again(now, &mut gave_up);
+            for qpn in gave_up {
+                if let Some(slot) = self.qps.get_mut(&qpn) {
+                    slot.qp.responder_abort();
+                    fired += 1;
+                }
+                self.touch(qpn);
+            }
+        }
         self.moderated.retain(|id| self.cqs.contains_key(id));
         for &id in &self.moderated {
             if self.cqs.get(&id).is_some_and(|c| c.lock().moderation_due(now)) {
@@ -1077,9 +1121,21 @@ impl Endpoint {
         }
     }
 
+    /// Runs the packets target `qpn` held for an owner's answer, in
+    /// order (from the first that needs another answer, they are held
+    /// again behind its request).
+    fn run_held(&mut self, now: Instant, qpn: u32, held: VecDeque<Held>, mem: &dyn Memory) {
+        for h in held {
+            if let Ok(pkt) = RocePacket::new_checked(&h.bytes[..]) {
+                self.deliver(now, qpn, h.from, h.to, &pkt, mem);
+            }
+        }
+    }
+
     /// A relay datagram from another process's target QP for SRQ `srqn`
-    /// here (see [`crate::xrc_relay`]): written into the WQE its claim
-    /// kept, completed on the SRQ's CQ. False if `pkt` is no relay
+    /// here (see [`crate::xrc_relay`]): a message's chunk, written into
+    /// the WQE its claim kept and completed on the SRQ's CQ, or a request
+    /// to run a memory access, answered. False if `pkt` is no relay
     /// datagram to a shared-domain SRQ here.
     fn relayed_in(
         &mut self,
@@ -1095,6 +1151,13 @@ impl Endpoint {
         }
         let Some(srq) = self.srqs.get_mut(&srqn) else { return false };
         let (Some(xrc), Some(_)) = (srq.xrc(), srq.shared()) else { return false };
+        if Relays::is_request(pkt.payload()) {
+            match self.relays.serve(srqn, xrc.pd, to, pkt.payload(), mem) {
+                Ok(()) => self.stats.xrc_accesses_served += 1,
+                Err(()) => self.stats.drop(crate::stats::DropReason::Malformed),
+            }
+            return true;
+        }
         if self.relays.arrived(srqn, srq, xrc.pd, pkt.payload(), mem).is_err() {
             self.stats.drop(crate::stats::DropReason::Malformed);
         }
@@ -1140,8 +1203,8 @@ impl SharedXrc {
 
     /// A request to target QP `slot` (of domain `xrcd`) naming SRQ `srqn`
     /// that no SRQ here has: if another process of a shared domain has
-    /// it, the request is taken for a relay (`Some`: how many messages
-    /// it completed, now on their way); else `None`.
+    /// it, the request is taken for a relay (`Some`: what became of it);
+    /// else `None`.
     fn relay_out(
         (this, relays): (&mut Self, &mut Relays),
         slot: &mut Slot,
@@ -1149,7 +1212,7 @@ impl SharedXrc {
         (xrcd, srqn): (u32, u32),
         pkt: &RocePacket<&[u8]>,
         mem: &dyn Memory,
-    ) -> Option<u64> {
+    ) -> Option<Relayed> {
         let domain = this.domains.get(&xrcd)?;
         let key = Self::key(xrcd, srqn);
         if this.srqs.get(&key).is_some_and(|s| !s.shared().is_some_and(|c| c.alive())) {
@@ -1167,9 +1230,23 @@ impl SharedXrc {
         let position = pkt.info().position;
         let psn = pkt.bth().psn();
         let in_sequence = psn == slot.qp.expected_psn();
+        let qpn = slot.qp.qpn();
+        let sgid_index = slot.qp.attr().path.map_or(0, |p| p.sgid_index);
+        // An access to the owner's memory: the owner runs it first, and
+        // the packet waits for its answer.
+        if let Some(acc) = slot.qp.foreign_access(pkt)
+            && !relays.can_answer(qpn, psn.value(), &acc)
+            && let Some(owner) = srq.shared().filter(|o| o.alive())
+        {
+            let held = Held { psn: psn.value(), from, to, bytes: pkt.as_bytes().to_vec() };
+            let at = (qpn, psn.value(), srqn);
+            relays.ask(now, owner.clone(), at, (to, sgid_index), (acc, pkt.payload()), held);
+            return Some(Relayed::Asked);
+        }
         slot.qp.set_xrc_pd(crate::srq::RELAY_PD);
         let through = RelayMemory { inner: mem, relays };
         slot.qp.handle_datagram_srq(now, from, to, pkt, &through, srq);
+        relays.answer_used(qpn);
         if in_sequence && slot.qp.expected_psn() != psn {
             match position {
                 Position::First => slot.xrc_msg_srq = Some(srqn),
@@ -1178,12 +1255,20 @@ impl SharedXrc {
             }
         }
         slot.qp.publish_gauge();
-        let sgid_index = slot.qp.attr().path.map_or(0, |p| p.sgid_index);
         let mut relayed = 0;
         while let Some(c) = slot.qp.poll_completion() {
             relays.completed(srqn, to, sgid_index, c);
             relayed += 1;
         }
-        Some(relayed)
+        Some(Relayed::Messages(relayed))
     }
+}
+
+/// What became of a request a target QP took for another process's SRQ.
+enum Relayed {
+    /// It ran; this many messages completed, now on their way to the
+    /// owner.
+    Messages(u64),
+    /// It waits for the owner to run its memory access.
+    Asked,
 }

@@ -142,6 +142,12 @@ counters! {
     /// Messages relayed here for this context's SRQs by other processes'
     /// target QPs.
     xrc_relayed_in,
+    /// Memory accesses (a WRITE packet, a READ, an atomic, a FLUSH, an
+    /// invalidation) that target QPs here asked another process to run in
+    /// its memory, for a request naming its SRQ.
+    xrc_accesses_asked,
+    /// Memory accesses this context ran for other processes' target QPs.
+    xrc_accesses_served,
     /// Packets sent through shared memory to a context on this host (the
     /// `udp` backend's local path).
     local_sent_pkts,

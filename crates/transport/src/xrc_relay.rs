@@ -8,23 +8,37 @@
 //! message is written into the WQE the claim kept and completed on the
 //! SRQ's CQ, in the target QP's name, as if the owner had received it.
 //!
-//! A relay datagram is a UD SEND with Q_Key [`RELAY_QKEY`] to QPN = the
-//! SRQ's number, from and to the same address; its payload starts with
-//! `RelayHeader`. SENDs only: a WRITE, READ or atomic through a target
-//! QP that names another process's SRQ would reach that process's memory,
-//! which only it can; the relay SRQ's PD has no regions, so they are NAKed
-//! (remote access error), and the README says so.
+//! A request that reaches the owner's memory (RDMA WRITE, READ, atomics,
+//! SEND with invalidate) cannot be run here: the
+//! target asks the owner to run the access ([`Relays::ask`]: a relay
+//! *request* to the SRQ's number), holds the packet and every later one of
+//! its connection, and runs them when the owner's *response* (to the
+//! target QP's number) is in: the responder then takes its checks' results,
+//! an atomic's original value and a READ's data from the answer
+//! ([`RelayMemory`]), so the requester's ACK, NAK, READ response or atomic
+//! ACK comes only after the owner has checked the key and placed or read
+//! the data, in PSN order. One request per target QP is out at a time; a
+//! request is resent until answered, and the owner answers a resent one
+//! from what it did (an atomic is never done twice). An owner that is gone
+//! or never answers ends the connection (remote operational error).
+//!
+//! A relay datagram is a UD SEND with Q_Key [`RELAY_QKEY`] from and to the
+//! device's own address; its payload starts with a version byte: 1 for a
+//! relayed message's chunk (`RelayHeader`), 2 for a request, 3 for a
+//! response.
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
 use std::net::IpAddr;
+use std::sync::Arc;
 
+use crate::Instant;
 use crate::fastmap::FastMap;
 use crate::memory::{AccessError, Accessor, AtomicOp, Key, Memory, MwBind};
-use crate::qp::Transmit;
 use crate::qp::attr::Access;
+use crate::qp::{ForeignAccess, Transmit};
 use crate::queue::{RecvCur, sgl_pieces};
-use crate::srq::{RELAY_LKEY, RELAY_MAX, RELAY_PD};
+use crate::srq::{RELAY_LKEY, RELAY_MAX, RELAY_PD, SharedSrq};
 use crate::wire::{BthRepr, DethRepr, Opcode, Psn, RocePacket, RocePacketRepr};
 use crate::wqe::{Completion, WcFlags, WcOpcode, WcStatus};
 
@@ -36,6 +50,36 @@ const CHUNK: usize = 4096;
 /// The relay header's length.
 const HEADER: usize = 24;
 const VERSION: u8 = 1;
+/// The first byte of a relay request (target → owner).
+const KIND_REQUEST: u8 = 2;
+/// The first byte of a relay response (owner → target).
+const KIND_RESPONSE: u8 = 3;
+/// A request's header: kind, op, flags, GID index, target, PSN, R_Key,
+/// VA, length, two operands; a WRITE's data follows.
+const REQ_HEADER: usize = 48;
+/// A response's header: kind, flags, result, 0, target, PSN, 0, the
+/// atomic's original value, the READ's length, this chunk's offset.
+const RESP_HEADER: usize = 32;
+/// How long a target waits for an answer before it asks again, and how
+/// many times it asks.
+const ASK_AGAIN: core::time::Duration = core::time::Duration::from_millis(20);
+const ASKS: u8 = 25;
+/// Packets a target holds behind a request (more are dropped: the
+/// requester resends them).
+const HELD_MAX: usize = 512;
+/// READ data kept per target QP for its responses and for resent READs
+/// (the newest READ is kept whatever its length).
+const READS_KEPT: usize = 16;
+const READ_BYTES_KEPT: usize = 64 << 20;
+/// A WRITE of a message's whole range checked first.
+const RQ_CHECK: u8 = 1;
+/// The answer codes.
+const OK: u8 = 0;
+const REFUSED: u8 = 1;
+const MISALIGNED: u8 = 2;
+/// A relayed message that a WRITE with immediate ended (no data: its
+/// length is the WRITE's).
+const F_WRITE_IMM: u8 = 32;
 const F_FIRST: u8 = 1;
 const F_LAST: u8 = 2;
 const F_IMM: u8 = 4;
@@ -89,6 +133,201 @@ impl RelayHeader {
     }
 }
 
+/// A request's operations.
+mod op {
+    pub(super) const WRITE: u8 = 1;
+    pub(super) const READ: u8 = 2;
+    pub(super) const CMP_SWAP: u8 = 3;
+    pub(super) const FETCH_ADD: u8 = 4;
+    pub(super) const INVALIDATE: u8 = 5;
+}
+
+/// A request to the owner of an SRQ to run a memory access for a target
+/// QP (one packet's), in the owner's PD: the SRQ's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Request {
+    op: u8,
+    flags: u8,
+    /// The GID index the answer leaves from (the device's address the
+    /// request came to).
+    sgid_index: u8,
+    target: u32,
+    psn: u32,
+    rkey: u32,
+    va: u64,
+    /// The length checked (a WRITE's message, a READ).
+    len: u32,
+    /// Compare or add.
+    a: u64,
+    /// Swap.
+    b: u64,
+}
+
+impl Request {
+    fn from_access(acc: ForeignAccess, target: u32, psn: u32, sgid_index: u8) -> Self {
+        let mut r =
+            Self { op: 0, flags: 0, sgid_index, target, psn, rkey: 0, va: 0, len: 0, a: 0, b: 0 };
+        match acc {
+            ForeignAccess::Write { rkey, va, check } => {
+                (r.op, r.rkey, r.va, r.len) = (op::WRITE, rkey, va, check.unwrap_or(0));
+                r.flags = if check.is_some() { RQ_CHECK } else { 0 };
+            }
+            ForeignAccess::Read { rkey, va, len } => {
+                (r.op, r.rkey, r.va, r.len) = (op::READ, rkey, va, len)
+            }
+            ForeignAccess::CmpSwap { rkey, va, compare, swap } => {
+                (r.op, r.rkey, r.va, r.a, r.b) = (op::CMP_SWAP, rkey, va, compare, swap);
+            }
+            ForeignAccess::FetchAdd { rkey, va, add } => {
+                (r.op, r.rkey, r.va, r.a) = (op::FETCH_ADD, rkey, va, add);
+            }
+            ForeignAccess::Invalidate { rkey } => (r.op, r.rkey) = (op::INVALIDATE, rkey),
+        }
+        r
+    }
+
+    fn emit(&self, out: &mut [u8]) {
+        out[..4].copy_from_slice(&[KIND_REQUEST, self.op, self.flags, self.sgid_index]);
+        out[4..8].copy_from_slice(&self.target.to_be_bytes());
+        out[8..12].copy_from_slice(&self.psn.to_be_bytes());
+        out[12..16].copy_from_slice(&self.rkey.to_be_bytes());
+        out[16..24].copy_from_slice(&self.va.to_be_bytes());
+        out[24..28].copy_from_slice(&self.len.to_be_bytes());
+        out[28..32].fill(0);
+        out[32..40].copy_from_slice(&self.a.to_be_bytes());
+        out[40..48].copy_from_slice(&self.b.to_be_bytes());
+    }
+
+    fn parse(b: &[u8]) -> Option<Self> {
+        let w = |at: usize| Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?));
+        let d = |at: usize| Some(u64::from_be_bytes(b.get(at..at + 8)?.try_into().ok()?));
+        if *b.first()? != KIND_REQUEST || b.len() < REQ_HEADER {
+            return None;
+        }
+        Some(Self {
+            op: b[1],
+            flags: b[2],
+            sgid_index: b[3],
+            target: w(4)?,
+            psn: w(8)?,
+            rkey: w(12)?,
+            va: d(16)?,
+            len: w(24)?,
+            a: d(32)?,
+            b: d(40)?,
+        })
+    }
+}
+
+/// An owner's answer, or one chunk of it (a READ's data comes in chunks).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct Response {
+    last: bool,
+    result: u8,
+    target: u32,
+    psn: u32,
+    orig: u64,
+    total: u32,
+    offset: u32,
+}
+
+impl Response {
+    fn emit(&self, out: &mut [u8]) {
+        out[..4].copy_from_slice(&[
+            KIND_RESPONSE,
+            if self.last { F_LAST } else { 0 },
+            self.result,
+            0,
+        ]);
+        out[4..8].copy_from_slice(&self.target.to_be_bytes());
+        out[8..12].copy_from_slice(&self.psn.to_be_bytes());
+        out[12..16].fill(0);
+        out[16..24].copy_from_slice(&self.orig.to_be_bytes());
+        out[24..28].copy_from_slice(&self.total.to_be_bytes());
+        out[28..32].copy_from_slice(&self.offset.to_be_bytes());
+    }
+
+    fn parse(b: &[u8]) -> Option<Self> {
+        let w = |at: usize| Some(u32::from_be_bytes(b.get(at..at + 4)?.try_into().ok()?));
+        if *b.first()? != KIND_RESPONSE || b.len() < RESP_HEADER {
+            return None;
+        }
+        Some(Self {
+            last: b[1] & F_LAST != 0,
+            result: b[2],
+            target: w(4)?,
+            psn: w(8)?,
+            orig: u64::from_be_bytes(b[16..24].try_into().ok()?),
+            total: w(24)?,
+            offset: w(28)?,
+        })
+    }
+}
+
+/// A request or response, built, waiting to leave.
+#[derive(Debug, Clone)]
+struct Datagram {
+    dest_qpn: u32,
+    src_qpn: u32,
+    to: IpAddr,
+    sgid_index: u8,
+    payload: Vec<u8>,
+}
+
+/// A packet a target QP holds until an answer is in.
+#[derive(Debug)]
+pub(crate) struct Held {
+    pub(crate) psn: u32,
+    pub(crate) from: IpAddr,
+    pub(crate) to: IpAddr,
+    pub(crate) bytes: Vec<u8>,
+}
+
+/// A target QP's request out to an owner, and the packets held behind it.
+#[derive(Debug)]
+struct Waiting {
+    psn: u32,
+    /// The request, to ask again.
+    request: Datagram,
+    owner: Arc<dyn SharedSrq>,
+    deadline: Instant,
+    asks: u8,
+    held: VecDeque<Held>,
+    /// A READ's R_Key, VA and length, and its data as it comes.
+    read: Option<(u32, u64, u32)>,
+    data: Vec<u8>,
+}
+
+/// The owner's answer to the request of the packet a target runs now.
+#[derive(Debug, Clone, Copy)]
+struct Answer {
+    psn: u32,
+    result: u8,
+    orig: u64,
+}
+
+/// A READ's data, read by the owner, kept for its responses.
+#[derive(Debug)]
+struct KeptRead {
+    rkey: u32,
+    va: u64,
+    data: Vec<u8>,
+}
+
+/// What an owner answered a target's last request, so that the request
+/// asked again is answered without being done twice.
+#[derive(Debug, Clone, Copy)]
+struct Served {
+    psn: u32,
+    op: u8,
+    result: u8,
+    orig: u64,
+}
+
+/// Targets an owner remembers its last answer to (beyond, it forgets
+/// them all; a target asks again only within its timeouts).
+const SERVED_MAX: usize = 4096;
+
 /// A message received for another process's SRQ, on its way there.
 #[derive(Debug)]
 struct Outgoing {
@@ -125,6 +364,16 @@ pub(crate) struct Relays {
     incoming: FastMap<u32, Incoming>,
     /// Completions of relayed messages, by SRQ number, for the SRQs' CQs.
     pub(crate) finished: VecDeque<(u32, Completion)>,
+    /// Requests and responses waiting to leave.
+    small: VecDeque<Datagram>,
+    /// By target QP: its request out to an owner.
+    waiting: FastMap<u32, Waiting>,
+    /// By target QP: the answer for the packet it runs now.
+    answers: FastMap<u32, Answer>,
+    /// By target QP: READ data for its READ responses, newest last.
+    reads: FastMap<u32, VecDeque<KeptRead>>,
+    /// As an owner, by target QP: the last answer given.
+    served: FastMap<u32, Served>,
     psn: u32,
     /// The device's UDP port, which its other processes share.
     pub(crate) port: u16,
@@ -137,6 +386,11 @@ impl Default for Relays {
             out: VecDeque::new(),
             incoming: FastMap::default(),
             finished: VecDeque::new(),
+            small: VecDeque::new(),
+            waiting: FastMap::default(),
+            answers: FastMap::default(),
+            reads: FastMap::default(),
+            served: FastMap::default(),
             psn: 0,
             port: crate::wire::udp::ROCE_V2_PORT,
         }
@@ -173,10 +427,21 @@ impl Memory for RelayMemory<'_> {
                 Err(AccessError::OutOfBounds)
             };
         }
+        if let (Key::Remote(rkey), RELAY_PD) = (key, who.pd) {
+            // The owner's memory: its answer (or a READ it answered).
+            if let Some(a) = self.relays.answers.get(&who.qpn) {
+                return result_of(a.result);
+            }
+            let kept = self.relays.kept_read(who.qpn, rkey, addr, len);
+            return kept.map(|_| ()).ok_or(AccessError::InvalidKey);
+        }
         self.inner.check(key, who, addr, len, access)
     }
 
     fn check_region(&self, rkey: u32, who: Accessor, access: Access) -> Result<(), AccessError> {
+        if who.pd == RELAY_PD {
+            return self.relays.answer(who.qpn);
+        }
         self.inner.check_region(rkey, who, access)
     }
 
@@ -184,10 +449,19 @@ impl Memory for RelayMemory<'_> {
         if Self::ours(key, who) {
             return Err(AccessError::NotPermitted);
         }
+        if let (Key::Remote(rkey), RELAY_PD) = (key, who.pd) {
+            let kept = self.relays.kept_read(who.qpn, rkey, addr, out.len() as u64);
+            out.copy_from_slice(kept.ok_or(AccessError::InvalidKey)?);
+            return Ok(());
+        }
         self.inner.read(key, who, addr, out)
     }
 
     fn write(&self, key: Key, who: Accessor, addr: u64, data: &[u8]) -> Result<(), AccessError> {
+        if let (Key::Remote(_), RELAY_PD) = (key, who.pd) {
+            // Placed by the owner before it answered.
+            return self.relays.answer(who.qpn);
+        }
         if !Self::ours(key, who) {
             return self.inner.write(key, who, addr, data);
         }
@@ -210,6 +484,10 @@ impl Memory for RelayMemory<'_> {
         addr: u64,
         op: AtomicOp,
     ) -> Result<u64, AccessError> {
+        if who.pd == RELAY_PD {
+            let a = self.relays.answers.get(&who.qpn).ok_or(AccessError::InvalidKey)?;
+            return result_of(a.result).map(|()| a.orig);
+        }
         self.inner.atomic(rkey, who, addr, op)
     }
 
@@ -218,7 +496,28 @@ impl Memory for RelayMemory<'_> {
     }
 
     fn invalidate(&self, who: Accessor, rkey: u32, remote: bool) -> Result<(), AccessError> {
+        if who.pd == RELAY_PD {
+            return self.relays.answer(who.qpn);
+        }
         self.inner.invalidate(who, rkey, remote)
+    }
+}
+
+/// An answer's code as the access's result.
+fn result_of(code: u8) -> Result<(), AccessError> {
+    match code {
+        OK => Ok(()),
+        MISALIGNED => Err(AccessError::Misaligned),
+        _ => Err(AccessError::InvalidKey),
+    }
+}
+
+/// An access's result as an answer's code.
+fn code_of(r: Result<(), AccessError>) -> u8 {
+    match r {
+        Ok(()) => OK,
+        Err(AccessError::Misaligned) => MISALIGNED,
+        Err(_) => REFUSED,
     }
 }
 
@@ -232,11 +531,16 @@ impl Relays {
 
     /// Whether a relay datagram waits to leave.
     pub(crate) fn has_output(&self) -> bool {
-        !self.out.is_empty()
+        !self.out.is_empty() || !self.small.is_empty()
     }
 
     /// The next relay datagram, written into `buf`.
     pub(crate) fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<Transmit> {
+        if let Some(d) = self.small.front() {
+            let t = self.datagram(d, buf)?;
+            self.small.pop_front();
+            return Some(t);
+        }
         let m = self.out.front_mut()?;
         let n = (m.data.len() - m.sent).min(CHUNK);
         let repr = RocePacketRepr {
@@ -271,6 +575,9 @@ impl Relays {
         }
         if m.c.solicited {
             flags |= F_SOLICITED;
+        }
+        if m.c.opcode == WcOpcode::RecvRdmaWithImm {
+            flags |= F_WRITE_IMM;
         }
         RelayHeader {
             flags,
@@ -374,14 +681,17 @@ impl Relays {
         }
         let m = self.incoming.remove(&h.target).ok_or(())?;
         let mut status = status_of(h.status);
+        // A WRITE with immediate's data is in place already: none came.
+        let write_imm = h.flags & F_WRITE_IMM != 0;
         if status == WcStatus::Success {
-            if m.at != h.total {
+            if m.at != if write_imm { 0 } else { h.total } {
                 status = WcStatus::GeneralErr;
             } else {
                 status = m.status;
             }
         }
-        let mut c = Completion::new(m.cur.wr_id, status, WcOpcode::Recv, h.target, true);
+        let opcode = if write_imm { WcOpcode::RecvRdmaWithImm } else { WcOpcode::Recv };
+        let mut c = Completion::new(m.cur.wr_id, status, opcode, h.target, true);
         c.byte_len = h.total;
         c.src_qp = h.src_qp;
         c.solicited = h.flags & F_SOLICITED != 0;
@@ -400,6 +710,301 @@ impl Relays {
     pub(crate) fn forget_target(&mut self, target: u32) {
         self.incoming.remove(&target);
         self.bufs.get_mut().remove(&target);
+        self.waiting.remove(&target);
+        self.answers.remove(&target);
+        self.reads.remove(&target);
+    }
+
+    /// Builds datagram `d` (a request or a response) into `buf`.
+    fn datagram(&self, d: &Datagram, buf: &mut [u8]) -> Option<Transmit> {
+        let repr = RocePacketRepr {
+            bth: BthRepr {
+                opcode: Opcode::UD_SEND_ONLY,
+                pkey: 0xffff,
+                dest_qpn: d.dest_qpn,
+                psn: Psn::new(self.psn),
+                ..BthRepr::default()
+            },
+            deth: Some(DethRepr { qkey: RELAY_QKEY, src_qpn: d.src_qpn }),
+            ..RocePacketRepr::default()
+        };
+        let total = repr.packet_len(d.payload.len());
+        if buf.len() < total {
+            return None;
+        }
+        let hl = repr.emit_headers(buf).ok()?;
+        buf[hl..hl + d.payload.len()].copy_from_slice(&d.payload);
+        Some(Transmit {
+            len: total,
+            dst: d.to,
+            dst_port: self.port,
+            src_port: crate::wire::udp::rxe_ud_sport(d.src_qpn),
+            sgid_index: d.sgid_index,
+            traffic_class: 0,
+        })
+    }
+
+    // ---- a target's side of a memory access in another process ----
+
+    /// Whether target QP `target` waits for an owner's answer (its
+    /// packets are held meanwhile).
+    pub(crate) fn is_waiting(&self, target: u32) -> bool {
+        !self.waiting.is_empty() && self.waiting.contains_key(&target)
+    }
+
+    /// Holds packet `h` (PSN `psn`) of target `target` behind its request:
+    /// false when it is dropped instead (too many held; the requester
+    /// resends it). A copy of a packet held already is dropped quietly.
+    pub(crate) fn hold(&mut self, target: u32, psn: u32, h: Held) -> bool {
+        let Some(w) = self.waiting.get_mut(&target) else { return false };
+        if w.held.iter().any(|x| x.psn == psn) {
+            return true;
+        }
+        if w.held.len() >= HELD_MAX {
+            return false;
+        }
+        w.held.push_back(h);
+        true
+    }
+
+    /// Whether access `acc` of target `target`'s packet `psn` can run now:
+    /// its answer is in, or it reads what a READ kept.
+    pub(crate) fn can_answer(&self, target: u32, psn: u32, acc: &ForeignAccess) -> bool {
+        self.answers.get(&target).is_some_and(|a| a.psn == psn)
+            || matches!(*acc, ForeignAccess::Read { rkey, va, len }
+                if self.kept_read(target, rkey, va, len.into()).is_some())
+    }
+
+    /// Asks `owner`, the owner of SRQ `srqn`, to run access `acc` of
+    /// target `target`'s packet `psn` (its payload `data`, a WRITE's), and
+    /// holds that packet, `held`, until the answer.
+    pub(crate) fn ask(
+        &mut self,
+        now: Instant,
+        owner: Arc<dyn SharedSrq>,
+        (target, psn, srqn): (u32, u32, u32),
+        (to, sgid_index): (IpAddr, u8),
+        (acc, data): (ForeignAccess, &[u8]),
+        held: Held,
+    ) {
+        let r = Request::from_access(acc, target, psn, sgid_index);
+        let data = if r.op == op::WRITE { data } else { &[] };
+        let mut payload = vec![0; REQ_HEADER + data.len()];
+        r.emit(&mut payload[..REQ_HEADER]);
+        payload[REQ_HEADER..].copy_from_slice(data);
+        let request = Datagram { dest_qpn: srqn, src_qpn: target, to, sgid_index, payload };
+        self.small.push_back(request.clone());
+        let read = match acc {
+            ForeignAccess::Read { rkey, va, len } => Some((rkey, va, len)),
+            _ => None,
+        };
+        let w = Waiting {
+            psn,
+            request,
+            owner,
+            deadline: now.saturating_add(ASK_AGAIN),
+            asks: 1,
+            held: VecDeque::from([held]),
+            read,
+            data: Vec::new(),
+        };
+        self.waiting.insert(target, w);
+    }
+
+    /// A response for target `target`: when it completes the answer, the
+    /// packets held (the one asked for first), to run in order.
+    pub(crate) fn answered(&mut self, target: u32, payload: &[u8]) -> Option<VecDeque<Held>> {
+        let r = Response::parse(payload).filter(|r| r.target == target)?;
+        let w = self.waiting.get_mut(&target).filter(|w| w.psn == r.psn)?;
+        if let (Some((_, _, len)), OK) = (w.read, r.result) {
+            let chunk = &payload[RESP_HEADER..];
+            if r.offset == 0 {
+                w.data.clear();
+            }
+            let fits = w.data.len() + chunk.len() <= len as usize;
+            if r.offset as usize != w.data.len() || r.total != len || !fits {
+                // Out of order (or another answer's): asked again later.
+                w.data.clear();
+                return None;
+            }
+            w.data.extend_from_slice(chunk);
+            if !r.last || w.data.len() != len as usize {
+                return None;
+            }
+        } else if !r.last {
+            return None;
+        }
+        let w = self.waiting.remove(&target)?;
+        if let (Some((rkey, va, _)), OK) = (w.read, r.result) {
+            self.keep_read(target, rkey, va, w.data);
+        }
+        self.answers.insert(target, Answer { psn: r.psn, result: r.result, orig: r.orig });
+        Some(w.held)
+    }
+
+    /// The packet an answer was for has run: the answer is spent.
+    pub(crate) fn answer_used(&mut self, target: u32) {
+        if !self.answers.is_empty() {
+            self.answers.remove(&target);
+        }
+    }
+
+    /// The answer for the packet target `target` runs now, as a result.
+    fn answer(&self, target: u32) -> Result<(), AccessError> {
+        self.answers.get(&target).map_or(Err(AccessError::InvalidKey), |a| result_of(a.result))
+    }
+
+    /// Keeps a READ's data for its responses and for the READ resent.
+    fn keep_read(&mut self, target: u32, rkey: u32, va: u64, data: Vec<u8>) {
+        let kept = self.reads.entry(target).or_default();
+        kept.push_back(KeptRead { rkey, va, data });
+        let mut bytes: usize = kept.iter().map(|k| k.data.len()).sum();
+        while kept.len() > READS_KEPT || (kept.len() > 1 && bytes > READ_BYTES_KEPT) {
+            let Some(k) = kept.pop_front() else { break };
+            bytes -= k.data.len();
+        }
+    }
+
+    /// `len` bytes at `va` of key `rkey` from a READ target `target` kept.
+    fn kept_read(&self, target: u32, rkey: u32, va: u64, len: u64) -> Option<&[u8]> {
+        self.reads.get(&target)?.iter().rev().find_map(|k| {
+            let off = va.checked_sub(k.va)?;
+            let end = off.checked_add(len)?;
+            (k.rkey == rkey && end <= k.data.len() as u64)
+                .then(|| &k.data[off as usize..end as usize])
+        })
+    }
+
+    /// When the next unanswered request is asked again.
+    pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        self.waiting.values().map(|w| w.deadline).min()
+    }
+
+    /// Asks again the requests unanswered at `now`; the targets whose
+    /// owner is gone, or never answered, are given up (into `gave_up`:
+    /// their connections end) with the packets they held.
+    pub(crate) fn ask_again(&mut self, now: Instant, gave_up: &mut Vec<u32>) {
+        for (&target, w) in &mut self.waiting {
+            if w.deadline > now {
+                continue;
+            }
+            if !w.owner.alive() || w.asks >= ASKS {
+                gave_up.push(target);
+                continue;
+            }
+            w.asks += 1;
+            w.deadline = now.saturating_add(ASK_AGAIN);
+            self.small.push_back(w.request.clone());
+        }
+        for t in gave_up.iter() {
+            self.waiting.remove(t);
+        }
+    }
+
+    // ---- an owner's side ----
+
+    /// Whether a relay datagram's payload is a target's request.
+    pub(crate) fn is_request(payload: &[u8]) -> bool {
+        payload.first() == Some(&KIND_REQUEST)
+    }
+
+    /// A target's request to SRQ `srqn` here (of PD `pd`), which came to
+    /// address `to`: the access runs as this context's responder would run
+    /// it (key, PD, rights, bounds, alignment, then the bytes), and the
+    /// answer goes back. A request asked again is answered from what was
+    /// done (a READ is read again). `Err`: malformed.
+    pub(crate) fn serve(
+        &mut self,
+        srqn: u32,
+        pd: u32,
+        to: IpAddr,
+        payload: &[u8],
+        mem: &dyn Memory,
+    ) -> Result<(), ()> {
+        let r = Request::parse(payload).ok_or(())?;
+        let data = &payload[REQ_HEADER..];
+        let who = Accessor { pd, qpn: r.target };
+        if r.op != op::READ
+            && let Some(s) = self.served.get(&r.target).filter(|s| s.psn == r.psn && s.op == r.op)
+        {
+            let (result, orig) = (s.result, s.orig);
+            self.respond(srqn, to, &r, (result, orig), &[]);
+            return Ok(());
+        }
+        let remote = Key::Remote(r.rkey);
+        let atomic = |op| match mem.atomic(r.rkey, who, r.va, op) {
+            Ok(v) => (OK, v),
+            Err(e) => (code_of(Err(e)), 0),
+        };
+        let (result, orig) = match r.op {
+            op::WRITE => {
+                let mut res = Ok(());
+                if r.flags & RQ_CHECK != 0 {
+                    res = mem.check(remote, who, r.va, r.len.into(), Access::REMOTE_WRITE);
+                }
+                if res.is_ok() && !data.is_empty() {
+                    res = mem.write(remote, who, r.va, data);
+                }
+                (code_of(res), 0)
+            }
+            op::READ => {
+                if u64::from(r.len) > RELAY_MAX {
+                    return Err(());
+                }
+                let mut out = vec![0; r.len as usize];
+                let res = mem
+                    .check(remote, who, r.va, r.len.into(), Access::REMOTE_READ)
+                    .and_then(|()| mem.read(remote, who, r.va, &mut out));
+                let code = code_of(res);
+                let data = if code == OK { &out[..] } else { &[] };
+                self.respond(srqn, to, &r, (code, 0), data);
+                return Ok(());
+            }
+            op::CMP_SWAP => atomic(AtomicOp::CompareSwap { compare: r.a, swap: r.b }),
+            op::FETCH_ADD => atomic(AtomicOp::FetchAdd { add: r.a }),
+            op::INVALIDATE => (code_of(mem.invalidate(who, r.rkey, true)), 0),
+            _ => return Err(()),
+        };
+        if self.served.len() >= SERVED_MAX {
+            self.served.clear();
+        }
+        self.served.insert(r.target, Served { psn: r.psn, op: r.op, result, orig });
+        self.respond(srqn, to, &r, (result, orig), &[]);
+        Ok(())
+    }
+
+    /// Queues the answer to request `r` (a READ's data in chunks).
+    fn respond(
+        &mut self,
+        srqn: u32,
+        to: IpAddr,
+        r: &Request,
+        (result, orig): (u8, u64),
+        data: &[u8],
+    ) {
+        let mut offset = 0;
+        loop {
+            let n = (data.len() - offset).min(CHUNK);
+            let last = offset + n == data.len();
+            let mut payload = vec![0; RESP_HEADER + n];
+            Response {
+                last,
+                result,
+                target: r.target,
+                psn: r.psn,
+                orig,
+                total: data.len() as u32,
+                offset: offset as u32,
+            }
+            .emit(&mut payload[..RESP_HEADER]);
+            payload[RESP_HEADER..].copy_from_slice(&data[offset..offset + n]);
+            let (dest_qpn, sgid_index) = (r.target, r.sgid_index);
+            self.small.push_back(Datagram { dest_qpn, src_qpn: srqn, to, sgid_index, payload });
+            offset += n;
+            if last {
+                break;
+            }
+        }
     }
 }
 
@@ -450,5 +1055,39 @@ mod tests {
         b[0] = 9;
         assert_eq!(RelayHeader::parse(&b), None);
         assert_eq!(RelayHeader::parse(&[]), None);
+    }
+
+    #[test]
+    fn requests_and_responses_round_trip_and_refuse_what_is_not_theirs() {
+        let acc = ForeignAccess::CmpSwap { rkey: 0x1234, va: 0x7000_0008, compare: 5, swap: 9 };
+        let r = Request::from_access(acc, 0x4_0001, 0xff_fffe, 1);
+        let mut b = [0u8; REQ_HEADER];
+        r.emit(&mut b);
+        assert_eq!(Request::parse(&b), Some(r));
+        assert_eq!((r.op, r.a, r.b, r.sgid_index), (op::CMP_SWAP, 5, 9, 1));
+        assert_eq!(Request::parse(&b[..REQ_HEADER - 1]), None);
+        let w = Request::from_access(
+            ForeignAccess::Write { rkey: 1, va: 2, check: Some(3000) },
+            7,
+            8,
+            0,
+        );
+        assert_eq!((w.flags, w.len), (RQ_CHECK, 3000));
+        let resp = Response {
+            last: true,
+            result: MISALIGNED,
+            target: 7,
+            psn: 8,
+            orig: u64::MAX,
+            total: 4096,
+            offset: 0,
+        };
+        let mut c = [0u8; RESP_HEADER];
+        resp.emit(&mut c);
+        assert_eq!(Response::parse(&c), Some(resp));
+        assert_eq!(Request::parse(&c), None, "a response is no request");
+        assert_eq!(Response::parse(&b), None, "a request is no response");
+        assert_eq!(result_of(MISALIGNED), Err(AccessError::Misaligned));
+        assert_eq!(code_of(Err(AccessError::WrongPd)), REFUSED);
     }
 }

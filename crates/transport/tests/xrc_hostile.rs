@@ -566,16 +566,19 @@ fn a_message_for_another_processs_srq_is_relayed_to_it() {
     }
 
     // No claim left: RNR again; a WRITE into the owner's memory through
-    // this target: remote access error, and nothing written.
+    // this target with a key of another PD than the SRQ's: the owner
+    // refuses it (remote access error), and nothing is written.
     let psn = FIRST_PSN + 5;
     let out = deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, psn, Some(o.srqn)), b"x");
     assert!(o.take(now, out).iter().any(is_rnr));
     o.post(79, LEN as u32);
+    let (other, other_key, _) = o.mem.register(PD2, LEN, ALL);
     let mut w = request(XRC_WRITE_ONLY, tgt, psn, Some(o.srqn));
-    w.reth = Some(RethRepr { va: o.addr, rkey: o.lkey, dma_len: 4 });
+    w.reth = Some(RethRepr { va: other, rkey: other_key, dma_len: 4 });
     let out = deliver_raw(&mut h, now, &w, b"evil");
-    let answers = o.take(now, out);
+    let answers = parsed(exchange(&mut h, &mut o, now, out));
     assert_eq!(answers[0].aeth.unwrap().syndrome, Syndrome::Nak(NakCode::RemoteAccessError));
+    assert_eq!(o.mem.snapshot(other, 4), [0; 4]);
     assert_eq!(&o.mem.snapshot(o.addr, 4), &msg[..4]);
 
     // A forged relay datagram from elsewhere: not a relay, dropped.
@@ -674,4 +677,317 @@ fn a_target_destroyed_mid_message_gives_its_claim_back() {
     assert_eq!(o.claims.claimed.load(Ordering::Acquire), 0, "given back");
     assert!(o.claims.claim(), "the WQE is free again");
     assert!(completions_of(&o).is_empty(), "nothing was relayed");
+}
+
+/// Carries packets between the target's host and the owner until both
+/// are quiet: requests and relayed messages to the owner, its answers to
+/// the target QP; returns what leaves for the initiator, as bytes.
+fn exchange(h: &mut Host, o: &mut Owner, now: Instant, mut out: Vec<Vec<u8>>) -> Vec<Vec<u8>> {
+    let mut to_initiator = vec![];
+    let mut buf = vec![0u8; 8192];
+    for _ in 0..10_000 {
+        if out.is_empty() {
+            return to_initiator;
+        }
+        for b in out.drain(..) {
+            let r = parse(&b);
+            let pkt = RocePacket::new_checked(&b[..]).unwrap();
+            if r.bth.dest_qpn == o.srqn {
+                o.ep.handle_datagram(now, B, B, &pkt, &o.mem);
+            } else if r.bth.dest_qpn == h.tgt && r.deth.is_some() {
+                h.ep.handle_datagram(now, B, B, &pkt, &h.mem);
+            } else {
+                to_initiator.push(b);
+            }
+        }
+        while let Some(t) = o.ep.poll_transmit(now, &o.mem, &mut buf) {
+            out.push(buf[..t.len].to_vec());
+        }
+        while let Some(t) = h.ep.poll_transmit(now, &h.mem, &mut buf) {
+            out.push(buf[..t.len].to_vec());
+        }
+    }
+    panic!("the two never went quiet");
+}
+
+/// Delivers one request and carries what follows (see [`exchange`]).
+fn through(
+    h: &mut Host,
+    o: &mut Owner,
+    now: Instant,
+    repr: &RocePacketRepr,
+    payload: &[u8],
+) -> Vec<Vec<u8>> {
+    let out = deliver_raw(h, now, repr, payload);
+    exchange(h, o, now, out)
+}
+
+fn parsed(out: Vec<Vec<u8>>) -> Vec<RocePacketRepr> {
+    out.iter().map(|b| parse(b)).collect()
+}
+
+fn syndromes(out: &[RocePacketRepr]) -> Vec<Syndrome> {
+    out.iter().filter_map(|r| r.aeth.map(|a| a.syndrome)).collect()
+}
+
+const XRC_WRITE_FIRST: Opcode = Opcode(0xa6);
+const XRC_WRITE_MIDDLE: Opcode = Opcode(0xa7);
+const XRC_WRITE_LAST: Opcode = Opcode(0xa8);
+const XRC_WRITE_ONLY_IMM: Opcode = Opcode(0xab);
+const XRC_READ_REQUEST: Opcode = Opcode(0xac);
+const XRC_CMP_SWAP: Opcode = Opcode(0xb3);
+const XRC_FETCH_ADD: Opcode = Opcode(0xb4);
+const XRC_SEND_ONLY_INV: Opcode = Opcode(0xb7);
+
+fn atomic(
+    opcode: Opcode,
+    tgt: u32,
+    psn: u32,
+    o: &Owner,
+    va: u64,
+    swap_add: u64,
+    compare: u64,
+) -> RocePacketRepr {
+    let mut r = request(opcode, tgt, psn, Some(o.srqn));
+    r.atomic_eth = Some(AtomicEthRepr { va, rkey: o.lkey, swap_add, compare });
+    r
+}
+
+/// RDMA WRITE, READ and atomics through a target QP here to another
+/// process's SRQ run in that process's memory: the target asks the owner,
+/// holds the packet (and those behind it) until the answer, and only then
+/// answers the requester; a WRITE's bytes are placed, a READ's response
+/// carries the owner's bytes, an atomic's ACK the owner's original value,
+/// and a resent READ or atomic is answered without asking (or adding)
+/// again.
+#[test]
+fn accesses_through_a_target_run_in_the_owners_memory() {
+    let now = Instant::ZERO;
+    let (mut h, mut o) = shared_host(now);
+    let tgt = h.tgt;
+    let data: Vec<u8> = (0..3000u32).map(|i| (i * 13 + 1) as u8).collect();
+
+    // A three-packet WRITE delivered back to back: the last two wait
+    // behind the first's request, then all run in order.
+    let mut out = vec![];
+    for (i, (op, d)) in [XRC_WRITE_FIRST, XRC_WRITE_MIDDLE, XRC_WRITE_LAST]
+        .into_iter()
+        .zip(data.chunks(1024))
+        .enumerate()
+    {
+        let mut w = request(op, tgt, FIRST_PSN + i as u32, Some(o.srqn));
+        if i == 0 {
+            w.reth = Some(RethRepr { va: o.addr + 8, rkey: o.lkey, dma_len: 3000 });
+        }
+        out.extend(deliver_raw(&mut h, now, &w, d));
+    }
+    assert_eq!(out.len(), 1, "one request out, nothing answered yet");
+    assert_eq!(o.mem.snapshot(o.addr + 8, 3000), vec![0; 3000], "nothing placed before asked");
+    let answers = parsed(exchange(&mut h, &mut o, now, out));
+    assert_eq!(o.mem.snapshot(o.addr + 8, 3000), data);
+    let acks = syndromes(&answers);
+    assert!(!acks.is_empty() && acks.iter().all(|s| matches!(s, Syndrome::Ack(_))), "{acks:?}");
+    assert_eq!(answers.last().unwrap().bth.psn, Psn::new(FIRST_PSN + 2));
+    assert_eq!((h.ep.stats.xrc_accesses_asked, o.ep.stats.xrc_accesses_served), (3, 3));
+
+    // READ 3000 bytes from the owner: three responses with its bytes.
+    let mut psn = FIRST_PSN + 3;
+    let mut rd = request(XRC_READ_REQUEST, tgt, psn, Some(o.srqn));
+    rd.reth = Some(RethRepr { va: o.addr + 8, rkey: o.lkey, dma_len: 3000 });
+    let out = deliver_raw(&mut h, now, &rd, &[]);
+    let read_back = |out: &[Vec<u8>]| -> Vec<u8> {
+        out.iter()
+            .flat_map(|b| RocePacket::new_checked(&b[..]).unwrap().payload().to_vec())
+            .collect()
+    };
+    let responses = exchange(&mut h, &mut o, now, out);
+    assert_eq!(responses.len(), 3);
+    assert_eq!(read_back(&responses), data);
+    let asked = h.ep.stats.xrc_accesses_asked;
+    // Resent (its responses lost): answered from the data kept.
+    let responses = through(&mut h, &mut o, now, &rd, &[]);
+    assert_eq!(read_back(&responses), data);
+    assert_eq!(h.ep.stats.xrc_accesses_asked, asked, "not asked again");
+    psn += 3;
+
+    // FETCH_ADD and CMP_SWAP on the owner's memory.
+    o.mem.fill(o.addr + 4096, &40u64.to_ne_bytes());
+    let fa = atomic(XRC_FETCH_ADD, tgt, psn, &o, o.addr + 4096, 2, 0);
+    let answers = parsed(through(&mut h, &mut o, now, &fa, &[]));
+    assert_eq!(answers.len(), 1);
+    assert_eq!(answers[0].atomic_ack_eth.unwrap().orig, 40);
+    let value =
+        |o: &Owner| u64::from_ne_bytes(o.mem.snapshot(o.addr + 4096, 8).try_into().unwrap());
+    assert_eq!(value(&o), 42);
+    // Resent: the same original value, not added twice.
+    let answers = parsed(through(&mut h, &mut o, now, &fa, &[]));
+    assert_eq!(answers[0].atomic_ack_eth.unwrap().orig, 40);
+    assert_eq!(value(&o), 42);
+    psn += 1;
+    let cs = atomic(XRC_CMP_SWAP, tgt, psn, &o, o.addr + 4096, 7, 42);
+    let answers = parsed(through(&mut h, &mut o, now, &cs, &[]));
+    assert_eq!((answers[0].atomic_ack_eth.unwrap().orig, value(&o)), (42, 7));
+    psn += 1;
+
+    // A misaligned atomic: invalid request, as the owner's responder says.
+    let bad = atomic(XRC_FETCH_ADD, tgt, psn, &o, o.addr + 4097, 1, 0);
+    let answers = parsed(through(&mut h, &mut o, now, &bad, &[]));
+    assert_eq!(syndromes(&answers), [Syndrome::Nak(NakCode::InvalidRequest)]);
+    assert_eq!(value(&o), 7);
+}
+
+/// A WRITE with immediate through a target to another process's SRQ
+/// places its data in the owner's memory and completes the owner's WQE
+/// as RECV_RDMA_WITH_IMM of the WRITE's length; a SEND with invalidate
+/// has the owner run the invalidation.
+#[test]
+fn a_write_with_immediate_and_an_invalidate_reach_the_owner() {
+    let now = Instant::ZERO;
+    let (mut h, mut o) = shared_host(now);
+    let tgt = h.tgt;
+    o.post(5, 64);
+    let mut w = request(XRC_WRITE_ONLY_IMM, tgt, FIRST_PSN, Some(o.srqn));
+    w.reth = Some(RethRepr { va: o.addr + 1000, rkey: o.lkey, dma_len: 100 });
+    w.immdt = Some(0xfeed);
+    let answers = parsed(through(&mut h, &mut o, now, &w, &[9; 100]));
+    assert!(matches!(syndromes(&answers)[..], [Syndrome::Ack(_)]), "{answers:?}");
+    assert_eq!(o.mem.snapshot(o.addr + 1000, 100), vec![9; 100]);
+    let cs = completions_of(&o);
+    assert_eq!(cs.len(), 1, "{cs:?}");
+    let c = cs[0];
+    assert_eq!((c.wr_id, c.status, c.opcode), (5, WcStatus::Success, WcOpcode::RecvRdmaWithImm));
+    assert_eq!((c.byte_len, c.imm_or_inv, c.qp_num), (100, 0xfeed, tgt));
+
+    // SEND with invalidate of a key of the owner's: the owner runs the
+    // invalidation; a memory region's key cannot be invalidated (only a
+    // type 2 window bound to the receiving QP), so the owner refuses it,
+    // as its own responder would: NAK (invalid request), the WQE the
+    // message took completes with a protection error, the key still works.
+    o.post(6, 64);
+    let mut s = request(XRC_SEND_ONLY_INV, tgt, FIRST_PSN + 1, Some(o.srqn));
+    s.ieth = Some(o.lkey);
+    let answers = parsed(through(&mut h, &mut o, now, &s, b"bye"));
+    assert_eq!(syndromes(&answers), [Syndrome::Nak(NakCode::InvalidRequest)]);
+    let cs = completions_of(&o);
+    assert_eq!((cs.len(), cs[0].wr_id, cs[0].status), (1, 6, WcStatus::LocProtErr), "{cs:?}");
+    assert_eq!(h.ep.qp(tgt).unwrap().state(), QpState::Error);
+    assert_eq!(o.ep.stats.xrc_accesses_served, 2);
+}
+
+/// The owner's answer lost: the target asks again until it comes (the
+/// owner answers what it did, once); the owner gone with a request out:
+/// the connection ends with a NAK (remote operational error).
+#[test]
+fn a_lost_answer_is_asked_again_and_a_gone_owner_ends_the_connection() {
+    let now = Instant::ZERO;
+    let (mut h, mut o) = shared_host(now);
+    let tgt = h.tgt;
+    o.mem.fill(o.addr, &1u64.to_ne_bytes());
+    let fa = atomic(XRC_FETCH_ADD, tgt, FIRST_PSN, &o, o.addr, 1, 0);
+    let out = deliver_raw(&mut h, now, &fa, &[]);
+    // The owner runs it, its answer is lost on the way.
+    let mut buf = vec![0u8; 8192];
+    for b in &out {
+        o.ep.handle_datagram(now, B, B, &RocePacket::new_checked(&b[..]).unwrap(), &o.mem);
+    }
+    while o.ep.poll_transmit(now, &o.mem, &mut buf).is_some() {}
+    let later = h.ep.poll_timeout().expect("a deadline to ask again");
+    h.ep.handle_timeout(later);
+    let mut again = vec![];
+    while let Some(t) = h.ep.poll_transmit(later, &h.mem, &mut buf) {
+        again.push(buf[..t.len].to_vec());
+    }
+    assert_eq!(again.len(), 1, "asked again");
+    let answers = parsed(exchange(&mut h, &mut o, later, again));
+    assert_eq!(answers[0].atomic_ack_eth.unwrap().orig, 1);
+    assert_eq!(o.mem.snapshot(o.addr, 8), 2u64.to_ne_bytes(), "added once");
+
+    // Another request; the owner goes before it answers.
+    let fa = atomic(XRC_FETCH_ADD, tgt, FIRST_PSN + 1, &o, o.addr, 1, 0);
+    let out = deliver_raw(&mut h, later, &fa, &[]);
+    assert_eq!(out.len(), 1);
+    o.claims.gone.store(true, Ordering::Release);
+    let end = h.ep.poll_timeout().unwrap();
+    h.ep.handle_timeout(end);
+    let mut nak = vec![];
+    while let Some(t) = h.ep.poll_transmit(end, &h.mem, &mut buf) {
+        nak.push(parse(&buf[..t.len]));
+    }
+    assert_eq!(syndromes(&nak), [Syndrome::Nak(NakCode::RemoteOperationalError)]);
+    assert_eq!(h.ep.qp(tgt).unwrap().state(), QpState::Error);
+    assert_eq!(o.mem.snapshot(o.addr, 8), 2u64.to_ne_bytes());
+}
+
+/// Random requests through a target to another process's SRQ, keys of
+/// the SRQ's PD and of another, near the expected PSN, some resent: the
+/// owner's other PD is never written, its regions' guards stay intact,
+/// and nothing panics on either side.
+#[test]
+fn random_accesses_through_a_target_stay_in_the_owners_pd() {
+    for seed in 0..6u64 {
+        let now = Instant::ZERO;
+        let mut rng = SplitMix64::new(seed ^ 0x5eed);
+        let (mut h, mut o) = shared_host(now);
+        let (other, other_key, _) = o.mem.register(PD2, 256, ALL);
+        let mut next = FIRST_PSN;
+        let mut accepted = 0;
+        for _ in 0..1500 {
+            if h.ep.qp(h.tgt).unwrap().state() == QpState::Error {
+                let table = Arc::new(Table::default());
+                (h, next) = (host(now), FIRST_PSN);
+                h.ep.share_xrcd(DOMAIN, table.clone());
+                table.0.lock().unwrap().insert(o.srqn, o.claims.clone());
+            }
+            if rng.next_u64().is_multiple_of(4) && o.ep.srq(o.srqn).unwrap().len() < 8 {
+                o.post(rng.next_u64(), 64 + (rng.next_u64() % 2000) as u32);
+            }
+            let op = Opcode(0xa0 | (rng.next_u64() % 0x18) as u8);
+            let Some(info) = op.info().filter(|i| i.is_request) else { continue };
+            let psn = next.wrapping_add((rng.next_u64() % 3) as u32).wrapping_sub(1);
+            let mut r = request(op, h.tgt, psn, Some(o.srqn));
+            let (base, rkey) = if rng.next_u64().is_multiple_of(4) {
+                (other, other_key)
+            } else {
+                (o.addr, o.lkey)
+            };
+            let (va, dma_len) = (base + rng.next_u64() % 300, (rng.next_u64() % 3000) as u32);
+            if info.headers.contains(Headers::RETH) {
+                r.reth = Some(RethRepr { va, rkey, dma_len });
+            }
+            if info.headers.contains(Headers::ATOMIC_ETH) {
+                let va = if rng.next_u64().is_multiple_of(4) { va } else { va & !7 };
+                let (swap_add, compare) = (rng.next_u64(), rng.next_u64());
+                r.atomic_eth = Some(AtomicEthRepr { va, rkey, swap_add, compare });
+            }
+            if info.headers.contains(Headers::IMMDT) {
+                r.immdt = Some(rng.next_u64() as u32);
+            }
+            if info.headers.contains(Headers::IETH) {
+                r.ieth = Some(rkey);
+            }
+            let n = if info.has_payload { (rng.next_u64() % 1100) as usize } else { 0 };
+            let mut bytes = vec![0u8; r.packet_len(n)];
+            if r.emit(&mut bytes, &vec![0xee; n]).is_err() {
+                continue;
+            }
+            let Ok(pkt) = RocePacket::new_checked(&bytes[..]) else { continue };
+            h.ep.handle_datagram(now, A, B, &pkt, &h.mem);
+            let mut out = vec![];
+            let mut buf = vec![0u8; 8192];
+            while let Some(t) = h.ep.poll_transmit(now, &h.mem, &mut buf) {
+                out.push(buf[..t.len].to_vec());
+            }
+            for ans in parsed(exchange(&mut h, &mut o, now, out)) {
+                if ans.aeth.is_some_and(|a| matches!(a.syndrome, Syndrome::Ack(_))) {
+                    accepted += 1;
+                    next = next.max(ans.bth.psn.value().wrapping_add(1));
+                }
+            }
+            completions_of(&o);
+        }
+        assert_eq!(o.mem.snapshot(other, 256), vec![0; 256], "seed {seed}: another PD written");
+        assert!(o.mem.guards_intact() && h.mem.guards_intact(), "seed {seed}");
+        let served = o.ep.stats.xrc_accesses_served;
+        assert!(accepted > 30 && served > 20, "seed {seed}: {accepted} accepted, {served} served");
+    }
 }

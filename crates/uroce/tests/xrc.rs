@@ -209,3 +209,95 @@ fn a_domain_shared_by_two_contexts_of_a_device_relays_to_the_srqs_owner() {
     let _ = std::fs::remove_file(&path);
     let _ = std::fs::remove_file(path.with_extension("other"));
 }
+
+/// RDMA WRITE, READ and atomics through one context's target QP into the
+/// memory of another context that owns the SRQ they name (one domain,
+/// two contexts of one device, as two processes share it): the target
+/// asks the owner to run each access and answers the requester only once
+/// the owner has; a key the owner's SRQ's PD does not have is refused.
+#[test]
+fn writes_reads_and_atomics_through_a_target_reach_the_srq_owners_memory() {
+    let (port, a, b) = uroce::testing::two_sides();
+    let owner = uroce::testing::open("127.0.0.2", port);
+    let dir = uroce::published::run_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("test-xrc-access-{}-{port}", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    let xb = b.ctx.open_shared_xrcd(&file, true, false).unwrap();
+    let xo = owner.open_shared_xrcd(&file, false, false).unwrap();
+    let (opd, ocq) = (owner.alloc_pd().unwrap(), owner.create_cq(16).unwrap());
+    let srq = xo.create_srq(&opd, &ocq, &SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
+    let tgt = xb.create_target_qp().unwrap();
+    let ini = initiator(&a, 16);
+    let (ia, ib) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    uroce::connect(&ini, ib, port, tgt.qpn(), 1, 2, ALL).unwrap();
+    uroce::connect(&tgt, ia, port, ini.qpn(), 2, 1, ALL).unwrap();
+
+    let mem = opd.alloc_mr(65536, ALL).unwrap();
+    let src = a.pd.alloc_mr(65536, ALL).unwrap();
+    let msg: Vec<u8> = (0..20000u32).map(|i| (i % 253) as u8).collect();
+    src.write(0, &msg).unwrap();
+    let wr = |wr_id, opcode, sge, off: u64| SendWr {
+        wr_id,
+        opcode,
+        sgl: std::slice::from_ref(sge),
+        remote_addr: mem.addr() + off,
+        rkey: mem.rkey(),
+        xrc_srqn: srq.handle(),
+        ..SendWr::default()
+    };
+    let run = |w: SendWr| {
+        ini.post_send(&[w]).unwrap();
+        uroce::testing::wait_completion(&a.cq)
+    };
+    // WRITE 20000 bytes (five packets), then READ them back elsewhere.
+    let s1 = src.sge(0, 20000).unwrap();
+    let c = run(wr(1, WrOpcode::RdmaWrite, &s1, 100));
+    assert_eq!(c.status, WcStatus::Success);
+    let mut got = vec![0u8; 20000];
+    mem.read(100, &mut got).unwrap();
+    assert_eq!(got, msg, "placed in the owner's memory");
+    let s2 = src.sge(30000, 20000).unwrap();
+    let c = run(wr(2, WrOpcode::RdmaRead, &s2, 100));
+    assert_eq!((c.status, c.byte_len), (WcStatus::Success, 20000));
+    src.read(30000, &mut got).unwrap();
+    assert_eq!(got, msg, "read from the owner's memory");
+    // FETCH_ADD and CMP_SWAP.
+    mem.write(40000, &5u64.to_ne_bytes()).unwrap();
+    let s3 = src.sge(60000, 8).unwrap();
+    let mut w = wr(3, WrOpcode::AtomicFetchAndAdd, &s3, 40000);
+    w.compare_add = 10;
+    assert_eq!(run(w).status, WcStatus::Success);
+    let s4 = src.sge(60008, 8).unwrap();
+    let mut w = wr(4, WrOpcode::AtomicCmpAndSwp, &s4, 40000);
+    (w.compare_add, w.swap) = (15, 99);
+    assert_eq!(run(w).status, WcStatus::Success);
+    let mut v = [0u8; 24];
+    src.read(60000, &mut v[..16]).unwrap();
+    mem.read(40000, &mut v[16..]).unwrap();
+    let words: Vec<u64> = v.chunks(8).map(|c| u64::from_ne_bytes(c.try_into().unwrap())).collect();
+    assert_eq!(words, [5, 15, 99], "the originals returned, the owner's word swapped");
+    // WRITE with immediate: the owner's WQE completes with it.
+    let dst = opd.alloc_mr(64, ALL).unwrap();
+    srq.post_recv(&[RecvWr { wr_id: 77, sgl: &[dst.sge(0, 64).unwrap()] }]).unwrap();
+    let s5 = src.sge(0, 300).unwrap();
+    let mut w = wr(5, WrOpcode::RdmaWriteWithImm, &s5, 50000);
+    w.imm_or_inv = 0x1234;
+    assert_eq!(run(w).status, WcStatus::Success);
+    let c = uroce::testing::wait_completion(&ocq);
+    assert_eq!((c.wr_id, c.opcode, c.byte_len), (77, WcOpcode::RecvRdmaWithImm, 300));
+    assert_eq!((c.imm_or_inv, c.qp_num), (0x1234, tgt.qpn()));
+    assert!(b.ctx.stats().xrc_accesses_asked >= 9, "{}", b.ctx.stats().xrc_accesses_asked);
+    assert_eq!(owner.stats().xrc_accesses_served, b.ctx.stats().xrc_accesses_asked);
+    // A key of another PD than the SRQ's: refused by the owner.
+    let elsewhere = owner.alloc_pd().unwrap().alloc_mr(64, ALL).unwrap();
+    let s6 = src.sge(0, 8).unwrap();
+    let mut w = wr(6, WrOpcode::RdmaWrite, &s6, 0);
+    (w.remote_addr, w.rkey) = (elsewhere.addr(), elsewhere.rkey());
+    assert_eq!(run(w).status, WcStatus::RemAccessErr);
+    let mut none = [0u8; 8];
+    elsewhere.read(0, &mut none).unwrap();
+    assert_eq!(none, [0; 8]);
+    drop((ini, tgt, srq, xb, xo));
+    let _ = std::fs::remove_file(&path);
+}

@@ -33,7 +33,7 @@ use crate::wqe::{Completion, FlushOp, RecvWr, SendFlags, SendWr, WcOpcode, WcSta
 use crate::{Instant, RC_MAX_RD_ATOMIC};
 use attr::{AttrMask, ModifyError, QpAttr, QpState, QpType, check_transition};
 
-pub(crate) use responder::RespState;
+pub(crate) use responder::{ForeignAccess, RespState};
 
 /// The partition key every uroce port has at index 0 (full membership
 /// default P_Key, as rxe).

@@ -6,7 +6,10 @@
 
 mod check;
 mod execute;
+mod foreign;
 mod respond;
+
+pub(crate) use foreign::ForeignAccess;
 
 use check::PsnCheck;
 
