@@ -471,10 +471,11 @@ impl Endpoint {
         let slot = self.qps.remove(&qpn)?;
         self.stats.accumulate(slot.qp.stats());
         if let Some(xrcd) = slot.xrcd {
-            self.relays.forget_target(qpn);
-            // A message for another process's SRQ was coming in: its claim
-            // kept one of the owner's WQEs, which no relay will now take.
-            if let Some(srqn) = slot.xrc_msg_srq
+            // A message for another process's SRQ was coming in: the WQE
+            // its owner reserved goes back (`forget_target`), or the claim
+            // made here, which kept one of the owner's WQEs, is given back.
+            if !self.relays.forget_target(qpn)
+                && let Some(srqn) = slot.xrc_msg_srq
                 && let Some(srq) = self.shared_xrc.srqs.get(&SharedXrc::key(xrcd, srqn))
                 && let Some(claims) = srq.shared()
             {
@@ -1152,16 +1153,19 @@ impl Endpoint {
         let Some(srq) = self.srqs.get_mut(&srqn) else { return false };
         let (Some(xrc), Some(_)) = (srq.xrc(), srq.shared()) else { return false };
         if Relays::is_request(pkt.payload()) {
-            match self.relays.serve(srqn, xrc.pd, to, pkt.payload(), mem) {
+            match self.relays.serve((srqn, srq), xrc.pd, to, pkt.payload(), mem) {
                 Ok(()) => self.stats.xrc_accesses_served += 1,
                 Err(()) => self.stats.drop(crate::stats::DropReason::Malformed),
             }
+            self.srq_dirty = true;
+            self.give_back(now);
             return true;
         }
         if self.relays.arrived(srqn, srq, xrc.pd, pkt.payload(), mem).is_err() {
             self.stats.drop(crate::stats::DropReason::Malformed);
         }
         self.srq_dirty = true;
+        self.give_back(now);
         while let Some((n, c)) = self.relays.finished.pop_front() {
             let Some(cq) = self.srqs.get(&n).and_then(Srq::xrc).map(|x| x.cq) else { continue };
             Self::push_completion(&self.cqs, &mut self.notify, &mut self.events, cq, c, now);
@@ -1169,6 +1173,26 @@ impl Endpoint {
             self.moved = true;
         }
         true
+    }
+
+    /// Puts back into their SRQs the WQEs reserved for messages that
+    /// never came (with their claims); one that no longer fits (the queue
+    /// filled meanwhile) completes flushed.
+    fn give_back(&mut self, now: Instant) {
+        for (srqn, cur) in std::mem::take(&mut self.relays.give_back) {
+            let Some(srq) = self.srqs.get_mut(&srqn) else { continue };
+            if srq.put_back(&cur) {
+                if let Some(claims) = srq.shared() {
+                    claims.release();
+                }
+                continue;
+            }
+            let Some(cq) = srq.xrc().map(|x| x.cq) else { continue };
+            let c =
+                Completion::new(cur.wr_id, WcStatus::WrFlushErr, crate::WcOpcode::Recv, 0, true);
+            Self::push_completion(&self.cqs, &mut self.notify, &mut self.events, cq, c, now);
+            self.moved = true;
+        }
     }
 
     fn collect_srq_events(&mut self) {
@@ -1232,9 +1256,10 @@ impl SharedXrc {
         let in_sequence = psn == slot.qp.expected_psn();
         let qpn = slot.qp.qpn();
         let sgid_index = slot.qp.attr().path.map_or(0, |p| p.sgid_index);
-        // An access to the owner's memory: the owner runs it first, and
-        // the packet waits for its answer.
-        if let Some(acc) = slot.qp.foreign_access(pkt)
+        // An access to the owner's memory, or a WQE of its SRQ: the owner
+        // takes it first, and the packet waits for its answer.
+        let granted = relays.grant(qpn, psn.value());
+        if let Some(acc) = slot.qp.foreign_access(pkt, granted.flatten())
             && !relays.can_answer(qpn, psn.value(), &acc)
             && let Some(owner) = srq.shared().filter(|o| o.alive())
         {
@@ -1244,8 +1269,14 @@ impl SharedXrc {
             return Some(Relayed::Asked);
         }
         slot.qp.set_xrc_pd(crate::srq::RELAY_PD);
+        srq.set_grant(granted);
         let through = RelayMemory { inner: mem, relays };
         slot.qp.handle_datagram_srq(now, from, to, pkt, &through, srq);
+        // The grant taken (set, and no longer there): the message has the
+        // owner's WQE.
+        if srq.set_grant(None).is_none() && matches!(granted, Some(Some(_))) {
+            relays.took_reserved(qpn, srqn, to, sgid_index);
+        }
         relays.answer_used(qpn);
         if in_sequence && slot.qp.expected_psn() != psn {
             match position {

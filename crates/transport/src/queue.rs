@@ -241,6 +241,21 @@ impl RecvQueue {
         self.sges[s * self.max_sge..s * self.max_sge + sgl.len()].copy_from_slice(sgl);
         self.head += 1;
     }
+
+    /// Puts a WQE back at the front, to be taken next (one taken for a
+    /// message that never came); false when the queue is full or the
+    /// SGEs do not fit.
+    pub(crate) fn push_front(&mut self, wr_id: u64, sgl: &[Sge]) -> bool {
+        if self.len() == self.capacity() || sgl.len() > self.max_sge || self.tail == 0 {
+            return false;
+        }
+        self.tail -= 1;
+        let s = self.slot(self.tail);
+        let length = sgl.iter().map(|e| u64::from(e.length)).sum();
+        self.slots[s] = RecvWqe { wr_id, num_sge: sgl.len() as u32, length };
+        self.sges[s * self.max_sge..s * self.max_sge + sgl.len()].copy_from_slice(sgl);
+        true
+    }
 }
 
 /// The receive WQE a responder is filling: taken off its receive queue (or

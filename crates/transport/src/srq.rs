@@ -89,6 +89,9 @@ pub struct Srq {
     /// Stands for another process's SRQ (see [`Srq::new_relay`]): its
     /// messages are received whole into relay buffers, then sent on.
     relay: bool,
+    /// A relay SRQ's answer from the owner for the message starting now:
+    /// the length of the WQE it reserved, or none to spare (`Some(None)`).
+    grant: Option<Option<u64>>,
     /// In a shared domain, the longest WQE posted and not yet taken, and
     /// how many have that length (see [`SharedSrq::max_len`]).
     longest: (u64, usize),
@@ -120,6 +123,7 @@ impl Srq {
             gauge: Arc::new(SrqGauge::default()),
             shared: None,
             relay: false,
+            grant: None,
             longest: (0, 0),
             tm: None,
         }
@@ -229,6 +233,27 @@ impl Srq {
         }
     }
 
+    /// A relay SRQ: the owner's answer for the WQE of the message that
+    /// starts with the packet about to run (see [`Srq::pop_into`]); what
+    /// was set and not taken is returned.
+    pub(crate) fn set_grant(&mut self, grant: Option<Option<u64>>) -> Option<Option<u64>> {
+        std::mem::replace(&mut self.grant, grant)
+    }
+
+    /// Puts back, as the oldest, a WQE taken for a message that never
+    /// came (its target QP went before it started); false if the queue
+    /// has been filled meanwhile.
+    pub(crate) fn put_back(&mut self, cur: &RecvCur) -> bool {
+        if !self.rq.push_front(cur.wr_id, &cur.sges) {
+            return false;
+        }
+        if self.shared.is_some() {
+            self.longest_posted(cur.length);
+        }
+        self.publish();
+        true
+    }
+
     /// The shared claims, for a domain shared between processes.
     pub(crate) fn shared(&self) -> Option<&Arc<dyn SharedSrq>> {
         self.shared.as_ref()
@@ -334,16 +359,22 @@ impl Srq {
     /// an RNR NAK).
     pub(crate) fn pop_into(&mut self, cur: &mut RecvCur) -> bool {
         if self.relay {
-            if !self.shared.as_ref().is_some_and(|s| s.claim()) {
-                return false;
-            }
-            // As long as the owner's longest WQE: a longer message ends in
-            // a length error here (the requester NAKed, as by hardware),
-            // not in a success here and an error there. 0 says nothing
-            // (an owner that does not publish it): as long as any.
-            let len = match self.shared.as_ref().map_or(0, |s| s.max_len()) {
-                0 => RELAY_MAX,
-                n => n.min(RELAY_MAX),
+            let len = match self.grant.take() {
+                // The owner took the WQE (and its claim), and said how long
+                // it is: a longer message ends in a length error here.
+                Some(Some(len)) => len.min(RELAY_MAX),
+                Some(None) => return false,
+                None => {
+                    if !self.shared.as_ref().is_some_and(|s| s.claim()) {
+                        return false;
+                    }
+                    // Not asked (an owner gone): as long as the owner's
+                    // longest WQE (0 says nothing: as long as any).
+                    match self.shared.as_ref().map_or(0, |s| s.max_len()) {
+                        0 => RELAY_MAX,
+                        n => n.min(RELAY_MAX),
+                    }
+                }
             };
             cur.active = true;
             cur.wr_id = 0;

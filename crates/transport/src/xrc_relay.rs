@@ -55,10 +55,11 @@ const KIND_REQUEST: u8 = 2;
 /// The first byte of a relay response (owner → target).
 const KIND_RESPONSE: u8 = 3;
 /// A request's header: kind, op, flags, GID index, target, PSN, R_Key,
-/// VA, length, two operands; a WRITE's data follows.
+/// VA, length, the request's ID, two operands; a WRITE's data follows.
 const REQ_HEADER: usize = 48;
-/// A response's header: kind, flags, result, 0, target, PSN, 0, the
-/// atomic's original value, the READ's length, this chunk's offset.
+/// A response's header: kind, flags, result, 0, target, PSN, the
+/// request's ID, the atomic's original value, the READ's length, this
+/// chunk's offset.
 const RESP_HEADER: usize = 32;
 /// How long a target waits for an answer before it asks again, and how
 /// many times it asks.
@@ -140,6 +141,11 @@ mod op {
     pub(super) const CMP_SWAP: u8 = 3;
     pub(super) const FETCH_ADD: u8 = 4;
     pub(super) const INVALIDATE: u8 = 5;
+    /// Take a WQE (and its claim) for a message starting now; answer its
+    /// length.
+    pub(super) const RESERVE: u8 = 6;
+    /// The target went before the message came: put its WQE back.
+    pub(super) const CANCEL: u8 = 7;
 }
 
 /// A request to the owner of an SRQ to run a memory access for a target
@@ -153,6 +159,10 @@ struct Request {
     sgid_index: u8,
     target: u32,
     psn: u32,
+    /// Unique to the request (its resends keep it): what an owner's
+    /// memory of its answers is keyed by, so that a target QP number and
+    /// PSN used again by a new connection are a new request.
+    id: u32,
     rkey: u32,
     va: u64,
     /// The length checked (a WRITE's message, a READ).
@@ -165,8 +175,19 @@ struct Request {
 
 impl Request {
     fn from_access(acc: ForeignAccess, target: u32, psn: u32, sgid_index: u8) -> Self {
-        let mut r =
-            Self { op: 0, flags: 0, sgid_index, target, psn, rkey: 0, va: 0, len: 0, a: 0, b: 0 };
+        let mut r = Self {
+            op: 0,
+            flags: 0,
+            sgid_index,
+            target,
+            psn,
+            id: 0,
+            rkey: 0,
+            va: 0,
+            len: 0,
+            a: 0,
+            b: 0,
+        };
         match acc {
             ForeignAccess::Write { rkey, va, check } => {
                 (r.op, r.rkey, r.va, r.len) = (op::WRITE, rkey, va, check.unwrap_or(0));
@@ -182,6 +203,7 @@ impl Request {
                 (r.op, r.rkey, r.va, r.a) = (op::FETCH_ADD, rkey, va, add);
             }
             ForeignAccess::Invalidate { rkey } => (r.op, r.rkey) = (op::INVALIDATE, rkey),
+            ForeignAccess::Reserve => r.op = op::RESERVE,
         }
         r
     }
@@ -193,7 +215,7 @@ impl Request {
         out[12..16].copy_from_slice(&self.rkey.to_be_bytes());
         out[16..24].copy_from_slice(&self.va.to_be_bytes());
         out[24..28].copy_from_slice(&self.len.to_be_bytes());
-        out[28..32].fill(0);
+        out[28..32].copy_from_slice(&self.id.to_be_bytes());
         out[32..40].copy_from_slice(&self.a.to_be_bytes());
         out[40..48].copy_from_slice(&self.b.to_be_bytes());
     }
@@ -213,6 +235,7 @@ impl Request {
             rkey: w(12)?,
             va: d(16)?,
             len: w(24)?,
+            id: w(28)?,
             a: d(32)?,
             b: d(40)?,
         })
@@ -226,6 +249,7 @@ struct Response {
     result: u8,
     target: u32,
     psn: u32,
+    id: u32,
     orig: u64,
     total: u32,
     offset: u32,
@@ -241,7 +265,7 @@ impl Response {
         ]);
         out[4..8].copy_from_slice(&self.target.to_be_bytes());
         out[8..12].copy_from_slice(&self.psn.to_be_bytes());
-        out[12..16].fill(0);
+        out[12..16].copy_from_slice(&self.id.to_be_bytes());
         out[16..24].copy_from_slice(&self.orig.to_be_bytes());
         out[24..28].copy_from_slice(&self.total.to_be_bytes());
         out[28..32].copy_from_slice(&self.offset.to_be_bytes());
@@ -257,6 +281,7 @@ impl Response {
             result: b[2],
             target: w(4)?,
             psn: w(8)?,
+            id: w(12)?,
             orig: u64::from_be_bytes(b[16..24].try_into().ok()?),
             total: w(24)?,
             offset: w(28)?,
@@ -287,6 +312,8 @@ pub(crate) struct Held {
 #[derive(Debug)]
 struct Waiting {
     psn: u32,
+    op: u8,
+    id: u32,
     /// The request, to ask again.
     request: Datagram,
     owner: Arc<dyn SharedSrq>,
@@ -318,7 +345,7 @@ struct KeptRead {
 /// asked again is answered without being done twice.
 #[derive(Debug, Clone, Copy)]
 struct Served {
-    psn: u32,
+    id: u32,
     op: u8,
     result: u8,
     orig: u64,
@@ -346,6 +373,8 @@ struct Outgoing {
 struct Incoming {
     srqn: u32,
     cur: RecvCur,
+    /// Taken for the target's next message, which has not come yet.
+    reserved: bool,
     /// The next offset expected.
     at: u32,
     /// The first error met (the WQE completes with it).
@@ -374,7 +403,18 @@ pub(crate) struct Relays {
     reads: FastMap<u32, VecDeque<KeptRead>>,
     /// As an owner, by target QP: the last answer given.
     served: FastMap<u32, Served>,
+    /// By target QP: the owner's answer to a reservation, for the packet
+    /// of this PSN: the WQE's length, or none to spare.
+    grants: FastMap<u32, (u32, Option<u64>)>,
+    /// By target QP: the message it receives into a WQE an owner reserved
+    /// (SRQ number, the device's address, GID index), until relayed.
+    reserved: FastMap<u32, (u32, IpAddr, u8)>,
+    /// As an owner: WQEs reserved for messages that never came, to put
+    /// back into their SRQs (by number).
+    pub(crate) give_back: Vec<(u32, RecvCur)>,
     psn: u32,
+    /// The last request's ID (see [`Request`]).
+    last_id: u32,
     /// The device's UDP port, which its other processes share.
     pub(crate) port: u16,
 }
@@ -391,7 +431,11 @@ impl Default for Relays {
             answers: FastMap::default(),
             reads: FastMap::default(),
             served: FastMap::default(),
+            grants: FastMap::default(),
+            reserved: FastMap::default(),
+            give_back: Vec::new(),
             psn: 0,
+            last_id: 0,
             port: crate::wire::udp::ROCE_V2_PORT,
         }
     }
@@ -525,6 +569,9 @@ impl Relays {
     /// A completion of a relay SRQ's WQE: the message (its buffer) is
     /// queued for the owner of SRQ `srqn`.
     pub(crate) fn completed(&mut self, srqn: u32, to: IpAddr, sgid_index: u8, c: Completion) {
+        if !self.reserved.is_empty() {
+            self.reserved.remove(&c.qp_num);
+        }
         let data = self.bufs.get_mut().remove(&c.qp_num).unwrap_or_default();
         self.out.push_back(Outgoing { srqn, to, sgid_index, c, data, sent: 0, first: true });
     }
@@ -535,9 +582,12 @@ impl Relays {
     }
 
     /// The next relay datagram, written into `buf`.
+    /// Relayed messages leave before requests: an owner sees a target's
+    /// message before its request for the next one (a reservation the
+    /// message did not use yet is one the target gave up).
     pub(crate) fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<Transmit> {
-        if let Some(d) = self.small.front() {
-            let t = self.datagram(d, buf)?;
+        if self.out.is_empty() {
+            let t = self.datagram(self.small.front()?, buf)?;
             self.small.pop_front();
             return Some(t);
         }
@@ -632,28 +682,44 @@ impl Relays {
         let h = RelayHeader::parse(payload).ok_or(())?;
         let data = &payload[HEADER..];
         if h.flags & F_FIRST != 0 {
-            // A message left open (its last chunk lost on the way): its
-            // WQE ends in error before the new one starts.
-            let mut cur = match self.incoming.remove(&h.target) {
-                Some(open) => {
-                    let c = Completion::new(
-                        open.cur.wr_id,
-                        WcStatus::GeneralErr,
-                        WcOpcode::Recv,
-                        h.target,
-                        true,
-                    );
-                    self.finished.push_back((open.srqn, c));
-                    open.cur
+            match self.incoming.remove(&h.target) {
+                // The WQE this message's reservation took.
+                Some(mut m) if m.reserved && m.srqn == srqn => {
+                    m.reserved = false;
+                    self.incoming.insert(h.target, m);
                 }
-                None => RecvCur::new(1),
-            };
-            cur.active = false;
-            if !srq.pop_claimed(&mut cur) {
-                return Err(());
+                other => {
+                    let mut cur = match other {
+                        // A reservation for another SRQ, unused: put back.
+                        Some(m) if m.reserved => {
+                            self.give_back.push((m.srqn, m.cur));
+                            RecvCur::new(1)
+                        }
+                        // A message left open (its last chunk lost on the
+                        // way): its WQE ends in error before the new one.
+                        Some(open) => {
+                            let c = Completion::new(
+                                open.cur.wr_id,
+                                WcStatus::GeneralErr,
+                                WcOpcode::Recv,
+                                h.target,
+                                true,
+                            );
+                            self.finished.push_back((open.srqn, c));
+                            open.cur
+                        }
+                        None => RecvCur::new(1),
+                    };
+                    // Not reserved (the target claimed it): the oldest.
+                    cur.active = false;
+                    if !srq.pop_claimed(&mut cur) {
+                        return Err(());
+                    }
+                    let status = WcStatus::Success;
+                    let m = Incoming { srqn, cur, reserved: false, at: 0, status };
+                    self.incoming.insert(h.target, m);
+                }
             }
-            self.incoming
-                .insert(h.target, Incoming { srqn, cur, at: 0, status: WcStatus::Success });
         }
         let Some(m) = self.incoming.get_mut(&h.target).filter(|m| m.srqn == srqn) else {
             return Err(());
@@ -706,13 +772,22 @@ impl Relays {
         Ok(())
     }
 
-    /// Forgets what a destroyed target QP had in flight here.
-    pub(crate) fn forget_target(&mut self, target: u32) {
+    /// Forgets what a destroyed target QP had in flight here. A WQE an
+    /// owner reserved for the message it was receiving goes back to the
+    /// owner's SRQ (true: the claim is given back with it).
+    pub(crate) fn forget_target(&mut self, target: u32) -> bool {
         self.incoming.remove(&target);
         self.bufs.get_mut().remove(&target);
         self.waiting.remove(&target);
         self.answers.remove(&target);
         self.reads.remove(&target);
+        self.grants.remove(&target);
+        let Some((srqn, to, sgid_index)) = self.reserved.remove(&target) else { return false };
+        let r = Request::from_access(ForeignAccess::Reserve, target, 0, sgid_index);
+        let mut payload = vec![0; REQ_HEADER];
+        Request { op: op::CANCEL, ..r }.emit(&mut payload);
+        self.small.push_back(Datagram { dest_qpn: srqn, src_qpn: target, to, sgid_index, payload });
+        true
     }
 
     /// Builds datagram `d` (a request or a response) into `buf`.
@@ -770,9 +845,30 @@ impl Relays {
     /// Whether access `acc` of target `target`'s packet `psn` can run now:
     /// its answer is in, or it reads what a READ kept.
     pub(crate) fn can_answer(&self, target: u32, psn: u32, acc: &ForeignAccess) -> bool {
-        self.answers.get(&target).is_some_and(|a| a.psn == psn)
-            || matches!(*acc, ForeignAccess::Read { rkey, va, len }
-                if self.kept_read(target, rkey, va, len.into()).is_some())
+        match *acc {
+            ForeignAccess::Reserve => self.grants.get(&target).is_some_and(|g| g.0 == psn),
+            ForeignAccess::Read { rkey, va, len }
+                if self.kept_read(target, rkey, va, len.into()).is_some() =>
+            {
+                true
+            }
+            _ => self.answers.get(&target).is_some_and(|a| a.psn == psn),
+        }
+    }
+
+    /// The owner's answer to the reservation for target `target`'s packet
+    /// `psn`, if asked: the WQE's length, or none to spare.
+    pub(crate) fn grant(&self, target: u32, psn: u32) -> Option<Option<u64>> {
+        if self.grants.is_empty() {
+            return None;
+        }
+        self.grants.get(&target).filter(|g| g.0 == psn).map(|g| g.1)
+    }
+
+    /// Target `target` took the WQE an owner reserved, for a message for
+    /// SRQ `srqn` (at address `to`, GID index `sgid_index`).
+    pub(crate) fn took_reserved(&mut self, target: u32, srqn: u32, to: IpAddr, sgid_index: u8) {
+        self.reserved.insert(target, (srqn, to, sgid_index));
     }
 
     /// Asks `owner`, the owner of SRQ `srqn`, to run access `acc` of
@@ -787,7 +883,13 @@ impl Relays {
         (acc, data): (ForeignAccess, &[u8]),
         held: Held,
     ) {
-        let r = Request::from_access(acc, target, psn, sgid_index);
+        if self.last_id == 0 {
+            // Seeded by the time: another process that later has this
+            // context's QPN range starts elsewhere.
+            self.last_id = (now.as_nanos() as u32) | 1;
+        }
+        self.last_id = self.last_id.wrapping_add(1);
+        let r = Request { id: self.last_id, ..Request::from_access(acc, target, psn, sgid_index) };
         let data = if r.op == op::WRITE { data } else { &[] };
         let mut payload = vec![0; REQ_HEADER + data.len()];
         r.emit(&mut payload[..REQ_HEADER]);
@@ -800,6 +902,8 @@ impl Relays {
         };
         let w = Waiting {
             psn,
+            op: r.op,
+            id: r.id,
             request,
             owner,
             deadline: now.saturating_add(ASK_AGAIN),
@@ -815,7 +919,7 @@ impl Relays {
     /// packets held (the one asked for first), to run in order.
     pub(crate) fn answered(&mut self, target: u32, payload: &[u8]) -> Option<VecDeque<Held>> {
         let r = Response::parse(payload).filter(|r| r.target == target)?;
-        let w = self.waiting.get_mut(&target).filter(|w| w.psn == r.psn)?;
+        let w = self.waiting.get_mut(&target).filter(|w| w.psn == r.psn && w.id == r.id)?;
         if let (Some((_, _, len)), OK) = (w.read, r.result) {
             let chunk = &payload[RESP_HEADER..];
             if r.offset == 0 {
@@ -838,7 +942,12 @@ impl Relays {
         if let (Some((rkey, va, _)), OK) = (w.read, r.result) {
             self.keep_read(target, rkey, va, w.data);
         }
-        self.answers.insert(target, Answer { psn: r.psn, result: r.result, orig: r.orig });
+        if w.op == op::RESERVE {
+            let len = (r.result == OK).then_some(r.orig);
+            self.grants.insert(target, (r.psn, len));
+        } else {
+            self.answers.insert(target, Answer { psn: r.psn, result: r.result, orig: r.orig });
+        }
         Some(w.held)
     }
 
@@ -846,6 +955,9 @@ impl Relays {
     pub(crate) fn answer_used(&mut self, target: u32) {
         if !self.answers.is_empty() {
             self.answers.remove(&target);
+        }
+        if !self.grants.is_empty() {
+            self.grants.remove(&target);
         }
     }
 
@@ -915,17 +1027,28 @@ impl Relays {
     /// done (a READ is read again). `Err`: malformed.
     pub(crate) fn serve(
         &mut self,
-        srqn: u32,
+        (srqn, srq): (u32, &mut crate::srq::Srq),
         pd: u32,
         to: IpAddr,
         payload: &[u8],
         mem: &dyn Memory,
     ) -> Result<(), ()> {
         let r = Request::parse(payload).ok_or(())?;
+        if r.op == op::CANCEL {
+            // Fire and forget: the target is gone.
+            if let Some(m) = self.incoming.remove(&r.target) {
+                if m.reserved && m.srqn == srqn {
+                    self.give_back.push((srqn, m.cur));
+                } else {
+                    self.incoming.insert(r.target, m);
+                }
+            }
+            return Ok(());
+        }
         let data = &payload[REQ_HEADER..];
         let who = Accessor { pd, qpn: r.target };
         if r.op != op::READ
-            && let Some(s) = self.served.get(&r.target).filter(|s| s.psn == r.psn && s.op == r.op)
+            && let Some(s) = self.served.get(&r.target).filter(|s| s.id == r.id && s.op == r.op)
         {
             let (result, orig) = (s.result, s.orig);
             self.respond(srqn, to, &r, (result, orig), &[]);
@@ -963,14 +1086,55 @@ impl Relays {
             op::CMP_SWAP => atomic(AtomicOp::CompareSwap { compare: r.a, swap: r.b }),
             op::FETCH_ADD => atomic(AtomicOp::FetchAdd { add: r.a }),
             op::INVALIDATE => (code_of(mem.invalidate(who, r.rkey, true)), 0),
+            op::RESERVE => self.reserve(r.target, srqn, srq),
             _ => return Err(()),
         };
-        if self.served.len() >= SERVED_MAX {
-            self.served.clear();
+        // What was done is remembered (a refusal did nothing: asked again,
+        // it is tried again, as a reservation after an RNR NAK must be).
+        if result == OK {
+            if self.served.len() >= SERVED_MAX {
+                self.served.clear();
+            }
+            self.served.insert(r.target, Served { id: r.id, op: r.op, result, orig });
         }
-        self.served.insert(r.target, Served { psn: r.psn, op: r.op, result, orig });
         self.respond(srqn, to, &r, (result, orig), &[]);
         Ok(())
+    }
+
+    /// Takes the oldest WQE of `srq` (number `srqn`), against a claim, for
+    /// target `target`'s next message: its length, or none to spare. A
+    /// reservation the target left unused (its message never ran: it asks
+    /// only once the one before is relayed) goes back first.
+    fn reserve(&mut self, target: u32, srqn: u32, srq: &mut crate::srq::Srq) -> (u8, u64) {
+        if let Some(m) = self.incoming.remove(&target) {
+            if m.reserved {
+                self.give_back.push((m.srqn, m.cur));
+            } else {
+                self.incoming.insert(target, m);
+            }
+        }
+        let Some(claims) = srq.shared().cloned() else { return (REFUSED, 0) };
+        if !claims.claim() {
+            return (REFUSED, 0);
+        }
+        let mut cur = RecvCur::new(1);
+        if !srq.pop_claimed(&mut cur) {
+            claims.release();
+            return (REFUSED, 0);
+        }
+        cur.active = false;
+        let len = cur.length;
+        // An open message of this target (its last chunk lost) stays open
+        // until its next message's first chunk ends it.
+        let status = WcStatus::Success;
+        if let Some(open) =
+            self.incoming.insert(target, Incoming { srqn, cur, reserved: true, at: 0, status })
+        {
+            let c =
+                Completion::new(open.cur.wr_id, WcStatus::GeneralErr, WcOpcode::Recv, target, true);
+            self.finished.push_back((open.srqn, c));
+        }
+        (OK, len)
     }
 
     /// Queues the answer to request `r` (a READ's data in chunks).
@@ -992,6 +1156,7 @@ impl Relays {
                 result,
                 target: r.target,
                 psn: r.psn,
+                id: r.id,
                 orig,
                 total: data.len() as u32,
                 offset: offset as u32,
@@ -1078,6 +1243,7 @@ mod tests {
             result: MISALIGNED,
             target: 7,
             psn: 8,
+            id: 9,
             orig: u64::MAX,
             total: 4096,
             offset: 0,

@@ -484,22 +484,6 @@ impl Owner {
         let sge = [Sge { addr: self.addr, length: len, lkey: self.lkey }];
         self.ep.srq_mut(self.srqn).unwrap().post_recv(&[RecvWr { wr_id, sgl: &sge }]).unwrap();
     }
-
-    /// Takes the relay datagrams among `out` (the rest returned parsed).
-    fn take(&mut self, now: Instant, out: Vec<Vec<u8>>) -> Vec<RocePacketRepr> {
-        let mut answers = vec![];
-        for b in out {
-            let r = parse(&b);
-            if r.bth.dest_qpn == self.srqn {
-                let pkt = RocePacket::new_checked(&b[..]).unwrap();
-                // A relay goes from the device's address to itself.
-                self.ep.handle_datagram(now, B, B, &pkt, &self.mem);
-            } else {
-                answers.push(r);
-            }
-        }
-        answers
-    }
 }
 
 fn is_rnr(r: &RocePacketRepr) -> bool {
@@ -520,7 +504,7 @@ fn a_message_for_another_processs_srq_is_relayed_to_it() {
 
     let out =
         deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, FIRST_PSN, Some(o.srqn)), b"early");
-    let answers = o.take(now, out);
+    let answers = parsed(exchange(&mut h, &mut o, now, out));
     assert!(answers.len() == 1 && is_rnr(&answers[0]), "no WQE: RNR NAK ({answers:?})");
     assert!(completions_of(&o).is_empty());
 
@@ -548,7 +532,7 @@ fn a_message_for_another_processs_srq_is_relayed_to_it() {
     for (i, (op, data)) in parts.into_iter().enumerate() {
         let out =
             deliver_raw(&mut h, now, &request(op, tgt, FIRST_PSN + i as u32, Some(o.srqn)), data);
-        answers.extend(o.take(now, out));
+        answers.extend(parsed(exchange(&mut h, &mut o, now, out)));
     }
     assert!(
         answers.iter().all(|r| matches!(r.aeth.map(|a| a.syndrome), Some(Syndrome::Ack(_)))),
@@ -570,7 +554,7 @@ fn a_message_for_another_processs_srq_is_relayed_to_it() {
     // refuses it (remote access error), and nothing is written.
     let psn = FIRST_PSN + 5;
     let out = deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, psn, Some(o.srqn)), b"x");
-    assert!(o.take(now, out).iter().any(is_rnr));
+    assert!(parsed(exchange(&mut h, &mut o, now, out)).iter().any(is_rnr));
     o.post(79, LEN as u32);
     let (other, other_key, _) = o.mem.register(PD2, LEN, ALL);
     let mut w = request(XRC_WRITE_ONLY, tgt, psn, Some(o.srqn));
@@ -624,7 +608,7 @@ fn a_relayed_message_longer_than_the_owners_wqes_is_naked() {
     // 16 bytes: relayed into 81; the 64-byte WQE is still there.
     let out =
         deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, FIRST_PSN, Some(o.srqn)), &[5; 16]);
-    let answers = o.take(now, out);
+    let answers = parsed(exchange(&mut h, &mut o, now, out));
     assert!(
         answers.iter().all(|r| matches!(r.aeth.map(|a| a.syndrome), Some(Syndrome::Ack(_)))),
         "{answers:?}"
@@ -637,7 +621,7 @@ fn a_relayed_message_longer_than_the_owners_wqes_is_naked() {
     // (82, next in line) completes with a local length error.
     let psn = FIRST_PSN + 1;
     let out = deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, psn, Some(o.srqn)), &[6; 100]);
-    let answers = o.take(now, out);
+    let answers = parsed(exchange(&mut h, &mut o, now, out));
     assert!(
         answers
             .iter()
@@ -669,11 +653,20 @@ fn a_target_destroyed_mid_message_gives_its_claim_back() {
     o.post(90, 2 * LEN as u32);
     let first = request(XRC_SEND_FIRST, h.tgt, FIRST_PSN, Some(o.srqn));
     let out = deliver_raw(&mut h, now, &first, &[5u8; 1024]);
-    let answers = o.take(now, out);
+    let answers = parsed(exchange(&mut h, &mut o, now, out));
     assert!(!answers.iter().any(is_rnr), "the first packet is taken: {answers:?}");
     assert_eq!(o.claims.claimed.load(Ordering::Acquire), 1, "against a claim");
     assert!(!o.claims.claim(), "the only WQE is kept for the message");
+    assert_eq!(o.ep.srq(o.srqn).unwrap().len(), 0, "reserved by the owner");
     h.ep.remove_qp(h.tgt).unwrap();
+    let mut buf = vec![0u8; 8192];
+    let mut out = vec![];
+    while let Some(t) = h.ep.poll_transmit(now, &h.mem, &mut buf) {
+        out.push(buf[..t.len].to_vec());
+    }
+    assert_eq!(out.len(), 1, "the owner is told");
+    assert!(parsed(exchange(&mut h, &mut o, now, out)).is_empty());
+    assert_eq!(o.ep.srq(o.srqn).unwrap().len(), 1, "the WQE is back");
     assert_eq!(o.claims.claimed.load(Ordering::Acquire), 0, "given back");
     assert!(o.claims.claim(), "the WQE is free again");
     assert!(completions_of(&o).is_empty(), "nothing was relayed");
@@ -871,7 +864,8 @@ fn a_write_with_immediate_and_an_invalidate_reach_the_owner() {
     let cs = completions_of(&o);
     assert_eq!((cs.len(), cs[0].wr_id, cs[0].status), (1, 6, WcStatus::LocProtErr), "{cs:?}");
     assert_eq!(h.ep.qp(tgt).unwrap().state(), QpState::Error);
-    assert_eq!(o.ep.stats.xrc_accesses_served, 2);
+    // Each: the WQE reserved, then the access.
+    assert_eq!(o.ep.stats.xrc_accesses_served, 4);
 }
 
 /// The owner's answer lost: the target asks again until it comes (the
@@ -990,4 +984,43 @@ fn random_accesses_through_a_target_stay_in_the_owners_pd() {
         let served = o.ep.stats.xrc_accesses_served;
         assert!(accepted > 30 && served > 20, "seed {seed}: {accepted} accepted, {served} served");
     }
+}
+
+/// An SRQ of WQEs of mixed sizes: a message that fits the owner's
+/// longest WQE but not the one it lands in (the oldest) is refused where
+/// it arrives, as a NIC refuses it: the owner reserved that WQE for it
+/// and said how long it is, so the requester gets a NAK (invalid
+/// request) and the WQE completes with a local length error; the next
+/// message takes the next WQE.
+#[test]
+fn a_message_longer_than_the_wqe_it_lands_in_is_naked() {
+    let now = Instant::ZERO;
+    let (mut h, mut o) = shared_host(now);
+    let tgt = h.tgt;
+    o.post(1, 16);
+    o.post(2, 64);
+    let out =
+        deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, FIRST_PSN, Some(o.srqn)), &[3; 40]);
+    let answers = parsed(exchange(&mut h, &mut o, now, out));
+    assert_eq!(syndromes(&answers), [Syndrome::Nak(NakCode::InvalidRequest)]);
+    let cs = completions_of(&o);
+    assert_eq!((cs.len(), cs[0].wr_id, cs[0].status), (1, 1, WcStatus::LocLenErr), "{cs:?}");
+    assert_eq!(o.ep.srq(o.srqn).unwrap().len(), 1, "the 64-byte WQE is left");
+
+    // A new connection (the NAK ended this one), its target QP of the
+    // same number, its PSNs the same (the owner answers it afresh): 40
+    // bytes fit the next WQE.
+    let now = now.saturating_add(core::time::Duration::from_millis(3));
+    let table = Arc::new(Table::default());
+    h = host(now);
+    h.ep.share_xrcd(DOMAIN, table.clone());
+    table.0.lock().unwrap().insert(o.srqn, o.claims.clone());
+    let tgt = h.tgt;
+    let out =
+        deliver_raw(&mut h, now, &request(XRC_SEND_ONLY, tgt, FIRST_PSN, Some(o.srqn)), &[4; 40]);
+    let answers = parsed(exchange(&mut h, &mut o, now, out));
+    assert!(matches!(syndromes(&answers)[..], [Syndrome::Ack(_)]), "{answers:?}");
+    let cs = completions_of(&o);
+    assert_eq!((cs[0].wr_id, cs[0].status, cs[0].byte_len), (2, WcStatus::Success, 40));
+    assert_eq!(o.mem.snapshot(o.addr, 40), vec![4; 40]);
 }

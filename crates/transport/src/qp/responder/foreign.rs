@@ -29,12 +29,22 @@ pub(crate) enum ForeignAccess {
     FetchAdd { rkey: u32, va: u64, add: u64 },
     /// The invalidation a SEND with invalidate ends with.
     Invalidate { rkey: u32 },
+    /// The receive WQE a SEND (or a WRITE with immediate) starting now
+    /// takes: the owner takes it, and says how long it is, so that a
+    /// message too long for it is refused here, before it is acknowledged.
+    Reserve,
 }
 
 impl Qp {
     /// The memory access the responder would make for `pkt` if it ran it
     /// now (`None`: it would touch no memory, or refuse it first).
-    pub(crate) fn foreign_access(&self, pkt: &RocePacket<&[u8]>) -> Option<ForeignAccess> {
+    /// `granted`: the length of the WQE the owner reserved for the message
+    /// `pkt` starts, once it has.
+    pub(crate) fn foreign_access(
+        &self,
+        pkt: &RocePacket<&[u8]>,
+        granted: Option<u64>,
+    ) -> Option<ForeignAccess> {
         if !matches!(
             self.state,
             QpState::ReadyToReceive | QpState::ReadyToSend | QpState::SendQueueDrain
@@ -79,6 +89,10 @@ impl Qp {
                 if plen > remaining || (info.ends_message() && plen != remaining) {
                     return None;
                 }
+                // A WRITE with immediate takes a WQE first.
+                if pkt.immdt().is_some() && !self.recv_cur.active && granted.is_none() {
+                    return Some(ForeignAccess::Reserve);
+                }
                 let check = (first && remaining > 0).then_some(remaining);
                 (plen > 0 || check.is_some()).then_some(ForeignAccess::Write { rkey, va, check })
             }
@@ -100,8 +114,20 @@ impl Qp {
                     ForeignAccess::FetchAdd { rkey, va, add: a.swap_add() }
                 })
             }
-            Operation::Send if info.ends_message() => {
-                pkt.ieth().map(|i| ForeignAccess::Invalidate { rkey: i.rkey() })
+            Operation::Send => {
+                let plen = pkt.payload().len() as u64;
+                let (offset, length) = match self.resp.in_msg {
+                    super::InMsg::Send { offset } => (offset, self.recv_cur.length),
+                    _ if self.recv_cur.active => (0, self.recv_cur.length),
+                    _ => match granted {
+                        Some(len) => (0, len),
+                        None => return Some(ForeignAccess::Reserve),
+                    },
+                };
+                // The invalidation comes after the data is placed: only
+                // for a message that fits.
+                let ieth = pkt.ieth().filter(|_| info.ends_message() && offset + plen <= length)?;
+                Some(ForeignAccess::Invalidate { rkey: ieth.rkey() })
             }
             _ => None,
         }
