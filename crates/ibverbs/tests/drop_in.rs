@@ -896,6 +896,15 @@ fn a_forked_child_opens_its_own_context() {
     run_c_program("fork.c", &["-libverbs"]);
 }
 
+/// `ibv_open_qp` across processes (`tests/c/xrc_open.c`): a child process
+/// opens the parent's XRC target QP, brings it up through its handle and
+/// owns the SRQ the parent's initiator sends to through it; the QP
+/// outlives the parent's handle and goes with the child's.
+#[test]
+fn an_xrc_target_qp_is_opened_by_another_process() {
+    run_c_program("xrc_open.c", &["-libverbs"]);
+}
+
 /// Raw packet QPs and flow rules through the headers (`tests/c/raw.c`).
 #[test]
 fn raw_packet_qps_and_flow_rules() {

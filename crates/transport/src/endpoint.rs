@@ -307,6 +307,22 @@ pub struct GsiDatagram {
     pub bytes: Vec<u8>,
 }
 
+/// A control datagram between the processes of a device (see
+/// [`Endpoint::enable_control`]): what the driver above makes of it is its
+/// own business (`ibv_open_qp` across processes).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ControlDatagram {
+    /// The QP number it was sent to (a target QP, or a number the driver
+    /// listens on).
+    pub dest_qpn: u32,
+    /// The sender's QP number.
+    pub src_qpn: u32,
+    /// The device's address it came to (and came from).
+    pub to: IpAddr,
+    /// What it carries.
+    pub body: Vec<u8>,
+}
+
 /// The protocol state of one device.
 #[derive(Debug)]
 pub struct Endpoint {
@@ -334,6 +350,8 @@ pub struct Endpoint {
     /// MADs to send from QPN 1: (destination, its UDP port, source GID
     /// index, MAD).
     gsi_out: VecDeque<(IpAddr, u16, u8, [u8; 256])>,
+    /// Control datagrams kept for the driver, and how many at most.
+    control: Option<(VecDeque<ControlDatagram>, usize)>,
     /// The next PSN of QPN 1's sends.
     gsi_psn: u32,
     next_qpn: u32,
@@ -373,6 +391,7 @@ impl Endpoint {
             moderated: Vec::new(),
             gsi: None,
             gsi_out: VecDeque::new(),
+            control: None,
             gsi_psn: 0,
             next_qpn: FIRST_QPN,
             qpn_range: (FIRST_QPN, MULTICAST_QPN),
@@ -718,6 +737,48 @@ impl Endpoint {
         self.gsi_out.push_back((dst, dst_port, sgid_index, *mad));
     }
 
+    /// Keeps up to `depth` control datagrams for [`Endpoint::poll_control`]:
+    /// relay datagrams of the control kind, from the device's own address
+    /// to itself, to an XRC target QP here or to a number no QP or SRQ
+    /// here has. Without this they are dropped.
+    pub fn enable_control(&mut self, depth: usize) {
+        if self.control.is_none() {
+            self.control = Some((VecDeque::new(), depth));
+        }
+    }
+
+    /// The oldest control datagram not yet taken.
+    pub fn poll_control(&mut self) -> Option<ControlDatagram> {
+        self.control.as_mut()?.0.pop_front()
+    }
+
+    /// Sends `body` as a control datagram from QPN `src_qpn` to QPN
+    /// `dest_qpn` of the device at `to` (its own address), from GID
+    /// `sgid_index`.
+    pub fn send_control(
+        &mut self,
+        (dest_qpn, src_qpn): (u32, u32),
+        to: IpAddr,
+        sgid_index: u8,
+        body: &[u8],
+    ) {
+        self.relays.control(dest_qpn, src_qpn, to, sgid_index, body);
+    }
+
+    /// Keeps a control datagram (`pkt`, to QPN `qpn`); false if it is none.
+    fn control_in(&mut self, qpn: u32, to: IpAddr, pkt: &RocePacket<&[u8]>) -> bool {
+        let Some(body) = Relays::control_body(pkt.payload()) else { return false };
+        let Some((q, depth)) = &mut self.control else { return false };
+        let src_qpn = pkt.deth().map_or(0, |d| d.src_qpn());
+        if q.len() < *depth {
+            q.push_back(ControlDatagram { dest_qpn: qpn, src_qpn, to, body: body.to_vec() });
+            self.moved = true;
+        } else {
+            self.stats.drop(crate::stats::DropReason::Malformed);
+        }
+        true
+    }
+
     /// Builds the next queued MAD into `buf`.
     fn poll_gsi_transmit(&mut self, buf: &mut [u8]) -> Option<Transmit> {
         use crate::wire::{BthRepr, DethRepr, Opcode, RocePacketRepr};
@@ -798,6 +859,9 @@ impl Endpoint {
         mem: &dyn Memory,
     ) {
         let Some(slot) = self.qps.get_mut(&qpn) else {
+            if Relays::is_relay(pkt, from, to) && self.control_in(qpn, to, pkt) {
+                return;
+            }
             if !self.relayed_in(now, qpn, from, to, pkt, mem) {
                 self.stats.drop_unknown_qpn += 1;
             }
@@ -805,6 +869,9 @@ impl Endpoint {
         };
         if let Some(xrcd) = slot.xrcd {
             if Relays::is_relay(pkt, from, to) {
+                if self.control_in(qpn, to, pkt) {
+                    return;
+                }
                 // An owner's answer to this target's request: the packets
                 // held for it run now, in order.
                 if let Some(held) = self.relays.answered(qpn, pkt.payload()) {

@@ -30,7 +30,7 @@ pub mod tm;
 pub mod wqe;
 pub mod xrc_relay;
 
-pub use endpoint::{CqRing, DeviceEvent, Endpoint, GsiDatagram, SharedCq};
+pub use endpoint::{ControlDatagram, CqRing, DeviceEvent, Endpoint, GsiDatagram, SharedCq};
 pub use memory::{AccessError, Accessor, AtomicOp, Key, Memory, MwBind, MwType};
 pub use qp::attr::{
     Access, AttrMask, ModifyError, Path, QpAttr, QpState, QpType, check_transition,

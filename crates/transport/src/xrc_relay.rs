@@ -10,12 +10,12 @@
 //!
 //! A request that reaches the owner's memory (RDMA WRITE, READ, atomics,
 //! SEND with invalidate) cannot be run here: the
-//! target asks the owner to run the access ([`Relays::ask`]: a relay
+//! target asks the owner to run the access (`Relays::ask`: a relay
 //! *request* to the SRQ's number), holds the packet and every later one of
 //! its connection, and runs them when the owner's *response* (to the
 //! target QP's number) is in: the responder then takes its checks' results,
 //! an atomic's original value and a READ's data from the answer
-//! ([`RelayMemory`]), so the requester's ACK, NAK, READ response or atomic
+//! (`RelayMemory`), so the requester's ACK, NAK, READ response or atomic
 //! ACK comes only after the owner has checked the key and placed or read
 //! the data, in PSN order. One request per target QP is out at a time; a
 //! request is resent until answered, and the owner answers a resent one
@@ -25,7 +25,7 @@
 //! A relay datagram is a UD SEND with Q_Key [`RELAY_QKEY`] from and to the
 //! device's own address; its payload starts with a version byte: 1 for a
 //! relayed message's chunk (`RelayHeader`), 2 for a request, 3 for a
-//! response.
+//! response, 4 for a control datagram (the driver's).
 
 use std::cell::RefCell;
 use std::collections::VecDeque;
@@ -54,6 +54,9 @@ const VERSION: u8 = 1;
 const KIND_REQUEST: u8 = 2;
 /// The first byte of a relay response (owner → target).
 const KIND_RESPONSE: u8 = 3;
+/// The first byte of a control datagram (see
+/// [`crate::Endpoint::enable_control`]).
+const KIND_CONTROL: u8 = 4;
 /// A request's header: kind, op, flags, GID index, target, PSN, R_Key,
 /// VA, length, the request's ID, two operands; a WRITE's data follows.
 const REQ_HEADER: usize = 48;
@@ -1014,6 +1017,26 @@ impl Relays {
     }
 
     // ---- an owner's side ----
+
+    /// A control datagram's body, if `payload` is one.
+    pub(crate) fn control_body(payload: &[u8]) -> Option<&[u8]> {
+        payload.split_first().filter(|(k, _)| **k == KIND_CONTROL).map(|(_, b)| b)
+    }
+
+    /// Queues a control datagram.
+    pub(crate) fn control(
+        &mut self,
+        dest_qpn: u32,
+        src_qpn: u32,
+        to: IpAddr,
+        sgid_index: u8,
+        body: &[u8],
+    ) {
+        let mut payload = Vec::with_capacity(1 + body.len());
+        payload.push(KIND_CONTROL);
+        payload.extend_from_slice(body);
+        self.small.push_back(Datagram { dest_qpn, src_qpn, to, sgid_index, payload });
+    }
 
     /// Whether a relay datagram's payload is a target's request.
     pub(crate) fn is_request(payload: &[u8]) -> bool {

@@ -94,6 +94,8 @@ pub(crate) struct Driver {
     pub(crate) key: u64,
     /// Raw packet QPs, their flow rules and their packet socket.
     pub(crate) raw: crate::raw::RawQps,
+    /// XRC target QPs opened across processes (`xrc_open`).
+    pub(crate) opens: crate::xrc_open::Opens,
 }
 
 /// Raw QPs' completions onto the endpoint's CQs, at `now`.
@@ -185,6 +187,7 @@ impl Driver {
                 NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
             },
             raw: crate::raw::RawQps::default(),
+            opens: crate::xrc_open::Opens::default(),
         }
     }
 
@@ -447,6 +450,11 @@ impl Driver {
             crate::timeline::event("probe", self.ep.stats.rto_probes - probes, 0);
         }
         work |= self.drive_cm(now);
+        if self.opens.any() {
+            let mut opens = std::mem::take(&mut self.opens);
+            work |= opens.drive(self);
+            self.opens = opens;
+        }
         let sent = self.transmit(now);
         work |= sent > 0;
         work |= self.forward_events();
@@ -477,6 +485,11 @@ impl Driver {
     /// the context's queue, CQ notifications to the CQs' channels.
     pub(crate) fn forward_events(&mut self) -> bool {
         while let Some(e) = self.ep.poll_event() {
+            if self.opens.any() {
+                let opens = std::mem::take(&mut self.opens);
+                opens.forward(self, &e);
+                self.opens = opens;
+            }
             if !self.router.as_ref().is_some_and(|r| r.route(&e)) {
                 self.events.push(e);
             }
@@ -497,6 +510,11 @@ impl Driver {
             return;
         }
         self.port_checked = Some(now);
+        if self.opens.any() {
+            let mut opens = std::mem::take(&mut self.opens);
+            opens.check_openers(self);
+            self.opens = opens;
+        }
         self.publish_connections();
         self.check_port();
     }
@@ -728,6 +746,92 @@ impl Driver {
         if any {
             self.transmit_now();
         }
+    }
+
+    /// Modifies QP `qpn` (not a raw packet QP): `ibv_modify_qp`, from a
+    /// handle here or an opener's in another process.
+    pub(crate) fn modify_qp(
+        &mut self,
+        qpn: u32,
+        attr: &uroce_transport::QpAttr,
+        mask: uroce_transport::AttrMask,
+    ) -> crate::Result<()> {
+        use uroce_transport::{AttrMask, QpState};
+        if mask.contains(AttrMask::AV)
+            && let Some(p) = attr.path
+        {
+            self.source_for(p.sgid_index, p.dst)?;
+        }
+        // An ACK held for a reply leaves before the QP changes (a move to
+        // ERR or RESET would drop it).
+        self.send_held_acks(Some(qpn));
+        let now = self.now();
+        let qp = self.ep.qp_mut(qpn).ok_or(crate::Error::InvalidArgument("QP destroyed"))?;
+        let was = qp.attr().state;
+        qp.modify(now, attr, mask)?;
+        let a = qp.attr();
+        if a.state == QpState::Reset && was != a.state {
+            self.ep.purge_completions(qpn);
+        }
+        if matches!(a.state, QpState::ReadyToReceive | QpState::ReadyToSend)
+            && let Some(p) = a.path
+        {
+            // Through memory nothing is lost: a late ACK is a late peer.
+            let to = std::net::SocketAddr::new(p.dst, p.dst_port);
+            let lossless = self.is_local(to, a.dest_qpn);
+            if let Some(qp) = self.ep.qp_mut(qpn) {
+                qp.set_lossless_path(lossless);
+            }
+        }
+        Ok(())
+    }
+
+    /// Lists target QP `qpn` of a shared domain for other processes to
+    /// open (`xrc_open`).
+    pub(crate) fn share_target(
+        &mut self,
+        qpn: u32,
+        listing: Arc<dyn uroce_transport::SharedSrq>,
+        domain: Arc<crate::xrc_share::Domain>,
+    ) {
+        self.opens.share_target(&mut self.ep, qpn, listing, domain);
+    }
+
+    /// The last handle of this process to target QP `qpn` went: it is
+    /// destroyed, unless other processes' handles hold it.
+    pub(crate) fn target_dropped(&mut self, qpn: u32) {
+        if self.opens.target_dropped(qpn) {
+            self.destroy_qp(qpn);
+        }
+    }
+
+    /// As an opener: sends a request to another process's target QP
+    /// (`xrc_open`); returns its ID.
+    pub(crate) fn control_request(
+        &mut self,
+        at: (u32, u32),
+        id: u32,
+        op: crate::xrc_open::Op,
+        (word, attr): (u32, Option<uroce_transport::QpAttr>),
+    ) -> u32 {
+        let mut opens = std::mem::take(&mut self.opens);
+        let id = opens.request(self, at, id, (op, word, attr));
+        self.opens = opens;
+        self.transmit_now();
+        id
+    }
+
+    /// As an opener: the answer to request `id`, once in.
+    pub(crate) fn take_reply(&mut self, id: u32) -> Option<crate::xrc_open::Message> {
+        self.opens.take_reply(id)
+    }
+
+    /// As an opener: a proxy's handle went.
+    pub(crate) fn close_proxy(&mut self, target: u32, proxy: u32) {
+        let mut opens = std::mem::take(&mut self.opens);
+        opens.close(self, target, proxy);
+        self.opens = opens;
+        self.transmit_now();
     }
 
     /// Destroys a QP. Work it was posted and that a burst left queued
@@ -979,5 +1083,29 @@ impl Default for Run {
             off: 0,
             count: 0,
         }
+    }
+}
+
+impl crate::xrc_open::Host for Driver {
+    fn endpoint(&mut self) -> &mut Endpoint {
+        &mut self.ep
+    }
+
+    fn control_addr(&self) -> (IpAddr, u8) {
+        let ip = self.backend.local().ip();
+        (ip, self.gid_index_of(ip).unwrap_or(0) as u8)
+    }
+
+    fn modify_qp(
+        &mut self,
+        qpn: u32,
+        attr: &uroce_transport::QpAttr,
+        mask: uroce_transport::AttrMask,
+    ) -> crate::Result<()> {
+        Self::modify_qp(self, qpn, attr, mask)
+    }
+
+    fn destroy_qp(&mut self, qpn: u32) {
+        Self::destroy_qp(self, qpn);
     }
 }

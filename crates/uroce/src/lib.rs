@@ -153,6 +153,7 @@ pub mod session;
 mod staging;
 mod timeline;
 mod verbs;
+mod xrc_open;
 #[allow(unsafe_code)]
 mod xrc_share;
 

@@ -422,6 +422,7 @@ impl Pd {
             _srq: init.srq.cloned(),
             _xrcd: None,
             target: None,
+            remote: None,
             _table: None,
         })
     }
@@ -505,6 +506,7 @@ impl Pd {
             _srq: None,
             _xrcd: None,
             target: None,
+            remote: None,
             _table: table,
         })
     }
@@ -749,8 +751,9 @@ struct XrcdInner {
     /// while any handle to it does.
     targets: Mutex<HashMap<u32, Weak<SharedTarget>>>,
     /// The table of a domain that other processes of the device share
-    /// ([`Context::open_shared_xrcd`]).
+    /// ([`Context::open_shared_xrcd`]), and the lookups in it.
     shared: Option<Arc<crate::xrc_share::Table>>,
+    domain: Option<Arc<crate::xrc_share::Domain>>,
 }
 
 impl Drop for XrcdInner {
@@ -770,9 +773,93 @@ struct SharedTarget {
     post: Arc<QpPost>,
 }
 
+/// An XRC target QP's creation attributes: no PD, CQs or queues.
+fn target_init(ctx: &Inner, qpn: u32) -> QpInit {
+    let none = QpCaps {
+        max_send_wr: 0,
+        max_recv_wr: 0,
+        max_send_sge: 0,
+        max_recv_sge: 0,
+        max_inline_data: 0,
+    };
+    QpInit {
+        qpn,
+        qp_type: QpType::XrcRecv,
+        pd: 0,
+        caps: none,
+        sq_sig_all: false,
+        max_unacked_psns: limits::SEND_WINDOW_PSNS,
+        port_mtu: ctx.device.port_attr().active_mtu,
+        uses_srq: true,
+    }
+}
+
 impl Drop for SharedTarget {
     fn drop(&mut self) {
-        self.ctx.lock().destroy_qp(self.qpn);
+        // Other processes' handles may hold it still (`xrc_open`).
+        self.ctx.lock().target_dropped(self.qpn);
+    }
+}
+
+/// Another process's XRC target QP as a handle here holds it
+/// (`ibv_open_qp` across processes, see `xrc_open`): requests to the
+/// creator's context, from a number of this context's (`proxy`), listed
+/// in the domain's table while the handle lives.
+struct RemoteTarget {
+    ctx: Arc<Inner>,
+    qpn: u32,
+    proxy: u32,
+    _listing: Arc<dyn uroce_transport::SharedSrq>,
+}
+
+impl RemoteTarget {
+    /// Asks the creator, again every 50 ms, for up to 2 s.
+    fn call(
+        &self,
+        op: crate::xrc_open::Op,
+        word: u32,
+        attr: Option<QpAttr>,
+    ) -> Result<crate::xrc_open::Message> {
+        use std::time::{Duration, Instant as StdInstant};
+        let start = StdInstant::now();
+        let mut id = 0;
+        let mut asked = start - Duration::from_secs(1);
+        loop {
+            let now = StdInstant::now();
+            {
+                let mut e = self.ctx.lock();
+                if now.duration_since(asked) >= Duration::from_millis(50) {
+                    id = e.control_request((self.qpn, self.proxy), id, op, (word, attr));
+                    asked = now;
+                }
+                e.progress();
+                if let Some(m) = e.take_reply(id) {
+                    return match m.errno {
+                        0 => Ok(m),
+                        errno => Err(Error::Io(std::io::Error::from_raw_os_error(errno))),
+                    };
+                }
+            }
+            if now.duration_since(start) > Duration::from_secs(2) {
+                return Err(Error::Io(std::io::Error::from_raw_os_error(libc::ETIMEDOUT)));
+            }
+            std::thread::sleep(Duration::from_micros(200));
+        }
+    }
+
+    fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        self.call(crate::xrc_open::Op::Modify, mask.0, Some(*attr)).map(|_| ())
+    }
+
+    fn query(&self) -> Result<QpAttr> {
+        let m = self.call(crate::xrc_open::Op::Query, 0, None)?;
+        m.attr.ok_or(Error::InvalidArgument("no attributes in the answer"))
+    }
+}
+
+impl Drop for RemoteTarget {
+    fn drop(&mut self) {
+        self.ctx.lock().close_proxy(self.qpn, self.proxy);
     }
 }
 
@@ -795,11 +882,12 @@ impl Context {
         static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(1);
         let id = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
         let targets = Mutex::new(HashMap::new());
-        if let Some(t) = &shared {
-            let domain = Arc::new(crate::xrc_share::Domain::new(t.clone()));
-            self.inner.lock().ep.share_xrcd(id, domain);
+        let domain = shared.as_ref().map(|t| Arc::new(crate::xrc_share::Domain::new(t.clone())));
+        if let Some(d) = &domain {
+            self.inner.lock().ep.share_xrcd(id, d.clone());
         }
-        Xrcd { inner: Arc::new(XrcdInner { ctx: self.inner.clone(), id, targets, shared }) }
+        let inner = XrcdInner { ctx: self.inner.clone(), id, targets, shared, domain };
+        Xrcd { inner: Arc::new(inner) }
     }
 
     /// Opens the XRC domain of `file` (`ibv_open_xrcd` with its `fd`),
@@ -891,25 +979,17 @@ impl Xrcd {
             return Err(Error::Limit("max_qp"));
         }
         let qpn = e.ep.alloc_qpn();
-        let qp_init = QpInit {
-            qpn,
-            qp_type: QpType::XrcRecv,
-            pd: 0,
-            caps: QpCaps {
-                max_send_wr: 0,
-                max_recv_wr: 0,
-                max_send_sge: 0,
-                max_recv_sge: 0,
-                max_inline_data: 0,
-            },
-            sq_sig_all: false,
-            max_unacked_psns: limits::SEND_WINDOW_PSNS,
-            port_mtu: ctx.device.port_attr().active_mtu,
-            uses_srq: true,
-        };
+        let qp_init = target_init(ctx, qpn);
         let qp = uroce_transport::Qp::new(qp_init);
         let post = Arc::new(QpPost::new(qp_init, qp.gauge()));
         e.ep.add_xrc_target(qp, self.inner.id);
+        // Listed for the domain's other processes to open (a full table:
+        // not openable elsewhere).
+        if let (Some(table), Some(domain)) = (&self.inner.shared, &self.inner.domain)
+            && let Some(listing) = table.register(crate::xrc_open::TARGET_TAG | qpn)
+        {
+            e.share_target(qpn, listing, domain.clone());
+        }
         drop(e);
         let life = Arc::new(SharedTarget { ctx: ctx.clone(), qpn, post });
         let mut targets = self.inner.targets.lock().unwrap_or_else(|e| e.into_inner());
@@ -927,19 +1007,51 @@ impl Xrcd {
     /// that number.
     pub fn open_target_qp(&self, qpn: u32) -> Result<Qp> {
         let targets = self.inner.targets.lock().unwrap_or_else(|e| e.into_inner());
-        let life = targets
-            .get(&qpn)
-            .and_then(Weak::upgrade)
-            .ok_or(Error::InvalidArgument("no target QP of that number in the domain"))?;
+        let life = targets.get(&qpn).and_then(Weak::upgrade);
         drop(targets);
-        Ok(self.target_handle(life))
+        match life {
+            Some(life) => Ok(self.target_handle(life)),
+            None => self.open_remote_target(qpn),
+        }
+    }
+
+    /// [`Xrcd::open_target_qp`] of another process's target QP of a shared
+    /// domain: a proxy (see `xrc_open`).
+    fn open_remote_target(&self, qpn: u32) -> Result<Qp> {
+        use crate::xrc_open::{OPENER_TAG, Op, TARGET_TAG};
+        let none = Error::InvalidArgument("no target QP of that number in the domain");
+        let (Some(table), Some(domain)) = (&self.inner.shared, &self.inner.domain) else {
+            return Err(none);
+        };
+        if qpn & (TARGET_TAG | OPENER_TAG) != 0 || !domain.listed_alive(TARGET_TAG | qpn) {
+            return Err(none);
+        }
+        let ctx = self.inner.ctx.clone();
+        let proxy = ctx.lock().ep.alloc_qpn();
+        let listing = table
+            .register(OPENER_TAG | proxy)
+            .ok_or(Error::Limit("XRC SRQs and target QPs in a shared domain"))?;
+        let remote = RemoteTarget { ctx: ctx.clone(), qpn, proxy, _listing: listing };
+        remote.call(Op::Open, 0, None)?;
+        // Nothing is ever posted to a target QP: an idle posting state.
+        let gauge = Arc::new(uroce_transport::QueueGauge::default());
+        let post = Arc::new(QpPost::new(target_init(&ctx, qpn), gauge));
+        let mut handle = self.target_handle_of(ctx, qpn, post);
+        handle.remote = Some(Arc::new(remote));
+        Ok(handle)
     }
 
     fn target_handle(&self, life: Arc<SharedTarget>) -> Qp {
+        let mut qp = self.target_handle_of(life.ctx.clone(), life.qpn, life.post.clone());
+        qp.target = Some(life);
+        qp
+    }
+
+    fn target_handle_of(&self, ctx: Arc<Inner>, qpn: u32, post: Arc<QpPost>) -> Qp {
         Qp {
-            ctx: life.ctx.clone(),
-            qpn: life.qpn,
-            post: life.post.clone(),
+            ctx,
+            qpn,
+            post,
             cap: QpCaps {
                 max_send_wr: 0,
                 max_recv_wr: 0,
@@ -952,7 +1064,8 @@ impl Xrcd {
             _cqs: Vec::new(),
             _srq: None,
             _xrcd: Some(self.clone()),
-            target: Some(life),
+            target: None,
+            remote: None,
             _table: None,
         }
     }
@@ -1322,6 +1435,8 @@ pub struct Qp {
     _xrcd: Option<Xrcd>,
     /// An XRC target's shared life: it destroys the QP, not this handle.
     target: Option<Arc<SharedTarget>>,
+    /// Another process's XRC target QP, opened here: a proxy.
+    remote: Option<Arc<RemoteTarget>>,
     /// An RSS QP's indirection table.
     _table: Option<RwqIndTable>,
 }
@@ -1371,6 +1486,9 @@ impl Qp {
     /// # Errors
     /// [`Error::Modify`] (EINVAL) for a wrong transition, mask or value.
     pub fn modify(&self, attr: &QpAttr, mask: AttrMask) -> Result<()> {
+        if let Some(r) = &self.remote {
+            return r.modify(attr, mask);
+        }
         let mut e = self.ctx.lock();
         if self.qp_type == QpType::RawPacket {
             let now = e.now();
@@ -1383,39 +1501,16 @@ impl Qp {
             d.forward_events();
             return Ok(());
         }
-        if mask.contains(AttrMask::AV)
-            && let Some(p) = attr.path
-        {
-            e.source_for(p.sgid_index, p.dst)?;
-        }
-        // An ACK held for a reply leaves before the QP changes (a move to
-        // ERR or RESET would drop it).
-        e.send_held_acks(Some(self.qpn));
-        let now = e.now();
-        let qp = e.ep.qp_mut(self.qpn).ok_or(Error::InvalidArgument("QP destroyed"))?;
-        let was = qp.attr().state;
-        qp.modify(now, attr, mask)?;
-        let a = qp.attr();
-        if a.state == uroce_transport::QpState::Reset && was != a.state {
-            e.ep.purge_completions(self.qpn);
-        }
-        if matches!(
-            a.state,
-            uroce_transport::QpState::ReadyToReceive | uroce_transport::QpState::ReadyToSend
-        ) && let Some(p) = a.path
-        {
-            // Through memory nothing is lost: a late ACK is a late peer.
-            let to = std::net::SocketAddr::new(p.dst, p.dst_port);
-            let lossless = e.is_local(to, a.dest_qpn);
-            if let Some(qp) = e.ep.qp_mut(self.qpn) {
-                qp.set_lossless_path(lossless);
-            }
-        }
-        Ok(())
+        e.modify_qp(self.qpn, attr, mask)
     }
 
     /// Current attributes (`ibv_query_qp`).
     pub fn query(&self) -> QpAttr {
+        if let Some(r) = &self.remote {
+            // Its creator gone: as a QP in the error state.
+            let error = QpAttr { state: uroce_transport::QpState::Error, ..QpAttr::default() };
+            return r.query().unwrap_or(error);
+        }
         let e = self.ctx.lock();
         if let Some((state, port)) = e.raw.query(self.qpn) {
             return QpAttr { state, port, ..QpAttr::default() };
@@ -1554,7 +1649,7 @@ impl Drop for Qp {
         // Device totals keep what destroyed QPs counted (as rxe's do).
         if self.qp_type == QpType::RawPacket {
             self.ctx.lock().raw.destroy(self.qpn);
-        } else if self.target.is_none() {
+        } else if self.target.is_none() && self.remote.is_none() {
             self.ctx.lock().destroy_qp(self.qpn);
         }
     }

@@ -304,6 +304,14 @@ impl Domain {
     }
 }
 
+impl Domain {
+    /// Whether number `n` is listed by a live process of the domain (this
+    /// one included): an XRC target QP's or an opener's (`xrc_open`).
+    pub(crate) fn listed_alive(&self, n: u32) -> bool {
+        self.lookup(n).is_some_and(|i| self.table.live(i))
+    }
+}
+
 impl SharedDomain for Domain {
     fn find(&self, srqn: u32) -> Option<Arc<dyn SharedSrq>> {
         let t = &self.table;

@@ -301,3 +301,80 @@ fn writes_reads_and_atomics_through_a_target_reach_the_srq_owners_memory() {
     drop((ini, tgt, srq, xb, xo));
     let _ = std::fs::remove_file(&path);
 }
+
+/// `ibv_open_qp` of a target QP another context of the device created
+/// (as another process would): the opener's handle modifies and queries
+/// it through the creator, the QP outlives the creator's handle while the
+/// opener's lives, carries messages to the opener's SRQ, its async events
+/// reach the opener too, and it goes with the last handle.
+#[test]
+fn a_target_qp_of_another_context_is_opened_modified_and_kept() {
+    let (port, a, b) = uroce::testing::two_sides();
+    let opener = uroce::testing::open("127.0.0.2", port);
+    let dir = uroce::published::run_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("test-xrc-open-{}-{port}", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    let xb = b.ctx.open_shared_xrcd(&file, true, false).unwrap();
+    let xo = opener.open_shared_xrcd(&file, false, false).unwrap();
+    let created = xb.create_target_qp().unwrap();
+    let qpn = created.qpn();
+    assert!(xo.open_target_qp(qpn + 1).is_err(), "no such target QP");
+    let opened = xo.open_target_qp(qpn).unwrap();
+    assert_eq!((opened.qpn(), opened.qp_type()), (qpn, QpType::XrcRecv));
+    assert_eq!(opened.query().state, QpState::Reset);
+
+    // Connected through the opener's handle: modifies run in the creator.
+    let ini = initiator(&a, 4);
+    let (ia, ib) = ("127.0.0.1".parse().unwrap(), "127.0.0.2".parse().unwrap());
+    uroce::connect(&ini, ib, port, qpn, 1, 2, ALL).unwrap();
+    uroce::connect(&opened, ia, port, ini.qpn(), 2, 1, ALL).unwrap();
+    assert_eq!(created.query().state, QpState::ReadyToSend);
+    let q = opened.query();
+    assert_eq!((q.state, q.dest_qpn, q.path.unwrap().dst), (QpState::ReadyToSend, ini.qpn(), ia));
+    // A wrong transition fails there, and says so here.
+    let bad = uroce::QpAttr { state: QpState::ReadyToReceive, ..uroce::QpAttr::default() };
+    assert!(opened.modify(&bad, uroce::AttrMask::STATE).is_err());
+
+    // The creator's handle goes; the opener's keeps the QP.
+    drop(created);
+    let (opd, ocq) = (opener.alloc_pd().unwrap(), opener.create_cq(16).unwrap());
+    let srq = xo.create_srq(&opd, &ocq, &SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
+    let dst = opd.alloc_mr(64, ALL).unwrap();
+    srq.post_recv(&[RecvWr { wr_id: 8, sgl: &[dst.sge(0, 64).unwrap()] }]).unwrap();
+    let src = a.pd.alloc_mr(64, ALL).unwrap();
+    src.write(0, b"kept by its opener").unwrap();
+    let s = [src.sge(0, 18).unwrap()];
+    ini.post_send(&[SendWr { wr_id: 1, sgl: &s, xrc_srqn: srq.handle(), ..SendWr::default() }])
+        .unwrap();
+    assert_eq!(uroce::testing::wait_completion(&a.cq).status, WcStatus::Success);
+    let c = uroce::testing::wait_completion(&ocq);
+    assert_eq!((c.wr_id, c.byte_len, c.qp_num), (8, 18, qpn));
+
+    // A request the target refuses (a key nobody has): its access error
+    // event reaches the opener.
+    let mut w = SendWr { wr_id: 2, sgl: &s, xrc_srqn: srq.handle(), ..SendWr::default() };
+    (w.opcode, w.remote_addr, w.rkey) = (WrOpcode::RdmaWrite, 0x1000, 0xdead_0000);
+    ini.post_send(&[w]).unwrap();
+    assert_eq!(uroce::testing::wait_completion(&a.cq).status, WcStatus::RemAccessErr);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    let ev = loop {
+        if let Some(e) = opener.poll_async_event() {
+            break e;
+        }
+        assert!(std::time::Instant::now() < deadline, "no event at the opener");
+        std::thread::sleep(std::time::Duration::from_millis(2));
+    };
+    assert_eq!(ev, uroce::AsyncEvent::QpAccessError { qpn });
+    assert_eq!(opened.query().state, QpState::Error);
+
+    // The last handle goes: so does the QP (and its listing).
+    drop(opened);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(5);
+    while xo.open_target_qp(qpn).is_ok() {
+        assert!(std::time::Instant::now() < deadline, "the QP outlived its last handle");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+    drop((ini, srq, xb, xo));
+    let _ = std::fs::remove_file(&path);
+}

@@ -16,7 +16,7 @@ static int poll_basic(struct ibv_cq *cq, struct ibv_wc *wc)
 	return 0;
 }
 
-static void connect_pair(struct ibv_qp *a, struct ibv_qp *b, union ibv_gid *gid)
+__attribute__((unused)) static void connect_pair(struct ibv_qp *a, struct ibv_qp *b, union ibv_gid *gid)
 {
 	struct ibv_qp *qps[2] = {a, b};
 	for (int i = 0; i < 2; i++) {
