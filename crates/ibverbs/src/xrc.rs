@@ -95,7 +95,9 @@ pub(crate) unsafe extern "C" fn open_xrcd(
 pub(crate) unsafe extern "C" fn close_xrcd(xrcd: *mut ibv_xrcd) -> c_int {
     guard(libc::EIO, || {
         let Some(b) = live_xrcd(xrcd) else { return libc::EINVAL };
-        if in_use(&b.users) {
+        // Its objects here, or a target QP of its kept for another
+        // process's handles, use it.
+        if in_use(&b.users) || b.inner.kept_for_others() {
             return libc::EBUSY;
         }
         // The key it was opened by (its context may be closed already).

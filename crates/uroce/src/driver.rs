@@ -790,17 +790,17 @@ impl Driver {
     /// open (`xrc_open`).
     pub(crate) fn share_target(
         &mut self,
-        qpn: u32,
+        at: (u32, u32),
         listing: Arc<dyn uroce_transport::SharedSrq>,
         domain: Arc<crate::xrc_share::Domain>,
     ) {
-        self.opens.share_target(&mut self.ep, qpn, listing, domain);
+        self.opens.share_target(&mut self.ep, at, listing, domain);
     }
 
     /// The last handle of this process to target QP `qpn` went: it is
     /// destroyed, unless other processes' handles hold it.
     pub(crate) fn target_dropped(&mut self, qpn: u32) {
-        if self.opens.target_dropped(qpn) {
+        if self.opens.target_dropped(&mut self.ep, qpn) {
             self.destroy_qp(qpn);
         }
     }

@@ -759,7 +759,11 @@ struct XrcdInner {
 impl Drop for XrcdInner {
     fn drop(&mut self) {
         if self.shared.is_some() {
-            self.ctx.lock().ep.unshare_xrcd(self.id);
+            // Target QPs kept for other processes' handles keep it shared.
+            let mut d = self.ctx.lock();
+            if d.opens.domain_closed(self.id) {
+                d.ep.unshare_xrcd(self.id);
+            }
         }
     }
 }
@@ -988,7 +992,7 @@ impl Xrcd {
         if let (Some(table), Some(domain)) = (&self.inner.shared, &self.inner.domain)
             && let Some(listing) = table.register(crate::xrc_open::TARGET_TAG | qpn)
         {
-            e.share_target(qpn, listing, domain.clone());
+            e.share_target((self.inner.id, qpn), listing, domain.clone());
         }
         drop(e);
         let life = Arc::new(SharedTarget { ctx: ctx.clone(), qpn, post });
@@ -996,6 +1000,13 @@ impl Xrcd {
         targets.retain(|_, t| t.strong_count() > 0);
         targets.insert(qpn, Arc::downgrade(&life));
         Ok(self.target_handle(life))
+    }
+
+    /// Whether target QPs of this domain that no handle here holds any
+    /// more are kept for other processes' handles (`ibv_open_qp`): the
+    /// kernel refuses to close a domain a QP still uses (`EBUSY`).
+    pub fn kept_for_others(&self) -> bool {
+        self.inner.ctx.lock().opens.keeps_domain(self.inner.id)
     }
 
     /// Opens another handle to this domain's target QP `qpn`

@@ -224,10 +224,15 @@ pub(crate) struct Opens {
     /// Control datagrams may come (a target QP was listed, or a request
     /// made): the driver looks for them from then on.
     enabled: bool,
+    /// Domains whose handles here are all closed while target QPs of
+    /// theirs are kept for openers: shared until the last goes.
+    closed: Vec<u32>,
 }
 
 /// A target QP of a shared domain, as its creator keeps it.
 struct Shared {
+    /// Its domain.
+    xrcd: u32,
     /// Its listing in the domain's table, where openers find it.
     _listing: Arc<dyn SharedSrq>,
     domain: Arc<crate::xrc_share::Domain>,
@@ -259,26 +264,56 @@ impl Opens {
     pub(crate) fn share_target(
         &mut self,
         ep: &mut Endpoint,
-        qpn: u32,
+        (xrcd, qpn): (u32, u32),
         listing: Arc<dyn SharedSrq>,
         domain: Arc<crate::xrc_share::Domain>,
     ) {
         ep.enable_control(256);
         self.enabled = true;
         let openers = FastMap::default();
-        self.targets.insert(qpn, Shared { _listing: listing, domain, openers, local: true });
+        let s = Shared { xrcd, _listing: listing, domain, openers, local: true };
+        self.targets.insert(qpn, s);
+    }
+
+    /// Whether target QPs of domain `xrcd` are kept for other processes'
+    /// handles after this process's went (`ibv_close_xrcd` is EBUSY
+    /// meanwhile, as the kernel's is while a QP uses the domain).
+    pub(crate) fn keeps_domain(&self, xrcd: u32) -> bool {
+        self.targets.values().any(|s| s.xrcd == xrcd && !s.local)
+    }
+
+    /// Domain `xrcd`'s last handle here went: whether to stop sharing it
+    /// now (else when its last kept target QP goes).
+    pub(crate) fn domain_closed(&mut self, xrcd: u32) -> bool {
+        // A target QP whose handle here goes after the domain's (a
+        // handle's fields drop in order) may be kept too.
+        if self.targets.values().any(|s| s.xrcd == xrcd) {
+            self.closed.push(xrcd);
+            return false;
+        }
+        true
+    }
+
+    /// Target QP `qpn` is gone: so is its domain, if closed here and
+    /// keeping no other.
+    fn forget(&mut self, ep: &mut Endpoint, qpn: u32) {
+        let Some(s) = self.targets.remove(&qpn) else { return };
+        if self.closed.contains(&s.xrcd) && !self.targets.values().any(|t| t.xrcd == s.xrcd) {
+            self.closed.retain(|&x| x != s.xrcd);
+            ep.unshare_xrcd(s.xrcd);
+        }
     }
 
     /// The last handle of this process to target QP `qpn` went: whether
     /// to destroy it (no other process's handle holds it).
-    pub(crate) fn target_dropped(&mut self, qpn: u32) -> bool {
-        if let Some(s) = self.targets.get_mut(&qpn) {
-            if !s.openers.is_empty() {
-                s.local = false;
-                return false;
-            }
-            self.targets.remove(&qpn);
+    pub(crate) fn target_dropped(&mut self, ep: &mut Endpoint, qpn: u32) -> bool {
+        if let Some(s) = self.targets.get_mut(&qpn)
+            && !s.openers.is_empty()
+        {
+            s.local = false;
+            return false;
         }
+        self.forget(ep, qpn);
         true
     }
 
@@ -372,7 +407,7 @@ impl Opens {
             Op::Close => {
                 s.openers.remove(&proxy);
                 if s.openers.is_empty() && !s.local {
-                    self.targets.remove(&target);
+                    self.forget(host.endpoint(), target);
                     host.destroy_qp(target);
                 }
                 return;
@@ -418,7 +453,7 @@ impl Opens {
             }
         }
         for qpn in gone {
-            self.targets.remove(&qpn);
+            self.forget(host.endpoint(), qpn);
             host.destroy_qp(qpn);
         }
     }

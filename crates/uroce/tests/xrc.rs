@@ -336,8 +336,11 @@ fn a_target_qp_of_another_context_is_opened_modified_and_kept() {
     let bad = uroce::QpAttr { state: QpState::ReadyToReceive, ..uroce::QpAttr::default() };
     assert!(opened.modify(&bad, uroce::AttrMask::STATE).is_err());
 
-    // The creator's handle goes; the opener's keeps the QP.
+    // The creator's handles go (its QP's and its domain's); the opener's
+    // keeps the QP, and the domain shared for it.
     drop(created);
+    assert!(xb.kept_for_others(), "kept for the opener");
+    drop(xb);
     let (opd, ocq) = (opener.alloc_pd().unwrap(), opener.create_cq(16).unwrap());
     let srq = xo.create_srq(&opd, &ocq, &SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
     let dst = opd.alloc_mr(64, ALL).unwrap();
@@ -375,6 +378,6 @@ fn a_target_qp_of_another_context_is_opened_modified_and_kept() {
         assert!(std::time::Instant::now() < deadline, "the QP outlived its last handle");
         std::thread::sleep(std::time::Duration::from_millis(5));
     }
-    drop((ini, srq, xb, xo));
+    drop((ini, srq, xo));
     let _ = std::fs::remove_file(&path);
 }

@@ -3,8 +3,9 @@
  * opens it by number, brings it up with ibv_modify_qp through its own
  * handle, and owns the XRC SRQ the parent's initiator sends to through
  * that target QP. The parent's handle sees the child's changes, the QP
- * outlives the parent's handle while the child's lives, and goes with the
- * child's: the parent cannot open it again. */
+ * outlives the parent's handle while the child's lives (the parent's
+ * domain cannot be closed meanwhile), and goes with the child's: the
+ * parent cannot open it again. */
 #include <fcntl.h>
 #include <infiniband/verbs.h>
 #include <stdint.h>
@@ -255,6 +256,8 @@ int main(void)
 	send_one(ini, cq, mr, srqn, "first!");
 	REQUIRE(get(rd) == 1, "child got the first");
 	CHECK(!ibv_destroy_qp(tgt), "parent: its handle");
+	/* The QP, kept for the child's handle, still uses the domain. */
+	CHECK(ibv_close_xrcd(s.xrcd) == EBUSY, "parent: domain in use");
 	put(wr, 2);
 	REQUIRE(get(rd) == 3, "child saw the QP kept");
 	send_one(ini, cq, mr, srqn, "second");
@@ -285,7 +288,7 @@ int main(void)
 	ibv_dereg_mr(mr);
 	ibv_destroy_cq(cq);
 	ibv_dealloc_pd(pd);
-	ibv_close_xrcd(s.xrcd);
+	CHECK(!ibv_close_xrcd(s.xrcd), "parent: domain free once the QP went");
 	ibv_close_device(s.ctx);
 	unlink(path);
 	if (failures)
