@@ -217,14 +217,7 @@ fn a_domain_shared_by_two_contexts_of_a_device_relays_to_the_srqs_owner() {
 /// the owner has; a key the owner's SRQ's PD does not have is refused.
 #[test]
 fn writes_reads_and_atomics_through_a_target_reach_the_srq_owners_memory() {
-    let (port, a, b) = uroce::testing::two_sides();
-    let owner = uroce::testing::open("127.0.0.2", port);
-    let dir = uroce::published::run_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("test-xrc-access-{}-{port}", std::process::id()));
-    let file = std::fs::File::create(&path).unwrap();
-    let xb = b.ctx.open_shared_xrcd(&file, true, false).unwrap();
-    let xo = owner.open_shared_xrcd(&file, false, false).unwrap();
+    let Shared { port, a, b, other: owner, path, xb, xo } = shared("access");
     let (opd, ocq) = (owner.alloc_pd().unwrap(), owner.create_cq(16).unwrap());
     let srq = xo.create_srq(&opd, &ocq, &SrqAttr { max_wr: 8, max_sge: 1, srq_limit: 0 }).unwrap();
     let tgt = xb.create_target_qp().unwrap();
@@ -309,14 +302,7 @@ fn writes_reads_and_atomics_through_a_target_reach_the_srq_owners_memory() {
 /// reach the opener too, and it goes with the last handle.
 #[test]
 fn a_target_qp_of_another_context_is_opened_modified_and_kept() {
-    let (port, a, b) = uroce::testing::two_sides();
-    let opener = uroce::testing::open("127.0.0.2", port);
-    let dir = uroce::published::run_dir();
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join(format!("test-xrc-open-{}-{port}", std::process::id()));
-    let file = std::fs::File::create(&path).unwrap();
-    let xb = b.ctx.open_shared_xrcd(&file, true, false).unwrap();
-    let xo = opener.open_shared_xrcd(&file, false, false).unwrap();
+    let Shared { port, a, b: _b, other: opener, path, xb, xo } = shared("open");
     let created = xb.create_target_qp().unwrap();
     let qpn = created.qpn();
     assert!(xo.open_target_qp(qpn + 1).is_err(), "no such target QP");
@@ -380,4 +366,29 @@ fn a_target_qp_of_another_context_is_opened_modified_and_kept() {
     }
     drop((ini, srq, xo));
     let _ = std::fs::remove_file(&path);
+}
+
+/// Sides `a` and `b`, another context of `b`'s device (another process,
+/// as far as the domain goes), and one XRC domain file open in `b`
+/// (made there) and in the other.
+struct Shared {
+    port: u16,
+    a: uroce::testing::Side,
+    b: uroce::testing::Side,
+    other: uroce::Context,
+    path: std::path::PathBuf,
+    xb: uroce::Xrcd,
+    xo: uroce::Xrcd,
+}
+
+fn shared(name: &str) -> Shared {
+    let (port, a, b) = uroce::testing::two_sides();
+    let other = uroce::testing::open("127.0.0.2", port);
+    let dir = uroce::published::run_dir();
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join(format!("test-xrc-{name}-{}-{port}", std::process::id()));
+    let file = std::fs::File::create(&path).unwrap();
+    let xb = b.ctx.open_shared_xrcd(&file, true, false).unwrap();
+    let xo = other.open_shared_xrcd(&file, false, false).unwrap();
+    Shared { port, a, b, other, path, xb, xo }
 }

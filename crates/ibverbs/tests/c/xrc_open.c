@@ -47,47 +47,6 @@ static struct side open_side(const char *path, int create, const char *who)
 	return s;
 }
 
-/* Brings XRC QP `qp` to RTS towards `dest`, with the attributes the
- * kernel's table asks of a target (no requester side: no retry counts,
- * no READ/atomic credits) or of an initiator (no responder side). */
-static void connect_xrc(struct ibv_qp *qp, uint32_t dest, union ibv_gid *gid, int target)
-{
-	struct ibv_qp_attr a = {
-		.qp_state = IBV_QPS_INIT,
-		.port_num = 1,
-		.qp_access_flags = IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ,
-	};
-	REQUIRE(!ibv_modify_qp(qp, &a,
-			       IBV_QP_STATE | IBV_QP_PKEY_INDEX | IBV_QP_PORT | IBV_QP_ACCESS_FLAGS),
-		"INIT");
-	memset(&a, 0, sizeof a);
-	a.qp_state = IBV_QPS_RTR;
-	a.path_mtu = IBV_MTU_1024;
-	a.dest_qp_num = dest;
-	a.rq_psn = 100;
-	a.max_dest_rd_atomic = 4;
-	a.min_rnr_timer = 12;
-	a.ah_attr.is_global = 1;
-	a.ah_attr.grh.dgid = *gid;
-	a.ah_attr.grh.hop_limit = 64;
-	a.ah_attr.port_num = 1;
-	int rtr = IBV_QP_STATE | IBV_QP_AV | IBV_QP_PATH_MTU | IBV_QP_DEST_QPN | IBV_QP_RQ_PSN;
-	if (target)
-		rtr |= IBV_QP_MAX_DEST_RD_ATOMIC | IBV_QP_MIN_RNR_TIMER;
-	REQUIRE(!ibv_modify_qp(qp, &a, rtr), "RTR (%s)", target ? "target" : "initiator");
-	a.qp_state = IBV_QPS_RTS;
-	a.timeout = 14;
-	a.retry_cnt = 7;
-	a.rnr_retry = 7;
-	a.sq_psn = 100;
-	a.max_rd_atomic = 4;
-	int rts = IBV_QP_STATE | IBV_QP_TIMEOUT | IBV_QP_SQ_PSN;
-	if (!target)
-		rts |= IBV_QP_RETRY_CNT | IBV_QP_RNR_RETRY | IBV_QP_MAX_QP_RD_ATOMIC;
-	REQUIRE(!ibv_modify_qp(qp, &a, rts), "RTS (%s)", target ? "target" : "initiator");
-	CHECK(qp->state == IBV_QPS_RTS, "qp->state kept current");
-}
-
 static void put(int fd, uint32_t v)
 {
 	REQUIRE(write(fd, &v, sizeof v) == sizeof v, "pipe write");
@@ -117,7 +76,7 @@ static int child(const char *path, int rd, int wr)
 	oa.qp_num = tgt;
 	struct ibv_qp *qp = ibv_open_qp(s.ctx, &oa);
 	REQUIRE(qp && qp->qp_num == tgt, "child: ibv_open_qp of the parent's target QP");
-	connect_xrc(qp, ini, &s.gid, 1);
+	connect_qp(qp, ini, &s.gid, 0, 1);
 	struct ibv_qp_attr qa;
 	struct ibv_qp_init_attr qi;
 	REQUIRE(!ibv_query_qp(qp, &qa, IBV_QP_STATE | IBV_QP_DEST_QPN, &qi), "child: query");
@@ -249,7 +208,7 @@ int main(void)
 	REQUIRE(!ibv_query_qp(tgt, &qa, IBV_QP_STATE | IBV_QP_DEST_QPN, &qi), "parent: query");
 	CHECK(qa.qp_state == IBV_QPS_RTS && qa.dest_qp_num == ini->qp_num,
 	      "parent: state %d dest %#x", qa.qp_state, qa.dest_qp_num);
-	connect_xrc(ini, tgt_num, &s.gid, 0);
+	connect_qp(ini, tgt_num, &s.gid, 1, 0);
 	static char src[64];
 	struct ibv_mr *mr = ibv_reg_mr(pd, src, sizeof src, IBV_ACCESS_LOCAL_WRITE);
 	REQUIRE(mr, "parent: mr");
