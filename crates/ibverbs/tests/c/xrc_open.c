@@ -2,7 +2,8 @@
  * domain it shares through a file; a child process of the same device
  * opens it by number, brings it up with ibv_modify_qp through its own
  * handle, and owns the XRC SRQ the parent's initiator sends to through
- * that target QP. The parent's handle sees the child's changes, the QP
+ * that target QP, and the memory the parent's WRITE, READ and atomic
+ * reach through it. The parent's handle sees the child's changes, the QP
  * outlives the parent's handle while the child's lives (the parent's
  * domain cannot be closed meanwhile), and goes with the child's: the
  * parent cannot open it again. */
@@ -110,6 +111,15 @@ static int child(const char *path, int rd, int wr)
 	uint32_t srqn;
 	REQUIRE(!ibv_get_srq_num(srq, &srqn), "child: srq num");
 	put(wr, srqn);
+	/* Memory the parent reaches through the target QP (the SRQ's PD). */
+	static uint64_t remote[8] = {40};
+	int rights = IBV_ACCESS_LOCAL_WRITE | IBV_ACCESS_REMOTE_WRITE | IBV_ACCESS_REMOTE_READ |
+		     IBV_ACCESS_REMOTE_ATOMIC;
+	struct ibv_mr *rmr = ibv_reg_mr(pd, remote, sizeof remote, rights);
+	REQUIRE(rmr, "child: remote mr");
+	put(wr, (uint32_t)(uintptr_t)remote);
+	put(wr, (uint32_t)((uint64_t)(uintptr_t)remote >> 32));
+	put(wr, rmr->rkey);
 
 	for (int i = 0; i < 2; i++) {
 		struct ibv_wc wc;
@@ -128,8 +138,14 @@ static int child(const char *path, int rd, int wr)
 			put(wr, 3);
 		}
 	}
+	/* The parent's WRITE, READ and FETCH_ADD through the target QP ran
+	 * here, in this process's memory. */
+	REQUIRE(get(rd) == 5, "parent's accesses done");
+	CHECK(remote[0] == 42, "child: fetch-and-add: %lu", (unsigned long)remote[0]);
+	CHECK(!memcmp(&remote[1], "written across!!", 16), "child: written bytes");
 	CHECK(!ibv_destroy_qp(qp), "child: the last handle");
 	put(wr, 4);
+	ibv_dereg_mr(rmr);
 	ibv_destroy_srq(srq);
 	ibv_dereg_mr(mr);
 	ibv_destroy_cq(cq);
@@ -201,6 +217,9 @@ int main(void)
 	put(wr, tgt_num);
 	put(wr, ini->qp_num);
 	uint32_t srqn = get(rd);
+	uint64_t raddr = get(rd);
+	raddr |= (uint64_t)get(rd) << 32;
+	uint32_t rkey = get(rd);
 
 	/* The child brought the target QP up: this handle sees it. */
 	struct ibv_qp_attr qa;
@@ -220,7 +239,44 @@ int main(void)
 	put(wr, 2);
 	REQUIRE(get(rd) == 3, "child saw the QP kept");
 	send_one(ini, cq, mr, srqn, "second");
+
+	/* WRITE, READ and FETCH_ADD into the child's memory through the
+	 * target QP: each is run by the child's process before it is
+	 * answered. */
+	static uint64_t local[8];
+	struct ibv_mr *lmr = ibv_reg_mr(pd, local, sizeof local, IBV_ACCESS_LOCAL_WRITE);
+	REQUIRE(lmr, "parent: local mr");
+	memcpy(&local[1], "written across!!", 16);
+	struct ibv_sge sge = {.addr = (uintptr_t)&local[1], .length = 16, .lkey = lmr->lkey};
+	struct ibv_send_wr w = {
+		.wr_id = 2,
+		.sg_list = &sge,
+		.num_sge = 1,
+		.opcode = IBV_WR_RDMA_WRITE,
+		.send_flags = IBV_SEND_SIGNALED,
+		.wr.rdma = {.remote_addr = raddr + 8, .rkey = rkey},
+		.qp_type.xrc.remote_srqn = srqn,
+	}, *bad;
+	struct ibv_wc wc;
+	REQUIRE(!ibv_post_send(ini, &w, &bad) && poll_basic(cq, &wc) == 1, "parent: WRITE");
+	CHECK(wc.status == IBV_WC_SUCCESS, "parent: WRITE status %d", wc.status);
+	sge.addr = (uintptr_t)&local[4];
+	w.opcode = IBV_WR_RDMA_READ;
+	REQUIRE(!ibv_post_send(ini, &w, &bad) && poll_basic(cq, &wc) == 1, "parent: READ");
+	CHECK(wc.status == IBV_WC_SUCCESS && !memcmp(&local[4], "written across!!", 16),
+	      "parent: READ status %d", wc.status);
+	sge.addr = (uintptr_t)&local[0];
+	sge.length = 8;
+	w.opcode = IBV_WR_ATOMIC_FETCH_AND_ADD;
+	w.wr.atomic.remote_addr = raddr;
+	w.wr.atomic.compare_add = 2;
+	w.wr.atomic.rkey = rkey;
+	REQUIRE(!ibv_post_send(ini, &w, &bad) && poll_basic(cq, &wc) == 1, "parent: FETCH_ADD");
+	CHECK(wc.status == IBV_WC_SUCCESS && local[0] == 40, "parent: FETCH_ADD status %d, %lu",
+	      wc.status, (unsigned long)local[0]);
+	put(wr, 5);
 	REQUIRE(get(rd) == 4, "child closed its handle");
+	ibv_dereg_mr(lmr);
 
 	/* The QP went with the child's handle: not to be opened again. */
 	struct ibv_qp_open_attr oa = {
