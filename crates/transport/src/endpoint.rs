@@ -352,6 +352,8 @@ pub struct Endpoint {
     gsi_out: VecDeque<(IpAddr, u16, u8, [u8; 256])>,
     /// Control datagrams kept for the driver, and how many at most.
     control: Option<(VecDeque<ControlDatagram>, usize)>,
+    /// QPNs the driver holds (not to be handed out).
+    held: FastMap<u32, ()>,
     /// The next PSN of QPN 1's sends.
     gsi_psn: u32,
     next_qpn: u32,
@@ -392,6 +394,7 @@ impl Endpoint {
             gsi: None,
             gsi_out: VecDeque::new(),
             control: None,
+            held: FastMap::default(),
             gsi_psn: 0,
             next_qpn: FIRST_QPN,
             qpn_range: (FIRST_QPN, MULTICAST_QPN),
@@ -414,10 +417,25 @@ impl Endpoint {
         loop {
             let q = self.next_qpn;
             self.next_qpn = if q + 1 >= end { first } else { q + 1 };
-            if !self.qps.contains_key(&q) && !self.srqs.contains_key(&q) {
+            if !self.qps.contains_key(&q)
+                && !self.srqs.contains_key(&q)
+                && !self.held.contains_key(&q)
+            {
                 return q;
             }
         }
+    }
+
+    /// Keeps QPN `qpn` (from [`Endpoint::alloc_qpn`]) from being handed
+    /// out while the driver uses it for something else (the number a proxy
+    /// of another process's QP is answered at).
+    pub fn hold_qpn(&mut self, qpn: u32) {
+        self.held.insert(qpn, ());
+    }
+
+    /// Gives back a number [`Endpoint::hold_qpn`] kept.
+    pub fn release_qpn(&mut self, qpn: u32) {
+        self.held.remove(&qpn);
     }
 
     /// Hands out QPNs from `base .. base + len` only (past QPNs 0 and 1
@@ -487,21 +505,39 @@ impl Endpoint {
                 left.push(g);
             }
         }
-        let slot = self.qps.remove(&qpn)?;
+        let mut slot = self.qps.remove(&qpn)?;
         self.stats.accumulate(slot.qp.stats());
-        if let Some(xrcd) = slot.xrcd {
-            // A message for another process's SRQ was coming in: the WQE
-            // its owner reserved goes back (`forget_target`), or the claim
-            // made here, which kept one of the owner's WQEs, is given back.
-            if !self.relays.forget_target(qpn)
-                && let Some(srqn) = slot.xrc_msg_srq
-                && let Some(srq) = self.shared_xrc.srqs.get(&SharedXrc::key(xrcd, srqn))
-                && let Some(claims) = srq.shared()
-            {
-                claims.release();
-            }
-        }
+        self.end_xrc_message(qpn, &mut slot);
         Some((slot.qp, left))
+    }
+
+    /// An XRC target QP moved to RESET or ERR (a modify): what it had in
+    /// flight for other processes' SRQs ends, so that a new connection
+    /// starts clean.
+    pub fn xrc_target_reset(&mut self, qpn: u32) {
+        let Some(mut slot) = self.qps.remove(&qpn) else { return };
+        if slot.xrcd.is_some()
+            && matches!(slot.qp.attr().state, crate::QpState::Reset | crate::QpState::Error)
+        {
+            self.end_xrc_message(qpn, &mut slot);
+        }
+        self.qps.insert(qpn, slot);
+    }
+
+    /// Target QP `qpn` (`slot`) stops: a message for another process's
+    /// SRQ that was coming in gives back the WQE its owner reserved
+    /// (`forget_target`), or the claim made here, which kept one of the
+    /// owner's WQEs; what it held for owners' answers is dropped.
+    fn end_xrc_message(&mut self, qpn: u32, slot: &mut Slot) {
+        let Some(xrcd) = slot.xrcd else { return };
+        if !self.relays.forget_target(qpn)
+            && let Some(srqn) = slot.xrc_msg_srq
+            && let Some(srq) = self.shared_xrc.srqs.get(&SharedXrc::key(xrcd, srqn))
+            && let Some(claims) = srq.shared()
+        {
+            claims.release();
+        }
+        slot.xrc_msg_srq = None;
     }
 
     /// The QP numbered `qpn`.
@@ -874,7 +910,7 @@ impl Endpoint {
                 }
                 // An owner's answer to this target's request: the packets
                 // held for it run now, in order.
-                if let Some(held) = self.relays.answered(qpn, pkt.payload()) {
+                if let Some(held) = self.relays.answered(now, qpn, pkt.payload()) {
                     self.run_held(now, qpn, held, mem);
                 }
                 return;
@@ -1220,19 +1256,17 @@ impl Endpoint {
         let Some(srq) = self.srqs.get_mut(&srqn) else { return false };
         let (Some(xrc), Some(_)) = (srq.xrc(), srq.shared()) else { return false };
         if Relays::is_request(pkt.payload()) {
-            match self.relays.serve((srqn, srq), xrc.pd, to, pkt.payload(), mem) {
+            match self.relays.serve(now, (srqn, srq), xrc.pd, to, pkt.payload(), mem) {
                 Ok(()) => self.stats.xrc_accesses_served += 1,
                 Err(()) => self.stats.drop(crate::stats::DropReason::Malformed),
             }
-            self.srq_dirty = true;
-            self.give_back(now);
-            return true;
-        }
-        if self.relays.arrived(srqn, srq, xrc.pd, pkt.payload(), mem).is_err() {
+        } else if self.relays.arrived(srqn, srq, xrc.pd, pkt.payload(), mem).is_err() {
             self.stats.drop(crate::stats::DropReason::Malformed);
         }
         self.srq_dirty = true;
         self.give_back(now);
+        // Relayed messages completed (or ended in error by a reservation
+        // that found them open) go to their SRQs' CQs.
         while let Some((n, c)) = self.relays.finished.pop_front() {
             let Some(cq) = self.srqs.get(&n).and_then(Srq::xrc).map(|x| x.cq) else { continue };
             Self::push_completion(&self.cqs, &mut self.notify, &mut self.events, cq, c, now);
@@ -1345,6 +1379,7 @@ impl SharedXrc {
             relays.took_reserved(qpn, srqn, to, sgid_index);
         }
         relays.answer_used(qpn);
+        relays.prune_reads(qpn, |psn, len| slot.qp.read_still_needed(psn, len));
         if in_sequence && slot.qp.expected_psn() != psn {
             match position {
                 Position::First => slot.xrc_msg_srq = Some(srqn),

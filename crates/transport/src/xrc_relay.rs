@@ -71,10 +71,10 @@ const ASKS: u8 = 25;
 /// Packets a target holds behind a request (more are dropped: the
 /// requester resends them).
 const HELD_MAX: usize = 512;
-/// READ data kept per target QP for its responses and for resent READs
-/// (the newest READ is kept whatever its length).
-const READS_KEPT: usize = 16;
-const READ_BYTES_KEPT: usize = 64 << 20;
+/// READs whose data is kept per target QP, at most (a responder keeps
+/// fewer: `RC_MAX_RD_ATOMIC` remembered, and those whose responses are
+/// queued).
+const READS_KEPT: usize = 4 * crate::RC_MAX_RD_ATOMIC as usize + 16;
 /// A WRITE of a message's whole range checked first.
 const RQ_CHECK: u8 = 1;
 /// The answer codes.
@@ -196,7 +196,7 @@ impl Request {
                 (r.op, r.rkey, r.va, r.len) = (op::WRITE, rkey, va, check.unwrap_or(0));
                 r.flags = if check.is_some() { RQ_CHECK } else { 0 };
             }
-            ForeignAccess::Read { rkey, va, len } => {
+            ForeignAccess::Read { rkey, va, len, .. } => {
                 (r.op, r.rkey, r.va, r.len) = (op::READ, rkey, va, len)
             }
             ForeignAccess::CmpSwap { rkey, va, compare, swap } => {
@@ -311,6 +311,10 @@ pub(crate) struct Held {
     pub(crate) bytes: Vec<u8>,
 }
 
+/// Where an SRQ's owner is asked: the SRQ's number, the device's address
+/// and its GID index.
+type Owner = (u32, IpAddr, u8);
+
 /// A target QP's request out to an owner, and the packets held behind it.
 #[derive(Debug)]
 struct Waiting {
@@ -339,6 +343,8 @@ struct Answer {
 /// A READ's data, read by the owner, kept for its responses.
 #[derive(Debug)]
 struct KeptRead {
+    /// The READ's first PSN.
+    psn: u32,
     rkey: u32,
     va: u64,
     data: Vec<u8>,
@@ -348,6 +354,8 @@ struct KeptRead {
 /// asked again is answered without being done twice.
 #[derive(Debug, Clone, Copy)]
 struct Served {
+    /// When it was answered.
+    at: Instant,
     id: u32,
     op: u8,
     result: u8,
@@ -355,12 +363,15 @@ struct Served {
 }
 
 /// Targets an owner remembers its last answer to (beyond, it forgets
-/// them all; a target asks again only within its timeouts).
+/// those answered longer ago than a target asks again).
 const SERVED_MAX: usize = 4096;
 
 /// A message received for another process's SRQ, on its way there.
 #[derive(Debug)]
 struct Outgoing {
+    /// Its place among messages and requests leaving (see
+    /// [`Relays::poll_transmit`]).
+    seq: u64,
     srqn: u32,
     /// The address it came to: the device's, which the owner shares.
     to: IpAddr,
@@ -396,8 +407,13 @@ pub(crate) struct Relays {
     incoming: FastMap<u32, Incoming>,
     /// Completions of relayed messages, by SRQ number, for the SRQs' CQs.
     pub(crate) finished: VecDeque<(u32, Completion)>,
-    /// Requests and responses waiting to leave.
+    /// Responses and control datagrams waiting to leave (first).
     small: VecDeque<Datagram>,
+    /// Requests waiting to leave, each with its place among the messages
+    /// (a target's message leaves before its request for the next).
+    asks: VecDeque<(u64, Datagram)>,
+    /// The next place.
+    seq: u64,
     /// By target QP: its request out to an owner.
     waiting: FastMap<u32, Waiting>,
     /// By target QP: the answer for the packet it runs now.
@@ -408,10 +424,10 @@ pub(crate) struct Relays {
     served: FastMap<u32, Served>,
     /// By target QP: the owner's answer to a reservation, for the packet
     /// of this PSN: the WQE's length, or none to spare.
-    grants: FastMap<u32, (u32, Option<u64>)>,
+    grants: FastMap<u32, (u32, Option<u64>, Owner)>,
     /// By target QP: the message it receives into a WQE an owner reserved
     /// (SRQ number, the device's address, GID index), until relayed.
-    reserved: FastMap<u32, (u32, IpAddr, u8)>,
+    reserved: FastMap<u32, Owner>,
     /// As an owner: WQEs reserved for messages that never came, to put
     /// back into their SRQs (by number).
     pub(crate) give_back: Vec<(u32, RecvCur)>,
@@ -430,6 +446,8 @@ impl Default for Relays {
             incoming: FastMap::default(),
             finished: VecDeque::new(),
             small: VecDeque::new(),
+            asks: VecDeque::new(),
+            seq: 0,
             waiting: FastMap::default(),
             answers: FastMap::default(),
             reads: FastMap::default(),
@@ -576,22 +594,44 @@ impl Relays {
             self.reserved.remove(&c.qp_num);
         }
         let data = self.bufs.get_mut().remove(&c.qp_num).unwrap_or_default();
-        self.out.push_back(Outgoing { srqn, to, sgid_index, c, data, sent: 0, first: true });
+        let seq = self.next_seq();
+        self.out.push_back(Outgoing { seq, srqn, to, sgid_index, c, data, sent: 0, first: true });
+    }
+
+    fn next_seq(&mut self) -> u64 {
+        self.seq += 1;
+        self.seq
+    }
+
+    /// Queues a request, behind the messages already leaving.
+    fn push_ask(&mut self, d: Datagram) {
+        let seq = self.next_seq();
+        self.asks.push_back((seq, d));
     }
 
     /// Whether a relay datagram waits to leave.
     pub(crate) fn has_output(&self) -> bool {
-        !self.out.is_empty() || !self.small.is_empty()
+        !self.out.is_empty() || !self.small.is_empty() || !self.asks.is_empty()
     }
 
     /// The next relay datagram, written into `buf`.
-    /// Relayed messages leave before requests: an owner sees a target's
+    /// Answers and control datagrams first; then messages and requests in
+    /// the order they were queued, so that an owner sees a target's
     /// message before its request for the next one (a reservation the
     /// message did not use yet is one the target gave up).
     pub(crate) fn poll_transmit(&mut self, buf: &mut [u8]) -> Option<Transmit> {
-        if self.out.is_empty() {
-            let t = self.datagram(self.small.front()?, buf)?;
+        if let Some(d) = self.small.front() {
+            let t = self.datagram(d, buf)?;
             self.small.pop_front();
+            return Some(t);
+        }
+        let ask_first = match (self.asks.front(), self.out.front()) {
+            (Some((a, _)), Some(m)) => *a < m.seq,
+            (a, _) => a.is_some(),
+        };
+        if ask_first {
+            let t = self.datagram(&self.asks.front()?.1, buf)?;
+            self.asks.pop_front();
             return Some(t);
         }
         let m = self.out.front_mut()?;
@@ -781,15 +821,16 @@ impl Relays {
     pub(crate) fn forget_target(&mut self, target: u32) -> bool {
         self.incoming.remove(&target);
         self.bufs.get_mut().remove(&target);
-        self.waiting.remove(&target);
         self.answers.remove(&target);
         self.reads.remove(&target);
-        self.grants.remove(&target);
-        let Some((srqn, to, sgid_index)) = self.reserved.remove(&target) else { return false };
-        let r = Request::from_access(ForeignAccess::Reserve, target, 0, sgid_index);
-        let mut payload = vec![0; REQ_HEADER];
-        Request { op: op::CANCEL, ..r }.emit(&mut payload);
-        self.small.push_back(Datagram { dest_qpn: srqn, src_qpn: target, to, sgid_index, payload });
+        // A WQE an owner reserved (or may have: asked, or granted and not
+        // taken yet) goes back.
+        let asked = self.waiting.remove(&target).filter(|w| w.op == op::RESERVE);
+        let asked = asked.map(|w| (w.request.dest_qpn, w.request.to, w.request.sgid_index));
+        let granted = self.grants.remove(&target).filter(|g| g.1.is_some()).map(|g| g.2);
+        let reserved = self.reserved.remove(&target);
+        let Some((srqn, to, sgid_index)) = reserved.or(granted).or(asked) else { return false };
+        self.cancel(target, srqn, to, sgid_index);
         true
     }
 
@@ -850,7 +891,10 @@ impl Relays {
     pub(crate) fn can_answer(&self, target: u32, psn: u32, acc: &ForeignAccess) -> bool {
         match *acc {
             ForeignAccess::Reserve => self.grants.get(&target).is_some_and(|g| g.0 == psn),
-            ForeignAccess::Read { rkey, va, len }
+            // A resent READ is answered from the data its first answer
+            // brought, while kept; a new one is always asked (the memory
+            // may have changed since).
+            ForeignAccess::Read { rkey, va, len, resent: true }
                 if self.kept_read(target, rkey, va, len.into()).is_some() =>
             {
                 true
@@ -871,6 +915,7 @@ impl Relays {
     /// Target `target` took the WQE an owner reserved, for a message for
     /// SRQ `srqn` (at address `to`, GID index `sgid_index`).
     pub(crate) fn took_reserved(&mut self, target: u32, srqn: u32, to: IpAddr, sgid_index: u8) {
+        self.grants.remove(&target);
         self.reserved.insert(target, (srqn, to, sgid_index));
     }
 
@@ -898,9 +943,9 @@ impl Relays {
         r.emit(&mut payload[..REQ_HEADER]);
         payload[REQ_HEADER..].copy_from_slice(data);
         let request = Datagram { dest_qpn: srqn, src_qpn: target, to, sgid_index, payload };
-        self.small.push_back(request.clone());
+        self.push_ask(request.clone());
         let read = match acc {
-            ForeignAccess::Read { rkey, va, len } => Some((rkey, va, len)),
+            ForeignAccess::Read { rkey, va, len, .. } => Some((rkey, va, len)),
             _ => None,
         };
         let w = Waiting {
@@ -920,7 +965,12 @@ impl Relays {
 
     /// A response for target `target`: when it completes the answer, the
     /// packets held (the one asked for first), to run in order.
-    pub(crate) fn answered(&mut self, target: u32, payload: &[u8]) -> Option<VecDeque<Held>> {
+    pub(crate) fn answered(
+        &mut self,
+        now: Instant,
+        target: u32,
+        payload: &[u8],
+    ) -> Option<VecDeque<Held>> {
         let r = Response::parse(payload).filter(|r| r.target == target)?;
         let w = self.waiting.get_mut(&target).filter(|w| w.psn == r.psn && w.id == r.id)?;
         if let (Some((_, _, len)), OK) = (w.read, r.result) {
@@ -935,6 +985,8 @@ impl Relays {
                 return None;
             }
             w.data.extend_from_slice(chunk);
+            // Coming: not asked again while it keeps coming.
+            w.deadline = now.saturating_add(ASK_AGAIN);
             if !r.last || w.data.len() != len as usize {
                 return None;
             }
@@ -943,11 +995,12 @@ impl Relays {
         }
         let w = self.waiting.remove(&target)?;
         if let (Some((rkey, va, _)), OK) = (w.read, r.result) {
-            self.keep_read(target, rkey, va, w.data);
+            self.keep_read(target, KeptRead { psn: r.psn, rkey, va, data: w.data });
         }
         if w.op == op::RESERVE {
             let len = (r.result == OK).then_some(r.orig);
-            self.grants.insert(target, (r.psn, len));
+            let d = &w.request;
+            self.grants.insert(target, (r.psn, len, (d.dest_qpn, d.to, d.sgid_index)));
         } else {
             self.answers.insert(target, Answer { psn: r.psn, result: r.result, orig: r.orig });
         }
@@ -959,8 +1012,11 @@ impl Relays {
         if !self.answers.is_empty() {
             self.answers.remove(&target);
         }
-        if !self.grants.is_empty() {
-            self.grants.remove(&target);
+        if !self.grants.is_empty()
+            && let Some((_, Some(_), (srqn, to, sgid))) = self.grants.remove(&target)
+        {
+            // Granted and not taken (the packet did not run): back.
+            self.cancel(target, srqn, to, sgid);
         }
     }
 
@@ -969,14 +1025,26 @@ impl Relays {
         self.answers.get(&target).map_or(Err(AccessError::InvalidKey), |a| result_of(a.result))
     }
 
-    /// Keeps a READ's data for its responses and for the READ resent.
-    fn keep_read(&mut self, target: u32, rkey: u32, va: u64, data: Vec<u8>) {
+    /// Keeps a READ's data for its responses and for the READ resent
+    /// (until [`Relays::prune_reads`] finds the responder done with it).
+    fn keep_read(&mut self, target: u32, k: KeptRead) {
         let kept = self.reads.entry(target).or_default();
-        kept.push_back(KeptRead { rkey, va, data });
-        let mut bytes: usize = kept.iter().map(|k| k.data.len()).sum();
-        while kept.len() > READS_KEPT || (kept.len() > 1 && bytes > READ_BYTES_KEPT) {
-            let Some(k) = kept.pop_front() else { break };
-            bytes -= k.data.len();
+        // Past what any responder keeps: the oldest goes.
+        if kept.len() >= READS_KEPT {
+            kept.pop_front();
+        }
+        kept.push_back(k);
+    }
+
+    /// Drops the READ data of target `target` that its responder no
+    /// longer needs (`needed(first PSN, length)`: a response still to
+    /// send, or the READ still remembered for a resend).
+    pub(crate) fn prune_reads(&mut self, target: u32, needed: impl Fn(u32, u32) -> bool) {
+        if let Some(kept) = self.reads.get_mut(&target) {
+            kept.retain(|k| needed(k.psn, k.data.len() as u32));
+            if kept.is_empty() {
+                self.reads.remove(&target);
+            }
         }
     }
 
@@ -999,6 +1067,7 @@ impl Relays {
     /// owner is gone, or never answered, are given up (into `gave_up`:
     /// their connections end) with the packets they held.
     pub(crate) fn ask_again(&mut self, now: Instant, gave_up: &mut Vec<u32>) {
+        let mut again = Vec::new();
         for (&target, w) in &mut self.waiting {
             if w.deadline > now {
                 continue;
@@ -1009,11 +1078,29 @@ impl Relays {
             }
             w.asks += 1;
             w.deadline = now.saturating_add(ASK_AGAIN);
-            self.small.push_back(w.request.clone());
+            again.push(w.request.clone());
         }
-        for t in gave_up.iter() {
-            self.waiting.remove(t);
+        for d in again {
+            self.push_ask(d);
         }
+        for &t in gave_up.iter() {
+            // A reservation the owner may have made goes back.
+            if let Some(w) = self.waiting.remove(&t)
+                && w.op == op::RESERVE
+            {
+                let d = &w.request;
+                self.cancel(t, d.dest_qpn, d.to, d.sgid_index);
+            }
+        }
+    }
+
+    /// Tells SRQ `srqn`'s owner that target `target` will not use the WQE
+    /// it reserved (if it did).
+    fn cancel(&mut self, target: u32, srqn: u32, to: IpAddr, sgid_index: u8) {
+        let r = Request::from_access(ForeignAccess::Reserve, target, 0, sgid_index);
+        let mut payload = vec![0; REQ_HEADER];
+        Request { op: op::CANCEL, ..r }.emit(&mut payload);
+        self.push_ask(Datagram { dest_qpn: srqn, src_qpn: target, to, sgid_index, payload });
     }
 
     // ---- an owner's side ----
@@ -1050,6 +1137,7 @@ impl Relays {
     /// done (a READ is read again). `Err`: malformed.
     pub(crate) fn serve(
         &mut self,
+        now: Instant,
         (srqn, srq): (u32, &mut crate::srq::Srq),
         pd: u32,
         to: IpAddr,
@@ -1097,10 +1185,13 @@ impl Relays {
                 if u64::from(r.len) > RELAY_MAX {
                     return Err(());
                 }
-                let mut out = vec![0; r.len as usize];
-                let res = mem
-                    .check(remote, who, r.va, r.len.into(), Access::REMOTE_READ)
-                    .and_then(|()| mem.read(remote, who, r.va, &mut out));
+                let mut out = Vec::new();
+                let res = mem.check(remote, who, r.va, r.len.into(), Access::REMOTE_READ).and_then(
+                    |()| {
+                        out.resize(r.len as usize, 0);
+                        mem.read(remote, who, r.va, &mut out)
+                    },
+                );
                 let code = code_of(res);
                 let data = if code == OK { &out[..] } else { &[] };
                 self.respond(srqn, to, &r, (code, 0), data);
@@ -1116,9 +1207,12 @@ impl Relays {
         // it is tried again, as a reservation after an RNR NAK must be).
         if result == OK {
             if self.served.len() >= SERVED_MAX {
-                self.served.clear();
+                // Past every target's asking again: forgotten.
+                let old = |s: &Served| now.saturating_since(s.at) > ASK_AGAIN * u32::from(ASKS);
+                self.served.retain(|_, s| !old(s));
             }
-            self.served.insert(r.target, Served { id: r.id, op: r.op, result, orig });
+            let s = Served { at: now, id: r.id, op: r.op, result, orig };
+            self.served.insert(r.target, s);
         }
         self.respond(srqn, to, &r, (result, orig), &[]);
         Ok(())

@@ -803,6 +803,24 @@ fn accesses_through_a_target_run_in_the_owners_memory() {
     assert_eq!(h.ep.stats.xrc_accesses_asked, asked, "not asked again");
     psn += 3;
 
+    // The owner's bytes change; a new READ of the same range (and one
+    // behind it, held until the first is answered) reads them anew.
+    o.mem.fill(o.addr + 8, b"fresh bytes");
+    let mut again = rd;
+    again.bth.psn = Psn::new(psn);
+    let mut behind = rd;
+    behind.bth.psn = Psn::new(psn + 3);
+    behind.reth = Some(RethRepr { va: o.addr + 8, rkey: o.lkey, dma_len: 11 });
+    let mut out = deliver_raw(&mut h, now, &again, &[]);
+    out.extend(deliver_raw(&mut h, now, &behind, &[]));
+    let responses = exchange(&mut h, &mut o, now, out);
+    assert_eq!(responses.len(), 4, "three responses, then one");
+    let got = read_back(&responses);
+    assert_eq!(&got[..11], b"fresh bytes", "read again, not from the first READ's data");
+    assert_eq!((&got[11..3000], &got[3000..]), (&data[11..], &b"fresh bytes"[..]));
+    assert_eq!(h.ep.stats.xrc_accesses_asked, asked + 2);
+    psn += 4;
+
     // FETCH_ADD and CMP_SWAP on the owner's memory.
     o.mem.fill(o.addr + 4096, &40u64.to_ne_bytes());
     let fa = atomic(XRC_FETCH_ADD, tgt, psn, &o, o.addr + 4096, 2, 0);
@@ -1023,4 +1041,38 @@ fn a_message_longer_than_the_wqe_it_lands_in_is_naked() {
     let cs = completions_of(&o);
     assert_eq!((cs[0].wr_id, cs[0].status, cs[0].byte_len), (2, WcStatus::Success, 40));
     assert_eq!(o.mem.snapshot(o.addr, 40), vec![4; 40]);
+}
+
+/// A target QP reset while the owner holds a WQE for its message (the
+/// answer to the reservation lost on the way): the WQE goes back to the
+/// owner's SRQ with its claim, and the new connection starts clean.
+#[test]
+fn a_target_reset_gives_back_the_wqe_reserved_for_it() {
+    let now = Instant::ZERO;
+    let (mut h, mut o) = shared_host(now);
+    let tgt = h.tgt;
+    o.post(7, 64);
+    let out = deliver_raw(
+        &mut h,
+        now,
+        &request(XRC_SEND_FIRST, tgt, FIRST_PSN, Some(o.srqn)),
+        &[1; 1024],
+    );
+    assert_eq!(out.len(), 1, "the reservation asked");
+    // The owner reserves; its answer is lost.
+    let mut buf = vec![0u8; 8192];
+    o.ep.handle_datagram(now, B, B, &RocePacket::new_checked(&out[0][..]).unwrap(), &o.mem);
+    while o.ep.poll_transmit(now, &o.mem, &mut buf).is_some() {}
+    assert_eq!((o.ep.srq(o.srqn).unwrap().len(), o.claims.claimed.load(Ordering::Acquire)), (0, 1));
+    let reset = QpAttr { state: QpState::Reset, ..QpAttr::default() };
+    h.ep.qp_mut(tgt).unwrap().modify(now, &reset, AttrMask::STATE).unwrap();
+    h.ep.xrc_target_reset(tgt);
+    let mut cancel = vec![];
+    while let Some(t) = h.ep.poll_transmit(now, &h.mem, &mut buf) {
+        cancel.push(buf[..t.len].to_vec());
+    }
+    assert_eq!(cancel.len(), 1, "the owner is told");
+    assert!(parsed(exchange(&mut h, &mut o, now, cancel)).is_empty());
+    assert_eq!((o.ep.srq(o.srqn).unwrap().len(), o.claims.claimed.load(Ordering::Acquire)), (1, 0));
+    assert_eq!(h.ep.poll_timeout(), None, "nothing left to ask");
 }

@@ -773,6 +773,10 @@ impl Driver {
         if a.state == QpState::Reset && was != a.state {
             self.ep.purge_completions(qpn);
         }
+        if matches!(a.state, QpState::Reset | QpState::Error) && was != a.state {
+            // An XRC target's requests out to other processes end with it.
+            self.ep.xrc_target_reset(qpn);
+        }
         if matches!(a.state, QpState::ReadyToReceive | QpState::ReadyToSend)
             && let Some(p) = a.path
         {
@@ -826,12 +830,19 @@ impl Driver {
         self.opens.take_reply(id)
     }
 
-    /// As an opener: a proxy's handle went.
+    /// As an opener: request `id` is given up (an answer coming later is
+    /// dropped).
+    pub(crate) fn forget_request(&mut self, id: u32) {
+        self.opens.forget_request(id);
+    }
+
+    /// As an opener: a proxy's handle went; its number is free again.
     pub(crate) fn close_proxy(&mut self, target: u32, proxy: u32) {
         let mut opens = std::mem::take(&mut self.opens);
         opens.close(self, target, proxy);
         self.opens = opens;
         self.transmit_now();
+        self.ep.release_qpn(proxy);
     }
 
     /// Destroys a QP. Work it was posted and that a burst left queued

@@ -814,6 +814,9 @@ struct RemoteTarget {
     qpn: u32,
     proxy: u32,
     _listing: Arc<dyn uroce_transport::SharedSrq>,
+    /// One request at a time (the creator remembers one answer per
+    /// proxy, for a request asked again).
+    calls: Mutex<()>,
 }
 
 impl RemoteTarget {
@@ -825,6 +828,7 @@ impl RemoteTarget {
         attr: Option<QpAttr>,
     ) -> Result<crate::xrc_open::Message> {
         use std::time::{Duration, Instant as StdInstant};
+        let _one = self.calls.lock().unwrap_or_else(|e| e.into_inner());
         let start = StdInstant::now();
         let mut id = 0;
         let mut asked = start - Duration::from_secs(1);
@@ -845,6 +849,7 @@ impl RemoteTarget {
                 }
             }
             if now.duration_since(start) > Duration::from_secs(2) {
+                self.ctx.lock().forget_request(id);
                 return Err(Error::Io(std::io::Error::from_raw_os_error(libc::ETIMEDOUT)));
             }
             std::thread::sleep(Duration::from_micros(200));
@@ -1038,11 +1043,19 @@ impl Xrcd {
             return Err(none);
         }
         let ctx = self.inner.ctx.clone();
-        let proxy = ctx.lock().ep.alloc_qpn();
-        let listing = table
-            .register(OPENER_TAG | proxy)
-            .ok_or(Error::Limit("XRC SRQs and target QPs in a shared domain"))?;
-        let remote = RemoteTarget { ctx: ctx.clone(), qpn, proxy, _listing: listing };
+        let proxy = {
+            let mut e = ctx.lock();
+            let proxy = e.ep.alloc_qpn();
+            // No QP or SRQ gets it while the proxy answers to it.
+            e.ep.hold_qpn(proxy);
+            proxy
+        };
+        let Some(listing) = table.register(OPENER_TAG | proxy) else {
+            ctx.lock().ep.release_qpn(proxy);
+            return Err(Error::Limit("XRC SRQs and target QPs in a shared domain"));
+        };
+        let calls = Mutex::new(());
+        let remote = RemoteTarget { ctx: ctx.clone(), qpn, proxy, _listing: listing, calls };
         remote.call(Op::Open, 0, None)?;
         // Nothing is ever posted to a target QP: an idle posting state.
         let gauge = Arc::new(uroce_transport::QueueGauge::default());

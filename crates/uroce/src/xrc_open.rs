@@ -216,8 +216,9 @@ fn event_of(qpn: u32, code: u32) -> Option<DeviceEvent> {
 pub(crate) struct Opens {
     /// As a creator: its target QPs of shared domains, by number.
     targets: FastMap<u32, Shared>,
-    /// As an opener: answers by request ID.
-    replies: FastMap<u32, Message>,
+    /// As an opener: the requests waiting for an answer, and the answers
+    /// in, by request ID.
+    replies: FastMap<u32, Option<Message>>,
     /// As an opener: its proxies' numbers and the target QP of each.
     proxies: FastMap<u32, u32>,
     last_id: u32,
@@ -333,6 +334,9 @@ impl Opens {
             id
         } else {
             self.last_id = self.last_id.wrapping_add(1).max(1);
+            if op != Op::Close {
+                self.replies.insert(self.last_id, None);
+            }
             self.last_id
         };
         let m = Message { op, id, errno: 0, word, attr };
@@ -342,7 +346,13 @@ impl Opens {
 
     /// As an opener: the answer to request `id`, once in.
     pub(crate) fn take_reply(&mut self, id: u32) -> Option<Message> {
-        self.replies.remove(&id)
+        self.replies.get(&id)?.as_ref()?;
+        self.replies.remove(&id).flatten()
+    }
+
+    /// As an opener: request `id` is given up.
+    pub(crate) fn forget_request(&mut self, id: u32) {
+        self.replies.remove(&id);
     }
 
     /// As an opener: proxy `proxy` is closed (its handle went).
@@ -360,8 +370,11 @@ impl Opens {
             let Some(m) = Message::parse(&d.body) else { continue };
             match m.op {
                 Op::Reply => {
-                    if self.proxies.contains_key(&d.dest_qpn) {
-                        self.replies.insert(m.id, m);
+                    // Only an answer someone waits for is kept.
+                    if self.proxies.contains_key(&d.dest_qpn)
+                        && let Some(slot @ None) = self.replies.get_mut(&m.id)
+                    {
+                        *slot = Some(m);
                     }
                 }
                 Op::Event => {

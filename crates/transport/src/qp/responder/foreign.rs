@@ -21,8 +21,9 @@ pub(crate) enum ForeignAccess {
     /// An RDMA WRITE packet's data at `va`; on a message's first packet
     /// `check` is the message's length, checked whole before a byte moves.
     Write { rkey: u32, va: u64, check: Option<u32> },
-    /// An RDMA READ (a new one, or a resent one read again).
-    Read { rkey: u32, va: u64, len: u32 },
+    /// An RDMA READ (`resent`: a duplicate, which the data a first answer
+    /// brought may serve).
+    Read { rkey: u32, va: u64, len: u32, resent: bool },
     /// A compare and swap.
     CmpSwap { rkey: u32, va: u64, compare: u64, swap: u64 },
     /// A fetch and add.
@@ -71,6 +72,7 @@ impl Qp {
                     rkey: reth.rkey(),
                     va: reth.va(),
                     len: reth.dma_len(),
+                    resent: true,
                 });
             }
         }
@@ -103,6 +105,7 @@ impl Qp {
                     rkey: reth.rkey(),
                     va: reth.va(),
                     len,
+                    resent: false,
                 })
             }
             Operation::CompareSwap | Operation::FetchAdd => {
@@ -131,6 +134,24 @@ impl Qp {
             }
             _ => None,
         }
+    }
+
+    /// Whether the responder still needs the data of the READ whose first
+    /// PSN is `first` (`len` bytes): responses of it still to send, or the
+    /// READ remembered for a resend.
+    pub(crate) fn read_still_needed(&self, first: u32, len: u32) -> bool {
+        let first = uroce_wire::Psn::new(first);
+        let last = first.add(crate::qp::requester::packets(len, self.mtu()) - 1);
+        let within = |p: uroce_wire::Psn| !p.is_before(first) && !p.is_after(last);
+        self.resp
+            .res
+            .iter()
+            .any(|r| matches!(*r, RdAtomicRes::Read { first_psn, .. } if first_psn == first))
+            || self
+                .resp
+                .out
+                .iter()
+                .any(|i| matches!(*i, super::RespItem::Read { psn, .. } if within(psn)))
     }
 
     /// The owner of the memory a request reaches never answered (it is
