@@ -265,12 +265,16 @@ fn uroce_run_shows_device_files_to_root_and_to_users() {
         return;
     }
     // `rdma res show`: two pingpong servers' objects while they wait (ports
-    // of their own each time), one of them with an SRQ and two QPs on it.
+    // of their own each time), one of them with an SRQ and two QPs on it;
+    // listed once all three QPs show as INIT (contexts publish their
+    // objects ten times a second: a first listing may show a QP just made,
+    // still in RESET).
     let listing = || {
         format!(
             "ibv_rc_pingpong -g 0 -p {} >/dev/null 2>&1 & rc=$!; \
              ibv_srq_pingpong -g 0 -q 2 -p {} >/dev/null 2>&1 & srq=$!; \
-             for i in $(seq 100); do rdma res | grep -q 'qp 3 ' && break; sleep 0.1; done; \
+             for i in $(seq 100); do [ \"$(rdma res show qp | grep -c 'state INIT')\" = 3 ] \
+             && break; sleep 0.1; done; \
              rdma res show qp; rdma res show cq; rdma res show mr; rdma res show pd; \
              rdma res show srq; rdma res show ctx; rdma res; kill $rc $srq",
             uroce::testing::free_port(),
