@@ -658,6 +658,13 @@ impl Endpoint {
         self.relays.port = port;
     }
 
+    /// Sets the secret that the relay datagrams between the processes of
+    /// this device end with (see [`crate::xrc_relay`]): one that only
+    /// those processes can read, so that no other sender can forge them.
+    pub fn set_relay_secret(&mut self, secret: u64) {
+        self.relays.set_secret(secret);
+    }
+
     /// Stops sharing XRC domain `xrcd` (its last handle here closed).
     pub fn unshare_xrcd(&mut self, xrcd: u32) {
         self.shared_xrc.domains.remove(&xrcd);
@@ -802,8 +809,8 @@ impl Endpoint {
     }
 
     /// Keeps a control datagram (`pkt`, to QPN `qpn`); false if it is none.
-    fn control_in(&mut self, qpn: u32, to: IpAddr, pkt: &RocePacket<&[u8]>) -> bool {
-        let Some(body) = Relays::control_body(pkt.payload()) else { return false };
+    fn control_in(&mut self, qpn: u32, to: IpAddr, pkt: &RocePacket<&[u8]>, body: &[u8]) -> bool {
+        let Some(body) = Relays::control_body(body) else { return false };
         let Some((q, depth)) = &mut self.control else { return false };
         let src_qpn = pkt.deth().map_or(0, |d| d.src_qpn());
         if q.len() < *depth {
@@ -895,7 +902,9 @@ impl Endpoint {
         mem: &dyn Memory,
     ) {
         let Some(slot) = self.qps.get_mut(&qpn) else {
-            if Relays::is_relay(pkt, from, to) && self.control_in(qpn, to, pkt) {
+            if let Some(body) = self.relays.body(pkt, from, to)
+                && self.control_in(qpn, to, pkt, body)
+            {
                 return;
             }
             if !self.relayed_in(now, qpn, from, to, pkt, mem) {
@@ -905,12 +914,17 @@ impl Endpoint {
         };
         if let Some(xrcd) = slot.xrcd {
             if Relays::is_relay(pkt, from, to) {
-                if self.control_in(qpn, to, pkt) {
+                let Some(body) = self.relays.body(pkt, from, to) else {
+                    // Not from a process of this device.
+                    self.stats.drop(crate::stats::DropReason::Malformed);
+                    return;
+                };
+                if self.control_in(qpn, to, pkt, body) {
                     return;
                 }
                 // An owner's answer to this target's request: the packets
                 // held for it run now, in order.
-                if let Some(held) = self.relays.answered(now, qpn, pkt.payload()) {
+                if let Some(held) = self.relays.answered(now, qpn, body) {
                     self.run_held(now, qpn, held, mem);
                 }
                 return;
@@ -1255,12 +1269,17 @@ impl Endpoint {
         }
         let Some(srq) = self.srqs.get_mut(&srqn) else { return false };
         let (Some(xrc), Some(_)) = (srq.xrc(), srq.shared()) else { return false };
-        if Relays::is_request(pkt.payload()) {
-            match self.relays.serve(now, (srqn, srq), xrc.pd, to, pkt.payload(), mem) {
+        let Some(body) = self.relays.body(pkt, from, to) else {
+            // Not from a process of this device: forged.
+            self.stats.drop(crate::stats::DropReason::Malformed);
+            return true;
+        };
+        if Relays::is_request(body) {
+            match self.relays.serve(now, (srqn, srq), xrc.pd, to, body, mem) {
                 Ok(()) => self.stats.xrc_accesses_served += 1,
                 Err(()) => self.stats.drop(crate::stats::DropReason::Malformed),
             }
-        } else if self.relays.arrived(srqn, srq, xrc.pd, pkt.payload(), mem).is_err() {
+        } else if self.relays.arrived(srqn, srq, xrc.pd, body, mem).is_err() {
             self.stats.drop(crate::stats::DropReason::Malformed);
         }
         self.srq_dirty = true;

@@ -23,7 +23,9 @@
 //! or never answers ends the connection (remote operational error).
 //!
 //! A relay datagram is a UD SEND with Q_Key [`RELAY_QKEY`] from and to the
-//! device's own address; its payload starts with a version byte: 1 for a
+//! device's own address, its payload ending with the device's secret (8
+//! bytes that only the processes sharing the device can read: others
+//! cannot forge one); its payload starts with a version byte: 1 for a
 //! relayed message's chunk (`RelayHeader`), 2 for a request, 3 for a
 //! response, 4 for a control datagram (the driver's).
 
@@ -49,6 +51,8 @@ pub const RELAY_QKEY: u32 = 0x7552_4c59;
 const CHUNK: usize = 4096;
 /// The relay header's length.
 const HEADER: usize = 24;
+/// The secret that ends every relay datagram.
+const TRAILER: usize = 8;
 const VERSION: u8 = 1;
 /// The first byte of a relay request (target → owner).
 const KIND_REQUEST: u8 = 2;
@@ -436,6 +440,8 @@ pub(crate) struct Relays {
     last_id: u32,
     /// The device's UDP port, which its other processes share.
     pub(crate) port: u16,
+    /// The secret every relay datagram ends with (see the module doc).
+    secret: u64,
 }
 
 impl Default for Relays {
@@ -457,6 +463,7 @@ impl Default for Relays {
             give_back: Vec::new(),
             psn: 0,
             last_id: 0,
+            secret: 0,
             port: crate::wire::udp::ROCE_V2_PORT,
         }
     }
@@ -647,7 +654,7 @@ impl Relays {
             deth: Some(DethRepr { qkey: RELAY_QKEY, src_qpn: m.c.qp_num }),
             ..RocePacketRepr::default()
         };
-        let total = repr.packet_len(HEADER + n);
+        let total = repr.packet_len(HEADER + n + TRAILER);
         if buf.len() < total {
             return None;
         }
@@ -683,6 +690,8 @@ impl Relays {
         }
         .emit(&mut buf[hl..hl + HEADER]);
         buf[hl + HEADER..hl + HEADER + n].copy_from_slice(&m.data[m.sent..m.sent + n]);
+        let end = hl + HEADER + n;
+        buf[end..end + TRAILER].copy_from_slice(&self.secret.to_be_bytes());
         m.sent += n;
         m.first = false;
         let t = Transmit {
@@ -706,6 +715,28 @@ impl Relays {
         from == to
             && pkt.bth().opcode() == Opcode::UD_SEND_ONLY
             && pkt.deth().is_some_and(|d| d.qkey() == RELAY_QKEY)
+    }
+
+    /// The body of relay datagram `pkt` (from `from` to `to`): its payload
+    /// without the secret, if it is a relay datagram and ends with the
+    /// device's secret.
+    pub(crate) fn body<'a>(
+        &self,
+        pkt: &'a RocePacket<&[u8]>,
+        from: IpAddr,
+        to: IpAddr,
+    ) -> Option<&'a [u8]> {
+        if !Self::is_relay(pkt, from, to) {
+            return None;
+        }
+        let p = pkt.payload();
+        let (body, trailer) = p.split_at_checked(p.len().checked_sub(TRAILER)?)?;
+        (trailer == self.secret.to_be_bytes()).then_some(body)
+    }
+
+    /// Sets the device's secret (see the module doc).
+    pub(crate) fn set_secret(&mut self, secret: u64) {
+        self.secret = secret;
     }
 
     /// A relay datagram for `srq` (number `srqn`, of PD `pd`): written
@@ -847,12 +878,14 @@ impl Relays {
             deth: Some(DethRepr { qkey: RELAY_QKEY, src_qpn: d.src_qpn }),
             ..RocePacketRepr::default()
         };
-        let total = repr.packet_len(d.payload.len());
+        let total = repr.packet_len(d.payload.len() + TRAILER);
         if buf.len() < total {
             return None;
         }
         let hl = repr.emit_headers(buf).ok()?;
-        buf[hl..hl + d.payload.len()].copy_from_slice(&d.payload);
+        let end = hl + d.payload.len();
+        buf[hl..end].copy_from_slice(&d.payload);
+        buf[end..end + TRAILER].copy_from_slice(&self.secret.to_be_bytes());
         Some(Transmit {
             len: total,
             dst: d.to,

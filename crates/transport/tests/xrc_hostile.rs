@@ -1076,3 +1076,32 @@ fn a_target_reset_gives_back_the_wqe_reserved_for_it() {
     assert_eq!((o.ep.srq(o.srqn).unwrap().len(), o.claims.claimed.load(Ordering::Acquire)), (1, 0));
     assert_eq!(h.ep.poll_timeout(), None, "nothing left to ask");
 }
+
+/// Relay datagrams end with the device's secret: an owner with another
+/// (a sender that could not read the device's) takes none of them, and
+/// once the secrets agree, the request asked again is served.
+#[test]
+fn relay_datagrams_without_the_devices_secret_are_dropped() {
+    let now = Instant::ZERO;
+    let (mut h, mut o) = shared_host(now);
+    let tgt = h.tgt;
+    h.ep.set_relay_secret(0xfeed_f00d);
+    o.ep.set_relay_secret(0xbad);
+    o.mem.fill(o.addr, &5u64.to_ne_bytes());
+    let fa = atomic(XRC_FETCH_ADD, tgt, FIRST_PSN, &o, o.addr, 1, 0);
+    let answers = parsed(through(&mut h, &mut o, now, &fa, &[]));
+    assert!(answers.is_empty(), "not served: {answers:?}");
+    assert_eq!(o.ep.stats.xrc_accesses_served, 0);
+    assert_eq!(o.mem.snapshot(o.addr, 8), 5u64.to_ne_bytes(), "untouched");
+    o.ep.set_relay_secret(0xfeed_f00d);
+    let later = h.ep.poll_timeout().unwrap();
+    h.ep.handle_timeout(later);
+    let mut buf = vec![0u8; 8192];
+    let mut again = vec![];
+    while let Some(t) = h.ep.poll_transmit(later, &h.mem, &mut buf) {
+        again.push(buf[..t.len].to_vec());
+    }
+    let answers = parsed(exchange(&mut h, &mut o, later, again));
+    assert_eq!(answers[0].atomic_ack_eth.unwrap().orig, 5);
+    assert_eq!(o.mem.snapshot(o.addr, 8), 6u64.to_ne_bytes());
+}

@@ -160,6 +160,7 @@ impl Driver {
         let (base, start) = backend.qpn_range();
         ep.set_qpn_range(base, 1 << crate::backend::QPN_RANGE_BITS, start);
         ep.set_local_port(backend.local().port());
+        ep.set_relay_secret(backend.relay_secret());
         Self {
             ep,
             mem: MemTable::default(),

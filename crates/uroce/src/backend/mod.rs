@@ -184,6 +184,12 @@ pub(crate) trait Backend: Send + std::fmt::Debug {
         None
     }
 
+    /// The secret the relay datagrams between the processes sharing this
+    /// device end with (0: none shares it).
+    fn relay_secret(&self) -> u64 {
+        0
+    }
+
     /// Whether the host's interfaces describe this device: its GID table
     /// and its port's state (not for a simulated network).
     fn on_host(&self) -> bool {

@@ -113,6 +113,8 @@ pub(crate) struct Registry {
     /// Connections of dead members whose slots this member took back,
     /// for the caller to end (see [`Registry::take_leftovers`]).
     leftovers: Vec<Leftover>,
+    /// The group's secret (see `secret_at`).
+    secret: u64,
 }
 
 /// Whether `path` still names the open `file` (not removed or replaced).
@@ -159,6 +161,48 @@ pub(crate) fn path_of(addr: SocketAddr) -> PathBuf {
 /// The round lock beside the table.
 fn round_path(path: &std::path::Path) -> PathBuf {
     crate::published::with_suffix(path, ".round")
+}
+
+/// Where the secret of the group whose table is at `path` is kept.
+fn secret_path(path: &Path) -> PathBuf {
+    crate::published::with_suffix(path, ".secret")
+}
+
+/// The secret in the file at `path`: 8 random bytes only the run
+/// directory's user can read (0600), made by the first to ask (0 if the
+/// file cannot be had). Relay datagrams between a device's members end
+/// with it (`uroce_transport::xrc_relay`), so another sender, which
+/// cannot read it, cannot forge one. Read and made under the table's
+/// lock, as the last member removes it.
+fn secret_at(path: &Path) -> u64 {
+    use std::io::{Read, Write};
+    use std::os::unix::fs::OpenOptionsExt;
+    for _ in 0..100 {
+        let mut b = [0u8; 8];
+        if let Ok(mut f) = File::open(path)
+            && f.read_exact(&mut b).is_ok()
+        {
+            return u64::from_be_bytes(b);
+        }
+        let mut fresh = [0u8; 8];
+        if File::open("/dev/urandom").and_then(|mut r| r.read_exact(&mut fresh)).is_err() {
+            return 0;
+        }
+        // Made whole under a temporary name, then linked in: a reader
+        // never sees a short file, and of two makers the first wins.
+        let tmp = crate::published::with_suffix(path, &format!(".{}", std::process::id()));
+        let made = OpenOptions::new()
+            .write(true)
+            .create_new(true)
+            .mode(0o600)
+            .open(&tmp)
+            .and_then(|mut f| f.write_all(&fresh));
+        if made.is_ok() {
+            let _ = std::fs::hard_link(&tmp, path);
+        }
+        let _ = std::fs::remove_file(&tmp);
+    }
+    0
 }
 
 fn open_rw(path: &PathBuf) -> io::Result<File> {
@@ -234,6 +278,7 @@ impl Registry {
                 return Err(e);
             }
         };
+        let secret = secret_at(&secret_path(&path));
         let bound = bind();
         if let Ok(t) = &bound {
             if (0..SLOTS).any(|s| s != slot && slot_alive(&file, s)) {
@@ -250,7 +295,9 @@ impl Registry {
             let _ = ofd_lock::unlock(&file, lock_byte(slot));
         }
         let _ = file.unlock();
-        Ok(bound.map(|t| (Self { file, round_lock, slot, owner, path, left: false, leftovers }, t)))
+        let left = false;
+        Ok(bound
+            .map(|t| (Self { file, round_lock, slot, owner, path, left, leftovers, secret }, t)))
     }
 
     /// Leaves the group: under the table's lock, the table predicts the
@@ -319,6 +366,12 @@ impl Registry {
     /// This context's slot.
     pub(crate) fn slot(&self) -> usize {
         self.slot
+    }
+
+    /// The group's secret, which relay datagrams between its members end
+    /// with.
+    pub(crate) fn secret(&self) -> u64 {
+        self.secret
     }
 
     /// Whether another member of the group runs now.
@@ -593,6 +646,7 @@ impl Registry {
                 let _ = std::fs::remove_file(connections_path(&self.path, s));
             }
             let _ = std::fs::remove_file(round_path(&self.path));
+            let _ = std::fs::remove_file(secret_path(&self.path));
             let _ = std::fs::remove_file(&self.path);
         }
     }
@@ -647,6 +701,7 @@ fn is_table_name(name: &str) -> bool {
         && !name.ends_with(".round")
         && !name.contains(".conns-")
         && !name.contains(".new")
+        && !name.contains(".secret")
 }
 
 /// How long the connection lists of a group whose members all died are
@@ -699,6 +754,7 @@ fn sweep(dir: &Path, keep: &Path) {
                 let _ = std::fs::remove_file(connections_path(&path, s));
             }
             let _ = std::fs::remove_file(round_path(&path));
+            let _ = std::fs::remove_file(secret_path(&path));
             let _ = std::fs::remove_file(&path);
         }
         let _ = file.unlock();
@@ -1208,7 +1264,24 @@ mod tests {
         assert!(!is_table_name("share-1-10.0.0.1-4791.round"));
         assert!(!is_table_name("share-1-10.0.0.1-4791.conns-3"));
         assert!(is_table_name("share-1-fe80::1-4791"));
+        assert!(!is_table_name("share-1-10.0.0.1-4791.secret"), "a device's secret stays");
         drop(a);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    /// A group's secret: made once, the same for every member that asks,
+    /// readable by its user only.
+    #[test]
+    fn a_groups_secret_is_made_once_and_kept_private() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = std::env::temp_dir().join(format!("uroce-secret-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = secret_path(&dir.join("share-1-10.0.0.1-4791"));
+        let first = secret_at(&path);
+        assert_ne!(first, 0);
+        assert_eq!(secret_at(&path), first);
+        let mode = std::fs::metadata(&path).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600);
         let _ = std::fs::remove_dir_all(&dir);
     }
 

@@ -40,6 +40,8 @@ pub(crate) struct UdpBackend {
     ports: Vec<Port>,
     local: SocketAddr,
     gso: bool,
+    /// The device's relay secret (its group's, see `share::Registry`).
+    secret: u64,
     /// Which socket the next `recv` tries first (no socket starves).
     next_rx: usize,
     /// One socket per joined multicast group, bound to (group, port): a
@@ -417,6 +419,9 @@ impl UdpBackend {
         let local_path = (inbox && super::shm::enabled())
             .then(|| super::shm::LocalPath::new(local, registry.as_ref().map_or(0, |r| r.slot())))
             .and_then(Result::ok);
+        // The relay datagrams between the address's contexts end with a
+        // secret only they (its user) can read.
+        let secret = registry.as_ref().map_or(0, share::Registry::secret);
         port.sharing = registry.map(Sharing::new);
         let gso = std::env::var_os("UROCE_NO_GSO").is_none();
         let listening = Vec::new();
@@ -432,6 +437,7 @@ impl UdpBackend {
             since_local: LOCAL_HOT,
             since_socket: 0,
             waker_cpu: None,
+            secret,
         })
     }
 
@@ -645,6 +651,10 @@ impl UdpBackend {
 }
 
 impl super::Backend for UdpBackend {
+    fn relay_secret(&self) -> u64 {
+        self.secret
+    }
+
     fn local(&self) -> SocketAddr {
         self.local
     }

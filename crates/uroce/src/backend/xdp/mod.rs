@@ -284,6 +284,10 @@ impl XdpBackend {
 }
 
 impl Backend for XdpBackend {
+    fn relay_secret(&self) -> u64 {
+        self.udp.relay_secret()
+    }
+
     fn local(&self) -> SocketAddr {
         self.udp.local()
     }
