@@ -1093,6 +1093,11 @@ impl Relays {
 
     /// When the next unanswered request is asked again.
     pub(crate) fn next_deadline(&self) -> Option<Instant> {
+        // Asked every progress pass: an emptied map still has its buckets
+        // to scan.
+        if self.waiting.is_empty() {
+            return None;
+        }
         self.waiting.values().map(|w| w.deadline).min()
     }
 
