@@ -72,8 +72,17 @@ impl Drop for Net {
     fn drop(&mut self) {
         sh(&["ip", "netns", "del", &self.a]);
         sh(&["ip", "netns", "del", &self.b]);
-        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}", self.a));
-        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}", self.b));
+        // The EAL run-time directories of the namespaces' file prefixes
+        // (uroce appends each process's ID; a killed process leaves its).
+        let dirs = std::fs::read_dir("/var/run/dpdk").into_iter().flatten().flatten();
+        for d in dirs {
+            let name = d.file_name().to_string_lossy().into_owned();
+            if [&self.a, &self.b].iter().any(|ns| {
+                name == **ns || name.strip_prefix(ns.as_str()).is_some_and(|r| r.starts_with('-'))
+            }) {
+                let _ = std::fs::remove_dir_all(d.path());
+            }
+        }
     }
 }
 

@@ -233,6 +233,9 @@ counters! {
     /// IGMP and MLD membership reports and leaves sent (groups joined and
     /// left, routers' queries answered).
     dpdk_group_reports,
+    /// RoCE frames to the device that another of its contexts owns (each
+    /// sees every frame of the port's interface): left to it.
+    dpdk_rx_for_others,
 }
 
 impl Stats {

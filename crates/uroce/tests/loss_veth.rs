@@ -317,6 +317,8 @@ struct Net {
     tag: char,
     /// The path MTU the roles connect with (0: 1024, `handshake`).
     path_mtu: std::cell::Cell<u32>,
+    /// The RC client runs in `b` on the server's device (its address).
+    client_beside_server: std::cell::Cell<bool>,
 }
 
 fn sh(args: &[&str]) -> bool {
@@ -329,7 +331,13 @@ impl Net {
     fn new(tag: char) -> Option<Self> {
         let id = std::process::id() % 100_000;
         let (a, b) = (format!("uroce-{tag}a{id}"), format!("uroce-{tag}b{id}"));
-        let net = Self { a, b, tag, path_mtu: std::cell::Cell::new(0) };
+        let net = Self {
+            a,
+            b,
+            tag,
+            path_mtu: Default::default(),
+            client_beside_server: Default::default(),
+        };
         let (va, vb) = net.ifaces();
         let ok = sh(&["ip", "netns", "add", &net.a])
             && sh(&["ip", "netns", "add", &net.b])
@@ -353,7 +361,13 @@ impl Net {
     fn single(tag: char) -> Option<Self> {
         let id = std::process::id() % 100_000;
         let ns = format!("uroce-{tag}s{id}");
-        let net = Self { a: ns.clone(), b: ns, tag, path_mtu: std::cell::Cell::new(0) };
+        let net = Self {
+            a: ns.clone(),
+            b: ns,
+            tag,
+            path_mtu: Default::default(),
+            client_beside_server: Default::default(),
+        };
         let ok = sh(&["ip", "netns", "add", &net.a])
             && sh(&["ip", "-n", &net.a, "link", "set", "lo", "up"]);
         ok.then_some(net)
@@ -551,7 +565,9 @@ fn start_roles(
     client: (&str, Option<&str>),
     v6: bool,
 ) -> (Child, Child, ChildStdin, ChildStdin, BufReader<ChildStdout>, BufReader<ChildStdout>) {
-    let mut srv = spawn_v(&net.b, server.0, server.1, v6, net.path_mtu.get());
+    let beside = net.client_beside_server.get() && client.0 == "client";
+    let srv_role = if beside { "server-beside" } else { server.0 };
+    let mut srv = spawn_v(&net.b, srv_role, server.1, v6, net.path_mtu.get());
     if client.1 == Some("dpdk:memif-client") {
         // A memif client connects once, when its port starts: the
         // server's socket must be there by then.
@@ -562,7 +578,8 @@ fn start_roles(
             std::thread::sleep(Duration::from_millis(20));
         }
     }
-    let mut cli = spawn_v(&net.a, client.0, client.1, v6, net.path_mtu.get());
+    let (cli_ns, cli_role) = if beside { (&net.b, "client-beside") } else { (&net.a, client.0) };
+    let mut cli = spawn_v(cli_ns, cli_role, client.1, v6, net.path_mtu.get());
     let (s_in, c_in) = (srv.stdin.take().unwrap(), cli.stdin.take().unwrap());
     let s_out = BufReader::new(srv.stdout.take().unwrap());
     let c_out = BufReader::new(cli.stdout.take().unwrap());
@@ -661,9 +678,21 @@ fn loss_suite_over_veth() {
         Ok("hold") => {
             // Open a device (on the backend the environment names), say
             // so, and wait to be killed.
-            let _s = side("10.231.0.2".parse().unwrap());
+            let s = side("10.231.0.2".parse().unwrap());
             line(&mut std::io::stdout(), "HOLDING");
-            std::thread::sleep(Duration::from_secs(60));
+            // Until killed or told to stop (stdin closed); "STATS" asks
+            // for the DPDK backend's counters.
+            while stdin_line() == "STATS" {
+                let st = s.ctx.stats();
+                let said = format!(
+                    "HELD {} {} {} {}",
+                    st.dpdk_rcvd_frames,
+                    st.dpdk_rx_for_others,
+                    st.dpdk_arp_replies,
+                    st.dpdk_echo_replies
+                );
+                line(&mut std::io::stdout(), &said);
+            }
             return;
         }
         Ok("broker") => {
@@ -681,6 +710,13 @@ fn loss_suite_over_veth() {
         }
         Ok("client") => {
             return client("10.231.0.1".parse().unwrap(), "10.231.0.2".parse().unwrap());
+        }
+        // Client and server on one device (`Net::client_beside_server`).
+        Ok("client-beside") => {
+            return client("10.231.0.2".parse().unwrap(), "10.231.0.2".parse().unwrap());
+        }
+        Ok("server-beside") => {
+            return server("10.231.0.2".parse().unwrap(), "10.231.0.2".parse().unwrap());
         }
         _ => {}
     }
@@ -1368,14 +1404,15 @@ fn af_xdp_without_privilege_through_the_broker() {
 /// Starts the `hold` role (a device open on `backend`) in namespace `ns`
 /// and waits until it holds the device.
 fn hold(ns: &str, backend: Option<&str>) -> Child {
+    hold_with_output(ns, backend).0
+}
+
+/// [`hold`], keeping the holder's output (its answers to "STATS").
+fn hold_with_output(ns: &str, backend: Option<&str>) -> (Child, BufReader<ChildStdout>) {
     let mut held = spawn(ns, "hold", backend);
     let mut out = BufReader::new(held.stdout.take().unwrap());
-    let mut l = String::new();
-    while !l.contains("HOLDING") {
-        l.clear();
-        assert!(out.read_line(&mut l).unwrap() > 0, "the holder ended early");
-    }
-    held
+    assert_eq!(next_marked(&mut out, &["HOLDING"]), "HOLDING", "the holder ended early");
+    (held, out)
 }
 
 /// Turns the kernel's UDP segmentation offload off on both veth ends:
@@ -1547,9 +1584,112 @@ fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
         String::from_utf8_lossy(&said.stdout).contains("REFUSED"),
         "ICMPv6 port unreachable from DPDK"
     );
+    // Each process ran its own EAL primary (the file prefix and its
+    // process ID) and removed its run-time directory at exit.
     for ns in [&net.a, &net.b] {
-        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{ns}"));
+        assert_eq!(eal_dirs(ns), Vec::<String>::new(), "EAL run-time directories left");
     }
+}
+
+/// The EAL run-time directories of file prefix `base` (DPDK's own, and
+/// those with a process ID that uroce gives each process).
+#[cfg(feature = "dpdk")]
+fn eal_dirs(base: &str) -> Vec<String> {
+    let Ok(dir) = std::fs::read_dir("/var/run/dpdk") else { return vec![] };
+    dir.flatten()
+        .map(|e| e.file_name().to_string_lossy().into_owned())
+        .filter(|n| {
+            n == base
+                || n.strip_prefix(base)
+                    .and_then(|r| r.strip_prefix('-'))
+                    .is_some_and(|r| r.bytes().all(|b| b.is_ascii_digit()))
+        })
+        .collect()
+}
+
+/// Removes what [`eal_dirs`] finds (processes killed leave theirs).
+#[cfg(feature = "dpdk")]
+fn remove_eal_dirs(base: &str) {
+    for d in eal_dirs(base) {
+        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{d}"));
+    }
+}
+
+/// Several processes on one DPDK device (one interface, each process its
+/// own af_packet port on it): each takes the frames of its own QPNs and
+/// leaves the others'; the first member answers ARP and ping alone (no
+/// duplicate replies), and when it dies the next one does; two members
+/// talk to each other through memory (frames to the device's own address
+/// cannot leave the port and come back).
+#[cfg(feature = "dpdk")]
+#[test]
+fn processes_share_a_dpdk_device() {
+    if std::env::var(ROLE).is_ok() {
+        return;
+    }
+    if !is_root() {
+        assert!(std::env::var_os("CI").is_none(), "the DPDK test needs root under CI");
+        eprintln!("not root: skipped");
+        return;
+    }
+    let net = Net::new('m').expect("namespaces and veth");
+    let (va, vb) = net.ifaces();
+    segment_in_software(&net);
+    assert!(sh(&["ip", "-n", &net.b, "addr", "del", "10.231.0.2/24", "dev", &vb]));
+    let ping = |count: &str| {
+        Command::new("ip")
+            .args(["netns", "exec", &net.a, "ping", "-c", count, "-i", "0.05", "-W", "2"])
+            .arg("10.231.0.2")
+            .stdout(Stdio::piped())
+            .spawn()
+            .unwrap()
+    };
+    let replies = |p: Child| {
+        let out = p.wait_with_output().unwrap();
+        let text = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(out.status.success(), "ping answered: {text}");
+        assert!(!text.contains("DUP!") && !text.contains("duplicates"), "one reply each: {text}");
+    };
+    // The first member (slot 0) answers for the device; the server takes
+    // slot 1 and the frames of its QPs, and answers nothing.
+    let (mut first, mut first_out) = hold_with_output(&net.b, Some("dpdk"));
+    let pinging = ping("40");
+    let (t, done) = run_pair_with_end(&net, Some("dpdk"), None, None);
+    assert_eq!(t.len(), STREAMS.len(), "{t:?}");
+    // "SERVER OK <checked> xdp <4 counts> dpdk <rcvd> <sent> <arp replies> <arp requests> …"
+    let dpdk: Vec<u64> = done.split(' ').skip(9).take(4).map(|n| n.parse().unwrap()).collect();
+    assert!(dpdk[0] > 1000, "the server's frames: {done}");
+    assert_eq!(dpdk[2], 0, "the server answered ARP beside the first member: {done}");
+    replies(pinging);
+    // The first member saw the server's frames and left them; it answered
+    // ARP and ping.
+    line(first.stdin.as_mut().unwrap(), "STATS");
+    let held = next_marked(&mut first_out, &["HELD "]);
+    let c: Vec<u64> = held.split(' ').skip(1).map(|n| n.parse().unwrap()).collect();
+    assert_eq!(c[0], 0, "frames the first member took: {held}");
+    assert!(c[1] >= dpdk[0] / 2, "frames the first member left to the server: {held}, {done}");
+    assert!(c[2] > 0 && c[3] > 0, "ARP and ping answered by the first member: {held}");
+    eprintln!("first member: {held}");
+    eprintln!("DPDK server beside a member: {t:?}; {done}");
+    // The first member dies: the next one answers within its next check.
+    let mut second = hold(&net.b, Some("dpdk"));
+    first.kill().unwrap();
+    first.wait().unwrap();
+    assert!(sh(&["ip", "-n", &net.a, "neigh", "flush", "dev", &va]));
+    std::thread::sleep(Duration::from_millis(300));
+    replies(ping("10"));
+    second.kill().unwrap();
+    second.wait().unwrap();
+    // Client and server on the device, both DPDK: through memory, none of
+    // it through the port.
+    net.client_beside_server.set(true);
+    let (t, done) = run_pair_with_end(&net, Some("dpdk"), Some("dpdk"), None);
+    net.client_beside_server.set(false);
+    assert_eq!(t.len(), STREAMS.len(), "{t:?}");
+    let dpdk: Vec<u64> = done.split(' ').skip(9).take(4).map(|n| n.parse().unwrap()).collect();
+    assert_eq!(dpdk[0], 0, "frames between members through the port: {done}");
+    eprintln!("DPDK client and server on one device: {t:?}; {done}");
+    remove_eal_dirs(&net.b);
 }
 
 /// Other DPDK ports than af_packet, each with the whole suite: `net_tap`
@@ -1585,7 +1725,7 @@ fn dpdk_backend_on_tap_and_memif_ports() {
     assert_eq!(t.len(), STREAMS.len(), "{t:?}");
     eprintln!("DPDK on net_memif, both ends: {t:?}");
     for port in ["tap", "memif-server", "memif-client"] {
-        let _ = std::fs::remove_dir_all(format!("/var/run/dpdk/{}-{port}", net.a));
+        remove_eal_dirs(&format!("{}-{port}", net.a));
     }
     let _ = std::fs::remove_file(memif_socket(&net.a));
 }

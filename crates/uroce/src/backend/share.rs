@@ -547,6 +547,22 @@ impl Registry {
     }
 }
 
+impl Registry {
+    /// The steering program for members that each see every datagram and
+    /// keep their own (a DPDK device's): slots stand for the indices, the
+    /// members `live` (this one's included) and the ports they listen on
+    /// as the table has them now. [`run`] gives a datagram's slot.
+    #[cfg(feature = "dpdk")]
+    pub(crate) fn program_by_slot(&self, live: &[usize]) -> Vec<Insn> {
+        let table: Vec<(usize, u32)> = live.iter().map(|&s| (s, s as u32)).collect();
+        let listens: Vec<(u16, u32)> = table
+            .iter()
+            .flat_map(|&(s, i)| listens_of(&self.file, s).into_iter().map(move |p| (p, i)))
+            .collect();
+        program(&table, &listens)
+    }
+}
+
 /// The steering program for the group as `file` describes it: the
 /// measured indices, and the ports each slot listens on. The lowest slot
 /// with a known index takes the CM datagrams no other rule places.
@@ -965,7 +981,7 @@ pub(crate) fn program(table: &[(usize, u32)], listens: &[(u16, u32)]) -> Vec<Ins
 
 /// Runs `prog` over `packet` as the kernel's classic BPF would (for the
 /// instructions [`program`] uses); a load past the end returns 0.
-#[cfg(test)]
+#[cfg(any(test, feature = "dpdk"))]
 pub(crate) fn run(prog: &[Insn], packet: &[u8]) -> u32 {
     let mut a = 0u32;
     let mut pc = 0usize;

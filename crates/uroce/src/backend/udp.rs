@@ -824,13 +824,7 @@ impl super::Backend for UdpBackend {
 
     fn add_counters(&self, stats: &mut uroce_transport::Stats) {
         if let Some(c) = self.local_path.as_ref().map(super::shm::LocalPath::counters) {
-            stats.local_sent_pkts += c.sent;
-            stats.local_rcvd_pkts += c.received;
-            stats.local_doorbells += c.doorbells;
-            stats.local_lane_full += c.full;
-            stats.local_lane_broken += c.broken;
-            stats.local_lane_released += c.released;
-            stats.local_no_memory += c.no_memory;
+            c.add_to(stats);
         }
     }
 

@@ -39,6 +39,7 @@ unsafe extern "C" {
     fn uroce_dpdk_link_up(p: *const RawPort) -> c_int;
     fn uroce_dpdk_stats(p: *const RawPort, out: *mut u64);
     fn uroce_dpdk_cleanup();
+    fn uroce_dpdk_runtime_dir() -> *const c_char;
 }
 
 /// The EAL's state in this process: started (with the ports in use), or
@@ -47,9 +48,11 @@ static EAL: Mutex<Option<Result<Vec<u16>, String>>> = Mutex::new(None);
 
 /// Starts the EAL with `args` (after a program name) the first time; later
 /// calls return the first one's outcome (DPDK starts once per process).
-pub(super) fn start_eal(args: &[String]) -> io::Result<()> {
+/// Whether this call started it.
+pub(super) fn start_eal(args: &[String]) -> io::Result<bool> {
     let mut eal = EAL.lock().unwrap_or_else(|e| e.into_inner());
-    if eal.is_none() {
+    let fresh = eal.is_none();
+    if fresh {
         let owned: Vec<CString> = std::iter::once("uroce".to_string())
             .chain(args.iter().cloned())
             .map(|a| CString::new(a).unwrap_or_default())
@@ -73,8 +76,23 @@ pub(super) fn start_eal(args: &[String]) -> io::Result<()> {
     }
     match eal.as_ref() {
         Some(Err(e)) => Err(io::Error::other(e.clone())),
-        _ => Ok(()),
+        _ => Ok(fresh),
     }
+}
+
+/// The EAL's run-time directory (once started).
+pub(super) fn runtime_dir() -> Option<std::path::PathBuf> {
+    use std::os::unix::ffi::OsStrExt;
+    // SAFETY: no arguments; the EAL returns a pointer to its own
+    // NUL-terminated string (or NULL), which lives as long as it.
+    let p = unsafe { uroce_dpdk_runtime_dir() };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: non-null, NUL-terminated, not freed while the EAL lives.
+    let s = unsafe { std::ffi::CStr::from_ptr(p) };
+    let path = std::path::PathBuf::from(std::ffi::OsStr::from_bytes(s.to_bytes()));
+    (!path.as_os_str().is_empty()).then_some(path)
 }
 
 /// The port `name` names: a number, or a device name as the EAL knows it
@@ -200,6 +218,10 @@ extern "C" fn eal_at_exit() {
         // SAFETY: the EAL was started and no port is in use.
         unsafe { uroce_dpdk_cleanup() };
         *eal = Some(Err("the EAL was released at exit".to_string()));
+        let own = super::eal::REMOVE_AT_EXIT.lock().ok().and_then(|mut d| d.take());
+        if let Some(dir) = own {
+            let _ = std::fs::remove_dir_all(dir);
+        }
     }
 }
 

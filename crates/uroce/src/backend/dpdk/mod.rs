@@ -31,8 +31,10 @@
 #![deny(unsafe_code)]
 
 mod control;
+mod eal;
 #[allow(unsafe_code)]
 mod ffi;
+mod members;
 mod neigh;
 
 use std::io;
@@ -44,8 +46,11 @@ use uroce_wire::arp::{ARP_LEN, ArpOp, ArpRepr};
 use uroce_wire::eth::{ETH_HEADER_LEN, ETHERTYPE_IPV4};
 use uroce_wire::ndp::NdpRepr;
 
+use super::shm::{LocalPath, Sent};
 use super::{Backend, Received, SendBatch, frame};
 use control::{Icmp, Kind, Membership};
+use members::Members;
+use uroce_transport::cm::Leftover;
 
 /// Whether devices use this backend (`UROCE_BACKEND=dpdk`).
 pub(crate) fn selected() -> bool {
@@ -110,7 +115,20 @@ pub(crate) struct DpdkBackend {
     /// The IGMP and MLD versions our reports take (older queriers heard).
     igmp: control::Compat,
     mld: control::Compat,
+    /// This context's slot among the device's members (`None`: the
+    /// device is its alone).
+    members: Option<Members>,
+    /// Shared memory to the device's members (this one included): what is
+    /// sent to the device's own addresses.
+    local_path: Option<LocalPath>,
+    /// Packets taken from the local path in a row (the port gets a turn
+    /// after [`LOCAL_STREAK`]).
+    local_streak: u32,
 }
+
+/// How many packets in a row `recv` takes from the local path before it
+/// looks at the port.
+const LOCAL_STREAK: u32 = 16;
 
 /// The most port unreachable errors sent in a second.
 const UNREACHABLES_PER_SEC: u32 = 100;
@@ -132,6 +150,8 @@ struct Counters {
     no_neighbour: u64,
     group_reports: u64,
     port_unreachables: u64,
+    /// RoCE frames to the device that another member owns.
+    for_others: u64,
 }
 
 fn refused(what: &str, e: io::Error) -> io::Error {
@@ -142,9 +162,15 @@ impl DpdkBackend {
     /// Starts the EAL (first time in the process) and the port, for the
     /// device at `addr` (IPv4 or IPv6).
     pub(crate) fn open(addr: SocketAddr) -> io::Result<Self> {
-        let eal = std::env::var("UROCE_DPDK_EAL").unwrap_or_default();
-        let args: Vec<String> = eal.split_whitespace().map(str::to_string).collect();
-        ffi::start_eal(&args).map_err(|e| refused("starting the EAL (UROCE_DPDK_EAL)", e))?;
+        let given = std::env::var("UROCE_DPDK_EAL").unwrap_or_default();
+        let given: Vec<String> = given.split_whitespace().map(str::to_string).collect();
+        let (args, base) = eal::own_prefix(&given, std::process::id());
+        let fresh =
+            ffi::start_eal(&args).map_err(|e| refused("starting the EAL (UROCE_DPDK_EAL)", e))?;
+        if fresh && let (Some(base), Some(dir)) = (base, ffi::runtime_dir()) {
+            eal::sweep(&dir, &base);
+            *eal::REMOVE_AT_EXIT.lock().unwrap_or_else(|e| e.into_inner()) = Some(dir);
+        }
         let which = std::env::var("UROCE_DPDK_PORT").unwrap_or_else(|_| "0".into());
         let id = ffi::port_id(&which).ok_or_else(|| {
             io::Error::new(
@@ -170,13 +196,18 @@ impl DpdkBackend {
             .map_err(|e| refused(&format!("starting port {id}"), e))?;
         PORT_MTU.store(u32::from(mtu), Ordering::Relaxed);
         let port_num = if addr.port() == 0 { uroce_wire::udp::ROCE_V2_PORT } else { addr.port() };
+        let local = SocketAddr::new(addr.ip(), port_num);
+        let members = Members::join(local).map_err(|e| refused("sharing the device", e))?;
+        // Without it, frames to the device's own address go nowhere (and
+        // are counted): the port cannot carry them.
+        let local_path = LocalPath::for_dpdk(local, members.as_ref().map_or(0, Members::slot)).ok();
         let mut b = Self {
             port: Some(port),
             rx: ffi::RxBurst::new(),
             joined: Vec::with_capacity(MAX_FRAME),
             out: vec![0; MAX_FRAME],
             mac,
-            local: SocketAddr::new(addr.ip(), port_num),
+            local,
             ips: vec![addr.ip()],
             groups: Vec::new(),
             neigh: neigh::Neighbours::default(),
@@ -187,10 +218,19 @@ impl DpdkBackend {
             unreachables: (0, 0),
             igmp: control::Compat::default(),
             mld: control::Compat::default(),
+            members,
+            local_path,
+            local_streak: 0,
         };
         LINK_UP.store(b.port.as_ref().is_some_and(ffi::Port::link_up), Ordering::Relaxed);
         b.announce(addr.ip());
         Ok(b)
+    }
+
+    /// Whether this context answers for the device (ARP, neighbour
+    /// discovery, ping, closed ports): alone, or the lowest live member.
+    fn answers(&self) -> bool {
+        self.members.as_ref().is_none_or(Members::answers)
     }
 
     /// Tells the link that `ip` is at our MAC (a gratuitous ARP request or
@@ -289,7 +329,7 @@ impl DpdkBackend {
             return;
         };
         let ours = self.ips.contains(&IpAddr::V4(a.target_ip));
-        if a.op == ArpOp::Request && ours {
+        if a.op == ArpOp::Request && ours && self.answers() {
             let mac = self.mac;
             let reply = ArpRepr {
                 op: ArpOp::Reply,
@@ -313,6 +353,9 @@ impl DpdkBackend {
     /// [`UNREACHABLES_PER_SEC`] a second (the kernel limits them too).
     fn on_closed_port(&mut self, f: &[u8]) {
         self.counters.other += 1;
+        if !self.answers() {
+            return;
+        }
         let second = self.now_ns / 1_000_000_000;
         if self.unreachables.0 != second {
             self.unreachables = (second, 0);
@@ -332,7 +375,7 @@ impl DpdkBackend {
     /// An ICMP or ICMPv6 frame came (`f`, copied out of the port).
     fn on_icmp(&mut self, f: &[u8]) {
         match control::icmp(f) {
-            Icmp::Echo { to } if self.ips.contains(&to) => {
+            Icmp::Echo { to } if self.ips.contains(&to) && self.answers() => {
                 let mac = self.mac;
                 if self.control(|out| control::echo_reply(f, out, mac)) {
                     self.counters.echo_replies += 1;
@@ -372,6 +415,14 @@ impl DpdkBackend {
                     self.counters.other += 1;
                     return;
                 }
+                if !self.answers() {
+                    // Another member answers; the sender is learnt all
+                    // the same.
+                    if let Some(m) = source_mac {
+                        self.learn(IpAddr::V6(from), m);
+                    }
+                    return;
+                }
                 // From the unspecified address (another host's duplicate
                 // address detection): the answer goes to all nodes.
                 let (to_ip, to_mac, solicited) = if from.is_unspecified() {
@@ -402,74 +453,40 @@ impl DpdkBackend {
     }
 }
 
-impl Backend for DpdkBackend {
-    fn local(&self) -> SocketAddr {
-        self.local
-    }
-
-    fn tick(&mut self, now_ns: u64) {
-        self.now_ns = now_ns;
-        if now_ns.saturating_sub(self.link_checked_ns) >= LINK_CHECK.as_nanos() as u64 {
-            self.link_checked_ns = now_ns;
-            if let Some(p) = self.port.as_ref() {
-                LINK_UP.store(p.link_up(), Ordering::Relaxed);
-            }
-            self.counters.no_neighbour += self.neigh.expire(Instant::now()) as u64;
-        }
-    }
-
-    /// One packet per send, each with IP ID 0, as the AF_XDP backend
-    /// (see there); the frames leave in bursts at [`Backend::flush`].
-    fn batch(&self) -> SendBatch {
-        SendBatch { segments: 1, bytes: 65_000 }
-    }
-
-    /// Every frame is ours to build: the QP's port.
-    fn source_port(&mut self, _dst: SocketAddr, wanted: u16) -> u16 {
-        wanted
-    }
-
-    fn send(
+impl DpdkBackend {
+    /// Sends to the device's own address: into the inbox of the member
+    /// that owns the packets (this one's too), or nowhere if none does.
+    fn send_to_member(
         &mut self,
         src: SocketAddr,
         dst: SocketAddr,
         data: &[u8],
         seg: usize,
-        tos: u8,
     ) -> io::Result<()> {
-        if src.is_ipv4() != dst.is_ipv4() {
-            return Err(io::Error::new(
-                io::ErrorKind::InvalidInput,
-                "DPDK backend: source and destination of different families",
-            ));
-        }
-        let to = dst.ip();
-        let dst_mac = self.neigh.lookup(to);
-        let path = frame::Path { src_mac: self.mac, dst_mac: dst_mac.unwrap_or([0; 6]), src, dst };
-        for (i, p) in data.chunks(seg.max(1)).enumerate() {
-            let mut out = std::mem::take(&mut self.out);
-            if let Some(n) = frame::build(&mut out, &path, p, i as u16, tos) {
-                if dst_mac.is_some() {
-                    self.transmit(&out[..n]);
-                } else if !self.neigh.wait(to, &out[..n]) {
-                    self.counters.no_neighbour += 1;
-                }
-            }
-            self.out = out;
-        }
-        if dst_mac.is_none() {
-            self.ask(to, Instant::now());
+        let packets = data.len().div_ceil(seg.max(1)) as u64;
+        let Some(lp) = self.local_path.as_mut() else {
+            self.counters.no_neighbour += packets;
+            return Ok(());
+        };
+        let sent = if super::dest_qpn(data) == 1 {
+            let slot = self.members.as_mut().map_or(0, |m| m.owner(data));
+            lp.send_to_slot(src, dst, data, seg, slot as u8)
+        } else {
+            lp.send(src, dst, data, seg)
+        };
+        match sent {
+            // No member owns the QPN: lost, as a datagram to a closed QP.
+            Sent::NotLocal => self.counters.no_neighbour += packets,
+            // No doorbell: a DPDK member never sleeps on a descriptor.
+            Sent::Written(_) => {}
+            Sent::Full => return Err(io::ErrorKind::WouldBlock.into()),
         }
         Ok(())
     }
 
-    fn flush(&mut self) {
-        if let Some(port) = self.port.as_mut() {
-            self.counters.tx_dropped += u64::from(port.flush());
-        }
-    }
-
-    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<Received>> {
+    /// The next RoCE datagram the port brought for this context; what
+    /// else came is answered or counted on the way.
+    fn recv_port(&mut self, buf: &mut [u8]) -> io::Result<Option<Received>> {
         let udp_port = self.local.port();
         loop {
             let mut joined = std::mem::take(&mut self.joined);
@@ -534,10 +551,152 @@ impl Backend for DpdkBackend {
                         continue;
                     }
                     self.learn(r.from.ip(), mac);
+                    // Every member sees the frame; the one that owns it
+                    // takes it (a group's datagram goes to every member
+                    // that joined the group).
+                    if !self.groups.contains(&r.to)
+                        && let Some(m) = self.members.as_mut()
+                        && m.owner(&buf[..r.len]) != m.slot()
+                    {
+                        self.counters.for_others += 1;
+                        continue;
+                    }
                     self.counters.rcvd += 1;
                     return Ok(Some(r));
                 }
             }
+        }
+    }
+
+    /// The next packet a member (or this context) sent to the device.
+    fn recv_local(&mut self, buf: &mut [u8]) -> Option<Received> {
+        let (len, m) = self.local_path.as_mut()?.recv(buf)?;
+        Some(Received { len, seg: len, from: m.from, to: m.to, ip_id: None, local: true })
+    }
+}
+
+impl Backend for DpdkBackend {
+    fn relay_secret(&self) -> u64 {
+        self.members.as_ref().map_or(0, |m| m.registry().secret())
+    }
+
+    fn qpn_range(&self) -> (u32, u32) {
+        self.members.as_ref().map_or((0, 0), |m| {
+            ((m.slot() as u32) << super::QPN_RANGE_BITS, m.registry().qpn_start())
+        })
+    }
+
+    fn cm_id_prefix(&self) -> Option<(u32, u32)> {
+        self.members.as_ref().map(|m| (m.slot() as u32, super::share::COMM_ID_SLOT_BITS))
+    }
+
+    fn set_listening(&mut self, ports: &[u16]) -> bool {
+        self.members.as_mut().is_none_or(|m| m.set_listening(ports))
+    }
+
+    fn listened_elsewhere(&mut self) -> Vec<u16> {
+        self.members.as_ref().map_or_else(Vec::new, |m| m.registry().listened_by_others())
+    }
+
+    fn publish_connections(&mut self, conns: &[Leftover]) -> bool {
+        self.members.as_ref().is_none_or(|m| m.registry().publish_connections(conns).is_ok())
+    }
+
+    fn take_leftovers(&mut self) -> Vec<Leftover> {
+        self.members.as_mut().map_or_else(Vec::new, |m| m.registry_mut().take_leftovers())
+    }
+
+    fn is_local(&mut self, dst: SocketAddr, qpn: u32) -> bool {
+        self.ips.contains(&dst.ip())
+            && self.local_path.as_mut().is_some_and(|lp| lp.reaches(dst, qpn))
+    }
+
+    fn local(&self) -> SocketAddr {
+        self.local
+    }
+
+    fn tick(&mut self, now_ns: u64) {
+        self.now_ns = now_ns;
+        if let Some(lp) = self.local_path.as_mut() {
+            lp.tick(now_ns, &mut |_, _| {});
+        }
+        if let Some(m) = self.members.as_mut() {
+            m.tick(now_ns);
+        }
+        if now_ns.saturating_sub(self.link_checked_ns) >= LINK_CHECK.as_nanos() as u64 {
+            self.link_checked_ns = now_ns;
+            if let Some(p) = self.port.as_ref() {
+                LINK_UP.store(p.link_up(), Ordering::Relaxed);
+            }
+            self.counters.no_neighbour += self.neigh.expire(Instant::now()) as u64;
+        }
+    }
+
+    /// One packet per send, each with IP ID 0, as the AF_XDP backend
+    /// (see there); the frames leave in bursts at [`Backend::flush`].
+    fn batch(&self) -> SendBatch {
+        SendBatch { segments: 1, bytes: 65_000 }
+    }
+
+    /// Every frame is ours to build: the QP's port.
+    fn source_port(&mut self, _dst: SocketAddr, wanted: u16) -> u16 {
+        wanted
+    }
+
+    fn send(
+        &mut self,
+        src: SocketAddr,
+        dst: SocketAddr,
+        data: &[u8],
+        seg: usize,
+        tos: u8,
+    ) -> io::Result<()> {
+        if src.is_ipv4() != dst.is_ipv4() {
+            return Err(io::Error::new(
+                io::ErrorKind::InvalidInput,
+                "DPDK backend: source and destination of different families",
+            ));
+        }
+        let to = dst.ip();
+        if self.ips.contains(&to) {
+            return self.send_to_member(src, dst, data, seg);
+        }
+        let dst_mac = self.neigh.lookup(to);
+        let path = frame::Path { src_mac: self.mac, dst_mac: dst_mac.unwrap_or([0; 6]), src, dst };
+        for (i, p) in data.chunks(seg.max(1)).enumerate() {
+            let mut out = std::mem::take(&mut self.out);
+            if let Some(n) = frame::build(&mut out, &path, p, i as u16, tos) {
+                if dst_mac.is_some() {
+                    self.transmit(&out[..n]);
+                } else if !self.neigh.wait(to, &out[..n]) {
+                    self.counters.no_neighbour += 1;
+                }
+            }
+            self.out = out;
+        }
+        if dst_mac.is_none() {
+            self.ask(to, Instant::now());
+        }
+        Ok(())
+    }
+
+    fn flush(&mut self) {
+        if let Some(port) = self.port.as_mut() {
+            self.counters.tx_dropped += u64::from(port.flush());
+        }
+    }
+
+    fn recv(&mut self, buf: &mut [u8]) -> io::Result<Option<Received>> {
+        if self.local_streak < LOCAL_STREAK
+            && let Some(r) = self.recv_local(buf)
+        {
+            self.local_streak += 1;
+            return Ok(Some(r));
+        }
+        self.local_streak = 0;
+        match self.recv_port(buf)? {
+            Some(r) => Ok(Some(r)),
+            None => Ok(self.recv_local(buf)),
         }
     }
 
@@ -552,6 +711,10 @@ impl Backend for DpdkBackend {
         self.rx = ffi::RxBurst::new();
         if let Some(p) = self.port.take() {
             p.close();
+        }
+        self.local_path = None;
+        if let Some(m) = self.members.take() {
+            m.leave();
         }
     }
 
@@ -569,6 +732,10 @@ impl Backend for DpdkBackend {
         stats.dpdk_port_unreachables += c.port_unreachables;
         stats.dpdk_no_neighbour += c.no_neighbour;
         stats.dpdk_group_reports += c.group_reports;
+        stats.dpdk_rx_for_others += c.for_others;
+        if let Some(c) = self.local_path.as_ref().map(LocalPath::counters) {
+            c.add_to(stats);
+        }
         if let Some(p) = self.port.as_ref() {
             let st = p.stats();
             stats.dpdk_rx_missed += st[2] + st[5];
@@ -592,6 +759,11 @@ impl Backend for DpdkBackend {
         if !self.ips.contains(&ip) {
             self.ips.push(ip);
             self.announce(ip);
+            // The members reach this context at it too.
+            if let Some(lp) = self.local_path.as_mut() {
+                let slot = self.members.as_ref().map_or(0, Members::slot);
+                let _ = lp.add_address(SocketAddr::new(ip, self.local.port()), slot);
+            }
         }
         Ok(())
     }
@@ -599,6 +771,9 @@ impl Backend for DpdkBackend {
     fn unbind_local(&mut self, ip: IpAddr) {
         if ip != self.ips[0] {
             self.ips.retain(|&x| x != ip);
+            if let Some(lp) = self.local_path.as_mut() {
+                lp.remove_address(ip);
+            }
         }
     }
 

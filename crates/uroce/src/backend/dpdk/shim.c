@@ -47,7 +47,15 @@ int uroce_dpdk_eal_init(int argc, char **argv)
 	int r = rte_eal_init(argc, argv);
 	if (had)
 		pthread_setaffinity_np(pthread_self(), sizeof cpus, &cpus);
-	return r < 0 ? -rte_errno : 0;
+	/* Some failures (a file prefix another primary holds) leave rte_errno
+	 * 0: a failure all the same. */
+	return r < 0 ? (rte_errno > 0 ? -rte_errno : -EIO) : 0;
+}
+
+/* The EAL's run-time directory (its files: config, memory maps). */
+const char *uroce_dpdk_runtime_dir(void)
+{
+	return rte_eal_get_runtime_dir();
 }
 
 uint16_t uroce_dpdk_port_count(void)

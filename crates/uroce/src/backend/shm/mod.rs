@@ -111,13 +111,39 @@ fn inbox_prefix() -> String {
 }
 
 /// Whether `name` is an inbox's (of any run directory): `uroce-`, the
-/// 8-digit hash, `-share-`.
+/// 8-digit hash, `-`, a kind's prefix (see [`Kind`]), `share-`.
 fn is_inbox_name(name: &str) -> bool {
     name.strip_prefix("uroce-").is_some_and(|rest| {
         rest.len() > 8
             && rest.as_bytes()[..8].iter().all(u8::is_ascii_hexdigit)
-            && rest[8..].starts_with("-share-")
+            && [Kind::Udp, Kind::Dpdk].iter().any(|k| {
+                rest[8..]
+                    .strip_prefix('-')
+                    .and_then(|r| r.strip_prefix(k.prefix()))
+                    .is_some_and(|r| r.starts_with("share-"))
+            })
     })
+}
+
+/// Which contexts' inboxes a local path sees. The `udp` backend's reach
+/// any context of the host by address; a DPDK device's are its own
+/// members' only (frames to the device's own address cannot leave its
+/// port and come back), and stay out of the `udp` contexts' sight, so
+/// that traffic between a DPDK device and another address keeps to its
+/// port.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Kind {
+    Udp,
+    Dpdk,
+}
+
+impl Kind {
+    fn prefix(self) -> &'static str {
+        match self {
+            Self::Udp => "",
+            Self::Dpdk => "dpdk-",
+        }
+    }
 }
 
 /// The lanes whose bits `mask` has, in order (one step per set bit).
@@ -129,11 +155,12 @@ fn lanes_in(mut mask: u64) -> impl Iterator<Item = usize> {
     })
 }
 
-/// The inbox of the context holding slot `slot` of the device at `addr`.
-fn inbox_path(dir: &Path, addr: SocketAddr, slot: usize) -> PathBuf {
+/// The inbox of the context of kind `kind` holding slot `slot` of the
+/// device at `addr`.
+fn inbox_path(dir: &Path, kind: Kind, addr: SocketAddr, slot: usize) -> PathBuf {
     let table = share::path_of(addr);
     let name = table.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
-    dir.join(format!("{}{name}.{slot}", inbox_prefix()))
+    dir.join(format!("{}{}{name}.{slot}", inbox_prefix(), kind.prefix()))
 }
 
 fn open_rw(path: &Path) -> io::Result<File> {
@@ -155,6 +182,19 @@ pub(crate) struct Counters {
     pub(crate) released: u64,
     /// Times a lane could not grow (a full tmpfs): UDP took over.
     pub(crate) no_memory: u64,
+}
+
+impl Counters {
+    /// Adds these to the device's counters (`local_*`).
+    pub(crate) fn add_to(&self, stats: &mut uroce_transport::Stats) {
+        stats.local_sent_pkts += self.sent;
+        stats.local_rcvd_pkts += self.received;
+        stats.local_doorbells += self.doorbells;
+        stats.local_lane_full += self.full;
+        stats.local_lane_broken += self.broken;
+        stats.local_lane_released += self.released;
+        stats.local_no_memory += self.no_memory;
+    }
 }
 
 /// What [`LocalPath::send`] did.
@@ -187,10 +227,10 @@ struct Inbox {
 impl Inbox {
     /// Creates the inbox of slot `slot` at `local` (replacing a dead
     /// owner's), after removing the inboxes whose owners are gone.
-    fn create(dir: &Path, local: SocketAddr, slot: usize) -> io::Result<Self> {
+    fn create(dir: &Path, kind: Kind, local: SocketAddr, slot: usize) -> io::Result<Self> {
         use std::os::unix::fs::OpenOptionsExt;
         sweep(dir);
-        let path = inbox_path(dir, local, slot);
+        let path = inbox_path(dir, kind, local, slot);
         let tmp = crate::published::with_suffix(&path, &format!(".new{}", std::process::id()));
         let file = OpenOptions::new()
             .read(true)
@@ -375,21 +415,25 @@ impl Outbox {
 /// A destination (address, slot) and what reaches it.
 type RouteKey = (SocketAddr, u8);
 
-/// The lane to the context owning QPN `qpn` at `dst`, found (or found
-/// missing) on first use. Multicast and the CM's QP1 take UDP.
+/// The slot owning QPN `qpn`, for the local path: none for the CM's QP1
+/// (its MADs are steered by their contents: the caller names the slot)
+/// and for multicast.
+fn slot_of(dst: SocketAddr, qpn: u32) -> Option<u8> {
+    (qpn > 1 && !dst.ip().is_multicast()).then_some((qpn >> share::QPN_SHIFT) as u8)
+}
+
+/// The lane to the context of kind `kind` holding slot `slot` at `dst`,
+/// found (or found missing) on first use.
 fn route<'a>(
     dir: &Path,
+    kind: Kind,
     routes: &'a mut FastMap<RouteKey, Option<Outbox>>,
     dst: SocketAddr,
-    qpn: u32,
+    slot: u8,
 ) -> Option<&'a mut Outbox> {
-    if qpn <= 1 || dst.ip().is_multicast() {
-        return None;
-    }
-    let slot = (qpn >> share::QPN_SHIFT) as u8;
     routes
         .entry((dst, slot))
-        .or_insert_with(|| Outbox::open(inbox_path(dir, dst, usize::from(slot))))
+        .or_insert_with(|| Outbox::open(inbox_path(dir, kind, dst, usize::from(slot))))
         .as_mut()
 }
 
@@ -398,6 +442,7 @@ fn route<'a>(
 pub(crate) struct LocalPath {
     /// Where inboxes are (`/dev/shm`).
     dir: PathBuf,
+    kind: Kind,
     inbox: Inbox,
     routes: FastMap<RouteKey, Option<Outbox>>,
     checked_ns: u64,
@@ -411,14 +456,21 @@ pub(crate) struct LocalPath {
 impl LocalPath {
     /// The local path of the context holding slot `slot` at `local`.
     pub(crate) fn new(local: SocketAddr, slot: usize) -> io::Result<Self> {
-        Self::new_in(inbox_dir(), local, slot)
+        Self::new_in(inbox_dir(), Kind::Udp, local, slot)
+    }
+
+    /// The local path between the members of a DPDK device (see [`Kind`]).
+    #[cfg(any(test, feature = "dpdk"))]
+    pub(crate) fn for_dpdk(local: SocketAddr, slot: usize) -> io::Result<Self> {
+        Self::new_in(inbox_dir(), Kind::Dpdk, local, slot)
     }
 
     /// [`LocalPath::new`] with the inboxes in `dir`.
-    fn new_in(dir: PathBuf, local: SocketAddr, slot: usize) -> io::Result<Self> {
+    fn new_in(dir: PathBuf, kind: Kind, local: SocketAddr, slot: usize) -> io::Result<Self> {
         Ok(Self {
-            inbox: Inbox::create(&dir, local, slot)?,
+            inbox: Inbox::create(&dir, kind, local, slot)?,
             dir,
+            kind,
             routes: FastMap::default(),
             checked_ns: 0,
             next_lane: 0,
@@ -434,7 +486,7 @@ impl LocalPath {
         if self.inbox.takes(addr.ip()) {
             return Ok(());
         }
-        let name = inbox_path(&self.dir, addr, slot);
+        let name = inbox_path(&self.dir, self.kind, addr, slot);
         let tmp = crate::published::with_suffix(&name, &format!(".new{}", std::process::id()));
         let _ = std::fs::remove_file(&tmp);
         std::fs::hard_link(&self.inbox.path, &tmp)?;
@@ -472,7 +524,27 @@ impl LocalPath {
         seg: usize,
     ) -> Sent {
         let qpn = super::dest_qpn(data);
-        let Some(out) = route(&self.dir, &mut self.routes, dst, qpn) else { return Sent::NotLocal };
+        match slot_of(dst, qpn) {
+            Some(slot) => self.send_to_slot(from, dst, data, seg, slot),
+            None => Sent::NotLocal,
+        }
+    }
+
+    /// [`LocalPath::send`] to the context holding slot `slot` at `dst`,
+    /// whatever QPN the packets name (the CM's MADs, steered by their
+    /// contents).
+    pub(crate) fn send_to_slot(
+        &mut self,
+        from: SocketAddr,
+        dst: SocketAddr,
+        data: &[u8],
+        seg: usize,
+        slot: u8,
+    ) -> Sent {
+        let qpn = super::dest_qpn(data);
+        let Some(out) = route(&self.dir, self.kind, &mut self.routes, dst, slot) else {
+            return Sent::NotLocal;
+        };
         let mut written = 0;
         let mut no_memory = false;
         // Packets queued behind a full lane go first: order is kept.
@@ -519,7 +591,7 @@ impl LocalPath {
             // the transport resends them.)
             self.counters.no_memory += 1;
             self.counters.full += out.backlog.len() as u64;
-            self.routes.insert((dst, (qpn >> share::QPN_SHIFT) as u8), None);
+            self.routes.insert((dst, slot), None);
             return if written > 0 { Sent::Written(None) } else { Sent::NotLocal };
         }
         if wake {
@@ -570,7 +642,8 @@ impl LocalPath {
     /// Whether packets to QPN `qpn` at `dst` go through memory (then they
     /// need no ICRC: nothing corrupts them on the way).
     pub(crate) fn reaches(&mut self, dst: SocketAddr, qpn: u32) -> bool {
-        route(&self.dir, &mut self.routes, dst, qpn).is_some()
+        let Some(slot) = slot_of(dst, qpn) else { return false };
+        route(&self.dir, self.kind, &mut self.routes, dst, slot).is_some()
     }
 
     /// The next packet in the inbox, copied into `buf`: `(len, meta)`.
@@ -736,6 +809,30 @@ mod tests {
         p
     }
 
+    /// A DPDK device's members reach each other's inboxes, QP1 MADs
+    /// included when the slot is named, and only each other's: a `udp`
+    /// context at the same address sees none of them, nor they its.
+    #[test]
+    fn dpdk_members_reach_their_own_kind_only() {
+        let (at, _, qpn) = ends(2);
+        let mut rx = LocalPath::for_dpdk(at, 2).unwrap();
+        let mut tx = LocalPath::for_dpdk(at, 0).unwrap();
+        let mut udp = LocalPath::new(at, 5).unwrap();
+        assert!(tx.reaches(at, qpn) && !udp.reaches(at, qpn));
+        assert!(!tx.reaches(at, (5 << share::QPN_SHIFT) | 0x11), "a udp inbox");
+        assert_eq!(tx.send(at, at, &packet(qpn, 7, 100), 100), Sent::Written(None));
+        // QP1 goes by the slot its contents name, never by its QPN.
+        assert_eq!(tx.send(at, at, &packet(1, 8, 300), 300), Sent::NotLocal);
+        assert_eq!(tx.send_to_slot(at, at, &packet(1, 8, 300), 300, 2), Sent::Written(None));
+        assert_eq!(tx.send_to_slot(at, at, &packet(1, 8, 300), 300, 6), Sent::NotLocal);
+        let mut buf = vec![0u8; 4096];
+        let (n, m) = rx.recv(&mut buf).unwrap();
+        assert_eq!((n, buf[20], m.to), (100, 7, at.ip()));
+        let (n, _) = rx.recv(&mut buf).unwrap();
+        assert_eq!((n, buf[20], crate::backend::dest_qpn(&buf[..n])), (300, 8, 1));
+        assert!(rx.recv(&mut buf).is_none() && udp.recv(&mut buf).is_none());
+    }
+
     #[test]
     fn packets_reach_the_owner_of_the_qpn_and_a_gone_owner_is_dropped() {
         let (at, from, qpn) = ends(3);
@@ -769,7 +866,7 @@ mod tests {
         assert_eq!(tx.send(from, second, &packet(qpn, 8, 64), 64), Sent::Written(None));
         assert_eq!(rx.recv(&mut buf).map(|(_, m)| (buf[10], m.to)), Some((8, second.ip())));
         rx.remove_address(second.ip());
-        assert!(!inbox_path(&rx.dir, second, 3).exists());
+        assert!(!inbox_path(&rx.dir, Kind::Udp, second, 3).exists());
         tx.tick(RECHECK_NS / 2 * 3, &mut |_, _| {});
         assert_eq!(tx.send(from, second, &packet(qpn, 8, 64), 64), Sent::NotLocal);
         // The owner goes: the route is dropped at the next check, and a
@@ -844,7 +941,7 @@ mod tests {
         use std::os::unix::fs::MetadataExt;
         let (at, from, qpn) = ends(2);
         let mut rx = LocalPath::new(at, 2).unwrap();
-        let path = inbox_path(&rx.dir, at, 2);
+        let path = inbox_path(&rx.dir, Kind::Udp, at, 2);
         let blocks = || std::fs::metadata(&path).unwrap().blocks();
         let before = blocks();
         let mut tx = LocalPath::new(from, 0).unwrap();
@@ -899,8 +996,8 @@ mod tests {
         }
         let _unmount = Unmount(dir.clone());
         let (at, from, qpn) = ends(4);
-        let mut rx = LocalPath::new_in(dir.clone(), at, 4).unwrap();
-        let mut tx = LocalPath::new_in(dir.clone(), from, 0).unwrap();
+        let mut rx = LocalPath::new_in(dir.clone(), Kind::Udp, at, 4).unwrap();
+        let mut tx = LocalPath::new_in(dir.clone(), Kind::Udp, from, 0).unwrap();
         let mut buf = vec![0u8; 9000];
         let (mut sent, mut got) = (0u32, 0u32);
         // The receiver reads nothing meanwhile: the lane must grow (its
@@ -930,7 +1027,7 @@ mod tests {
         // the tmpfs full: the owner's read of the hole takes no memory
         // (Linux 6.18: zeros, no SIGBUS), and the zeros go on to the
         // transport, which drops them as it drops any malformed packet.
-        let f = open_rw(&inbox_path(&dir, at, 4)).unwrap();
+        let f = open_rw(&inbox_path(&dir, Kind::Udp, at, 4)).unwrap();
         let hostile = Mapping::map(&f).unwrap();
         let lane = LANES - 1;
         let m = Meta { from, to: at.ip(), ip_id: 0 };
@@ -995,7 +1092,9 @@ mod tests {
             !live.exists()
         });
         std::fs::remove_dir_all(&dir).unwrap();
-        assert!(is_inbox_name(&inbox_path(&dir, addr(), 3).file_name().unwrap().to_string_lossy()));
+        assert!(is_inbox_name(
+            &inbox_path(&dir, Kind::Udp, addr(), 3).file_name().unwrap().to_string_lossy()
+        ));
     }
 
     /// A local process that writes garbage into an inbox (headers, lane
@@ -1007,7 +1106,7 @@ mod tests {
         let (at, from, qpn) = ends(5);
         let mut rx = LocalPath::new(at, 5).unwrap();
         let mut tx = LocalPath::new(from, 1).unwrap();
-        let evil = open_rw(&inbox_path(&rx.dir, at, 5)).unwrap();
+        let evil = open_rw(&inbox_path(&rx.dir, Kind::Udp, at, 5)).unwrap();
         let mut buf = vec![0u8; 9000];
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut next = || {
