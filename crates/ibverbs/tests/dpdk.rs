@@ -252,7 +252,48 @@ fn perftest_over_the_dpdk_backend() {
         assert!(!timed_out && !o.status.success(), "{said}");
         assert!(said.contains("RDMA_CM_EVENT_UNREACHABLE, error -110"), "{said}");
         assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
+        rping_servers_share_a_dpdk_device(&net);
     } else {
         assert!(std::env::var_os("CI").is_none(), "rdmacm-utils missing under CI");
+    }
+}
+
+/// Three unmodified rdmacm programs on one DPDK device (three processes,
+/// each its own af_packet port on the veth end): two `rping` servers
+/// listening on ports of their own, a client from the other namespace's
+/// `udp` device connecting to the second (its REQ kept by the member
+/// that listens on the port, the others leaving it), and a client on the
+/// device itself connecting to the first (the CM's MADs and the data
+/// between two members of one device, through shared memory). Every
+/// ping's data validated.
+fn rping_servers_share_a_dpdk_device(net: &Net) {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let dev = "10.233.0.1";
+    let server = |port: &str| {
+        let args = ["-s", "-a", dev, "-p", port, "-C", "20", "-V"];
+        perftest(&net.a, true, dev, "rping", &args).spawn().unwrap()
+    };
+    let (first, second) = (server("7472"), server("7473"));
+    // A client of `(ns, DPDK?, device)` for `port`, again until a server
+    // listens there (the one before it is refused: nobody listens yet).
+    let client = |(ns, dpdk, at): (&String, bool, &str), port: &str| loop {
+        let args = ["-c", "-a", dev, "-p", port, "-C", "20", "-V"];
+        let c = perftest(ns, dpdk, at, "rping", &args).spawn().unwrap();
+        let (o, timed_out) = finish(c, deadline);
+        let said =
+            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        if o.status.success() {
+            return said;
+        }
+        assert!(!timed_out && Instant::now() < deadline, "rping client to {port}: {said}");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    client((&net.b, false, "10.233.0.2"), "7473");
+    client((&net.a, true, dev), "7472");
+    for (s, port) in [(first, "7472"), (second, "7473")] {
+        let (o, timed_out) = finish(s, deadline + Duration::from_secs(5));
+        let said =
+            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        assert!(!timed_out && o.status.success(), "rping server on {port}: {said}");
     }
 }
