@@ -73,6 +73,23 @@ pub(crate) fn held_by_other(file: &File, offset: u64) -> bool {
     fcntl_lock(file, libc::F_OFD_GETLK, &mut f).is_err() || i32::from(f.l_type) != libc::F_UNLCK
 }
 
+/// Whether another open file description, or a process by a classic
+/// `fcntl` record lock, holds a lock anywhere in the file (such as the lock
+/// a DPDK primary holds on part of its `config` while it runs).
+#[cfg(feature = "dpdk")]
+pub(crate) fn any_held_by_other(file: &File) -> bool {
+    let mut f = flock_at(libc::F_WRLCK, 0);
+    f.l_len = 0; // to the end of the file, however far it grows
+    fcntl_lock(file, libc::F_OFD_GETLK, &mut f).is_err() || i32::from(f.l_type) != libc::F_UNLCK
+}
+
+/// Takes a classic (process-owned) `fcntl` write lock on byte `offset`, as
+/// programs other than uroce lock their files: for tests.
+#[cfg(all(test, feature = "dpdk"))]
+pub(crate) fn record_lock(file: &File, offset: u64) -> io::Result<()> {
+    fcntl_lock(file, libc::F_SETLK, &mut flock_at(libc::F_WRLCK, offset))
+}
+
 /// Which of the `n` (at most 64) bytes from `first` on another open file
 /// description holds a lock on, a bit each (bit `i`: byte `first + i`):
 /// one `F_OFD_GETLK` per lock found, plus one. An error reads as "held",

@@ -379,6 +379,17 @@ impl Registry {
         (0..SLOTS).any(|s| s != self.slot && slot_alive(&self.file, s))
     }
 
+    /// The process IDs of the other live members, each as its own PID
+    /// namespace numbers it.
+    #[cfg(feature = "dpdk")]
+    pub(crate) fn other_pids(&self) -> Vec<u32> {
+        let pids = slot_pids(&self.file);
+        (0..SLOTS)
+            .filter(|&s| s != self.slot && pids[s] != 0 && slot_alive(&self.file, s))
+            .map(|s| pids[s])
+            .collect()
+    }
+
     /// Where in its slot's range this context starts numbering QPs: the
     /// first owner of a slot at its start (QPN 0x11 for a context alone,
     /// as before sharing), each later one a block further, so the QPNs a

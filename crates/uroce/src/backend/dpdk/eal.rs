@@ -5,7 +5,9 @@
 //! prefix gets the process ID appended, the run-time directory it names
 //! is removed at exit, and those of processes that died without removing
 //! theirs are swept at the next start (their `config` file no longer
-//! locked). Arguments that choose DPDK's own multi-process mode
+//! locked), and hugepage files are unlinked once mapped (`--huge-unlink`:
+//! no prefix would take them back). Arguments that choose DPDK's own
+//! multi-process mode
 //! (`--proc-type`) or no shared files (`--in-memory`, `--no-shconf`) are
 //! left as given.
 
@@ -33,6 +35,13 @@ pub(super) fn own_prefix(args: &[String], pid: u32) -> (Vec<String>, Option<Stri
     }
     let base = base.filter(|b| !b.is_empty()).unwrap_or_else(|| "uroce".into());
     out.push(format!("--file-prefix={base}-{pid}"));
+    // Hugepage files are named by the prefix: with one per process none
+    // would be taken back at the next start, so they are unlinked once
+    // mapped (no secondary process needs them).
+    let huge = !args.iter().any(|a| a == "--no-huge" || a.starts_with("--huge-unlink"));
+    if huge {
+        out.push("--huge-unlink".into());
+    }
     (out, Some(base))
 }
 
@@ -64,8 +73,10 @@ pub(super) fn sweep(mine: &Path, base: &str) {
         if fresh {
             continue;
         }
+        // The primary locks part of it (past the first bytes): any lock
+        // in the file counts.
         let held = std::fs::File::open(path.join("config"))
-            .is_ok_and(|f| crate::ofd_lock::held_by_other(&f, 0));
+            .is_ok_and(|f| crate::ofd_lock::any_held_by_other(&f));
         if !held {
             let _ = std::fs::remove_dir_all(&path);
         }
@@ -89,7 +100,9 @@ mod tests {
         assert_eq!(a, strings(&["--no-huge", "-m", "64", "--file-prefix=ns1-42"]));
         assert_eq!(base.as_deref(), Some("ns1"));
         let (a, _) = own_prefix(&strings(&["--file-prefix", "x", "--no-pci"]), 7);
-        assert_eq!(a, strings(&["--no-pci", "--file-prefix=x-7"]));
+        assert_eq!(a, strings(&["--no-pci", "--file-prefix=x-7", "--huge-unlink"]));
+        let (a, _) = own_prefix(&strings(&["--huge-unlink=never", "--no-pci"]), 7);
+        assert_eq!(a, strings(&["--huge-unlink=never", "--no-pci", "--file-prefix=uroce-7"]));
         let (a, base) = own_prefix(&strings(&["--no-huge"]), 7);
         assert_eq!(
             (a, base.as_deref()),
@@ -123,8 +136,10 @@ mod tests {
         for d in ["p-1", "p-2", "p-3", "p-4", "other-5", "p"] {
             std::fs::File::open(root.join(d)).unwrap().set_modified(old).unwrap();
         }
+        // As DPDK locks it: a record lock, not at the file's start.
         let held = std::fs::OpenOptions::new().write(true).open(root.join("p-2/config")).unwrap();
-        crate::ofd_lock::lock(&held, 0).unwrap();
+        held.set_len(4096).unwrap();
+        crate::ofd_lock::record_lock(&held, 1000).unwrap();
         sweep(&root.join("p-4"), "p");
         let left: Vec<bool> = ["p-1", "p-2", "p-3", "p-4", "other-5", "p"]
             .iter()

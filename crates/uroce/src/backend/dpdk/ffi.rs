@@ -22,6 +22,8 @@ unsafe extern "C" {
     fn uroce_dpdk_eal_init(argc: c_int, argv: *mut *mut c_char) -> c_int;
     fn uroce_dpdk_port_count() -> u16;
     fn uroce_dpdk_port_by_name(name: *const c_char) -> c_int;
+    fn uroce_dpdk_driver(id: u16) -> *const c_char;
+    fn uroce_dpdk_close_id(id: u16);
     fn uroce_dpdk_port_start(
         id: u16,
         mbufs: u32,
@@ -106,6 +108,29 @@ pub(super) fn port_id(name: &str) -> Option<u16> {
     // SAFETY: a live NUL-terminated string.
     let r = unsafe { uroce_dpdk_port_by_name(c.as_ptr()) };
     u16::try_from(r).ok()
+}
+
+/// The name of port `id`'s driver (`net_af_packet`, …).
+pub(super) fn driver_of(id: u16) -> String {
+    // SAFETY: any port number may be asked; the answer is a static string
+    // of the driver's (or of the shim's), never NULL.
+    let p = unsafe { uroce_dpdk_driver(id) };
+    // SAFETY: non-null and NUL-terminated, as above.
+    unsafe { std::ffi::CStr::from_ptr(p) }.to_string_lossy().into_owned()
+}
+
+/// Closes port `id` unless a backend of this process uses it: a context
+/// refused the device lets go of what the port's driver opened at the
+/// EAL's start (an af_packet socket would go on taking a share of the
+/// interface's frames in its fanout group; a tap queue, the frames the
+/// kernel gives it). The port is gone for this process after.
+pub(super) fn close_unused(id: u16) {
+    let eal = EAL.lock().unwrap_or_else(|e| e.into_inner());
+    if matches!(eal.as_ref(), Some(Ok(used)) if !used.contains(&id)) {
+        // SAFETY: the EAL is started; a port no backend uses is not in any
+        // thread's hands (the lock keeps a start out meanwhile).
+        unsafe { uroce_dpdk_close_id(id) };
+    }
 }
 
 /// A started port, used by one backend (one thread at a time).

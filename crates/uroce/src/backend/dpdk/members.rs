@@ -1,6 +1,6 @@
-//! Several contexts on one DPDK device (issue 17), in one process or many.
+//! Several processes on one DPDK device (issue 17), one context each.
 //!
-//! Each context opens a port of its own on the interface (an `af_packet`
+//! Each process opens a port of its own on the interface (an `af_packet`
 //! port sees every frame the interface receives), so every member sees
 //! every frame, and keeps its own: a context takes a slot in the
 //! address's table (`share::Registry`, as the `udp` backend's contexts
@@ -40,18 +40,49 @@ pub(super) struct Members {
 }
 
 impl Members {
-    /// Takes a slot of the device at `local`. `None` when the address is
-    /// this context's alone (`UROCE_EXCLUSIVE`, or no usable run
-    /// directory); `AddrInUse` when every slot is taken.
-    pub(super) fn join(local: SocketAddr) -> io::Result<Option<Self>> {
-        if std::env::var_os("UROCE_EXCLUSIVE").is_some() {
-            return Ok(None);
-        }
+    /// Takes a slot of the device at `local`, for a context whose port's
+    /// driver is `driver`. `None` when no table can be kept (no usable run
+    /// directory): the device is then this context's alone. Refused
+    /// (`AddrInUse`, with why) when every slot is taken, or another member
+    /// lives and this context cannot share with it: it asked for the
+    /// device alone (`UROCE_EXCLUSIVE`), its port is not an af_packet one
+    /// (a NIC's queue, a tap, memif or AF_XDP gives each opener part of the
+    /// frames, or none), or the member's process ID and ours agree modulo
+    /// 65536 (one process, or two PID namespaces): DPDK 22.11 puts an
+    /// af_packet port's socket in the fanout group `pid ^ ifindex`, and the
+    /// kernel would split the frames between the two.
+    pub(super) fn join(local: SocketAddr, driver: &str) -> io::Result<Option<Self>> {
         let registry = match share::Registry::join(local, || Ok(()), |(), _| {}) {
             Ok(joined) => joined?.0,
             Err(e) if e.kind() == io::ErrorKind::AddrInUse => return Err(e),
             Err(_) => return Ok(None),
         };
+        let why = if !registry.others_alive() {
+            None
+        } else if std::env::var_os("UROCE_EXCLUSIVE").is_some() {
+            Some("UROCE_EXCLUSIVE is set".to_string())
+        } else if driver != "net_af_packet" {
+            Some(format!(
+                "a {driver} port cannot be shared (only net_af_packet ports are: each sees \
+                 every frame)"
+            ))
+        } else if registry.other_pids().iter().any(|p| p & 0xffff == std::process::id() & 0xffff) {
+            Some(
+                "a process has one context per DPDK device (DPDK's af_packet ports of one \
+                 process, or of processes whose IDs agree modulo 65536 in other PID \
+                 namespaces, share a fanout group and would split the frames)"
+                    .to_string(),
+            )
+        } else {
+            None
+        };
+        if let Some(why) = why {
+            // Dropping the registry gives the slot back.
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("{local} is in use by another context, and {why}"),
+            ));
+        }
         let mut m = Self { registry, live: Vec::new(), cm: Vec::new(), next_check_ns: 0 };
         m.refresh();
         Ok(Some(m))

@@ -23,10 +23,13 @@
 //!
 //! Multicast routers and snooping switches are told of the groups joined
 //! (IGMPv3 and MLDv2, MLD from the port's link-local address, or the older
-//! version an older querier speaks; their queries answered). What it does
-//! not do (yet): the local shared-memory path, several contexts on one
-//! port (one process, one context per port: DPDK starts once per process
-//! and a port has one owner).
+//! version an older querier speaks; their queries answered).
+//!
+//! Several processes share a device, one context each (`members`): each
+//! has a port of its own on the interface (af_packet ports only: each
+//! sees every frame) and keeps the frames of its slot's QPNs; frames to
+//! the device's own address go through shared memory. Each process is an
+//! EAL primary of its own (`eal`).
 
 #![deny(unsafe_code)]
 
@@ -192,12 +195,18 @@ impl DpdkBackend {
             })?,
             Err(_) => 0,
         };
+        let port_num = if addr.port() == 0 { uroce_wire::udp::ROCE_V2_PORT } else { addr.port() };
+        let local = SocketAddr::new(addr.ip(), port_num);
+        // The slot first: a context that cannot share the device is
+        // refused before its port starts (an AF_XDP port would take the
+        // interface's frames from the members at its start).
+        let members = Members::join(local, &ffi::driver_of(id)).map_err(|e| {
+            ffi::close_unused(id);
+            refused("sharing the device", e)
+        })?;
         let (port, mac, mtu) = ffi::Port::start(id, mtu, MBUFS)
             .map_err(|e| refused(&format!("starting port {id}"), e))?;
         PORT_MTU.store(u32::from(mtu), Ordering::Relaxed);
-        let port_num = if addr.port() == 0 { uroce_wire::udp::ROCE_V2_PORT } else { addr.port() };
-        let local = SocketAddr::new(addr.ip(), port_num);
-        let members = Members::join(local).map_err(|e| refused("sharing the device", e))?;
         // Without it, frames to the device's own address go nowhere (and
         // are counted): the port cannot carry them.
         let local_path = LocalPath::for_dpdk(local, members.as_ref().map_or(0, Members::slot)).ok();
@@ -231,6 +240,15 @@ impl DpdkBackend {
     /// discovery, ping, closed ports): alone, or the lowest live member.
     fn answers(&self) -> bool {
         self.members.as_ref().is_none_or(Members::answers)
+    }
+
+    /// Whether this context answers ARP, neighbour solicitations and ping
+    /// for `ip`, one of its addresses: the device's own address is the
+    /// lowest member's to answer for; another (a GID a QP used) is bound
+    /// by the members that use it, each answering (the lowest member may
+    /// not have it).
+    fn answers_for(&self, ip: IpAddr) -> bool {
+        ip != self.ips[0] || self.answers()
     }
 
     /// Tells the link that `ip` is at our MAC (a gratuitous ARP request or
@@ -329,7 +347,7 @@ impl DpdkBackend {
             return;
         };
         let ours = self.ips.contains(&IpAddr::V4(a.target_ip));
-        if a.op == ArpOp::Request && ours && self.answers() {
+        if a.op == ArpOp::Request && ours && self.answers_for(IpAddr::V4(a.target_ip)) {
             let mac = self.mac;
             let reply = ArpRepr {
                 op: ArpOp::Reply,
@@ -375,7 +393,7 @@ impl DpdkBackend {
     /// An ICMP or ICMPv6 frame came (`f`, copied out of the port).
     fn on_icmp(&mut self, f: &[u8]) {
         match control::icmp(f) {
-            Icmp::Echo { to } if self.ips.contains(&to) && self.answers() => {
+            Icmp::Echo { to } if self.ips.contains(&to) && self.answers_for(to) => {
                 let mac = self.mac;
                 if self.control(|out| control::echo_reply(f, out, mac)) {
                     self.counters.echo_replies += 1;
@@ -415,7 +433,7 @@ impl DpdkBackend {
                     self.counters.other += 1;
                     return;
                 }
-                if !self.answers() {
+                if !self.answers_for(IpAddr::V6(target)) {
                     // Another member answers; the sender is learnt all
                     // the same.
                     if let Some(m) = source_mac {

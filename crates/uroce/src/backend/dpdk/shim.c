@@ -70,6 +70,24 @@ int uroce_dpdk_port_by_name(const char *name)
 	return rte_eth_dev_get_port_by_name(name, &id) == 0 ? id : -ENODEV;
 }
 
+/* Closes port `id` (not started): a context refused the device lets go
+ * of what its driver opened when the EAL probed it (an af_packet socket
+ * in the interface's fanout group, a tap queue). */
+void uroce_dpdk_close_id(uint16_t id)
+{
+	if (rte_eth_dev_is_valid_port(id))
+		rte_eth_dev_close(id);
+}
+
+/* The name of port `id`'s driver ("" if unknown). */
+const char *uroce_dpdk_driver(uint16_t id)
+{
+	struct rte_eth_dev_info info;
+	if (rte_eth_dev_info_get(id, &info) || !info.driver_name)
+		return "";
+	return info.driver_name;
+}
+
 /*
  * Configures and starts port `id` with one queue each way, at the MTU it
  * has, and a pool of `mbufs` buffers (kept for a later start of the same
