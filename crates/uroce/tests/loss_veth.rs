@@ -797,6 +797,21 @@ fn loss_suite_over_veth() {
     assert!(failures.is_empty(), "{}", failures.join("\n"));
 }
 
+/// Whether a test that needs root runs: not in a role's process (this
+/// binary run again by a test), and not without root (skipped; under CI,
+/// a failure).
+fn may_run_as_root(what: &str) -> bool {
+    if std::env::var(ROLE).is_ok() {
+        return false;
+    }
+    if !is_root() {
+        assert!(std::env::var_os("CI").is_none(), "{what} needs root under CI");
+        eprintln!("not root: skipped");
+        return false;
+    }
+    true
+}
+
 fn is_root() -> bool {
     use std::os::unix::fs::MetadataExt;
     std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
@@ -1317,12 +1332,7 @@ fn af_xdp_backend_talks_to_the_udp_backend_over_veth() {
 /// (the server's frames through the kernel, none through a socket).
 #[test]
 fn two_processes_share_an_af_xdp_device() {
-    if std::env::var(ROLE).is_ok() {
-        return;
-    }
-    if !is_root() {
-        assert!(std::env::var_os("CI").is_none(), "the AF_XDP test needs root under CI");
-        eprintln!("not root: skipped");
+    if !may_run_as_root("the AF_XDP test") {
         return;
     }
     let net = Net::new('s').expect("namespaces and veth");
@@ -1650,12 +1660,7 @@ fn remove_eal_dirs(base: &str) {
 #[cfg(feature = "dpdk")]
 #[test]
 fn processes_share_a_dpdk_device() {
-    if std::env::var(ROLE).is_ok() {
-        return;
-    }
-    if !is_root() {
-        assert!(std::env::var_os("CI").is_none(), "the DPDK test needs root under CI");
-        eprintln!("not root: skipped");
+    if !may_run_as_root("the DPDK test") {
         return;
     }
     let net = Net::new('m').expect("namespaces and veth");
@@ -1741,12 +1746,7 @@ fn processes_share_a_dpdk_device() {
 #[cfg(feature = "dpdk")]
 #[test]
 fn dpdk_backend_on_tap_and_memif_ports() {
-    if std::env::var(ROLE).is_ok() {
-        return;
-    }
-    if !is_root() {
-        assert!(std::env::var_os("CI").is_none(), "the DPDK test needs root under CI");
-        eprintln!("not root: skipped");
+    if !may_run_as_root("the DPDK test") {
         return;
     }
     let net = Net::single('t').expect("a namespace");
