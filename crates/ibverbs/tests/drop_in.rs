@@ -100,7 +100,10 @@ fn fan(
     limit: Duration,
 ) -> Pair {
     let first = fan_once(server, client, clients, limit);
-    if !first.ok && first.pair.client.contains("Can't produce a report") {
+    // perftest times its run by the cycle counter, calibrated against the
+    // clock; a busy machine can spoil the calibration on either side.
+    let untimed = |t: &str| t.contains("Can't produce a report");
+    if !first.ok && (untimed(&first.pair.client) || untimed(&first.pair.server)) {
         eprintln!("perftest could not time its run; once more:\n{}", first.pair);
         return fan_once(server, client, clients, limit).checked();
     }
