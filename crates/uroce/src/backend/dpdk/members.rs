@@ -106,6 +106,12 @@ impl Members {
         &mut self.registry
     }
 
+    /// The live members' slots (as of the last check), this one's among
+    /// them.
+    pub(super) fn live(&self) -> &[usize] {
+        &self.live
+    }
+
     /// The lowest live slot: the member that answers for the device.
     fn first(&self) -> usize {
         self.live.first().copied().unwrap_or_else(|| self.slot())

@@ -488,7 +488,7 @@ impl DpdkBackend {
         };
         let sent = if super::dest_qpn(data) == 1 {
             let slot = self.members.as_mut().map_or(0, |m| m.owner(data));
-            lp.send_to_slot(src, dst, data, seg, slot as u8)
+            lp.send_to_slot(src, dst, data, seg, (dst, slot as u8))
         } else {
             lp.send(src, dst, data, seg)
         };
@@ -586,10 +586,37 @@ impl DpdkBackend {
         }
     }
 
-    /// The next packet a member (or this context) sent to the device.
+    /// A datagram to a group goes to the device's members too (this one
+    /// included), through their inboxes at the device's address, as the
+    /// kernel loops a multicast datagram back to the host's sockets: the
+    /// port does not bring back what it sent. Each keeps it if it joined
+    /// the group. Best effort, as multicast is.
+    fn send_to_group_members(&mut self, src: SocketAddr, dst: SocketAddr, data: &[u8], seg: usize) {
+        let Some(lp) = self.local_path.as_mut() else { return };
+        let slots = self.members.as_ref().map_or(&[0][..], Members::live);
+        for &slot in slots {
+            let _ = lp.send_to_slot(src, dst, data, seg, (self.local, slot as u8));
+        }
+    }
+
+    /// The next packet a member (or this context) sent to the device, or
+    /// to a group this context joined.
     fn recv_local(&mut self, buf: &mut [u8]) -> Option<Received> {
-        let (len, m) = self.local_path.as_mut()?.recv(buf)?;
-        Some(Received { len, seg: len, from: m.from, to: m.to, ip_id: None, local: true })
+        loop {
+            let (len, m) = self.local_path.as_mut()?.recv(buf)?;
+            if m.to.is_multicast() && !self.groups.contains(&m.to) {
+                self.counters.other += 1;
+                continue;
+            }
+            return Some(Received {
+                len,
+                seg: len,
+                from: m.from,
+                to: m.to,
+                ip_id: None,
+                local: true,
+            });
+        }
     }
 }
 
@@ -694,6 +721,9 @@ impl Backend for DpdkBackend {
         }
         if dst_mac.is_none() {
             self.ask(to, Instant::now());
+        }
+        if to.is_multicast() {
+            self.send_to_group_members(src, dst, data, seg);
         }
         Ok(())
     }

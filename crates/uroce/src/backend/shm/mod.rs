@@ -525,24 +525,27 @@ impl LocalPath {
     ) -> Sent {
         let qpn = super::dest_qpn(data);
         match slot_of(dst, qpn) {
-            Some(slot) => self.send_to_slot(from, dst, data, seg, slot),
+            Some(slot) => self.send_to_slot(from, dst, data, seg, (dst, slot)),
             None => Sent::NotLocal,
         }
     }
 
-    /// [`LocalPath::send`] to the context holding slot `slot` at `dst`,
-    /// whatever QPN the packets name (the CM's MADs, steered by their
-    /// contents).
+    /// [`LocalPath::send`] to `dst` through the inbox of the context
+    /// holding slot `at.1` of the device at `at.0`, whatever QPN the
+    /// packets name: the CM's MADs (steered by their contents), and a
+    /// DPDK member's datagrams to a group (`dst`) for the device's other
+    /// members.
     pub(crate) fn send_to_slot(
         &mut self,
         from: SocketAddr,
         dst: SocketAddr,
         data: &[u8],
         seg: usize,
-        slot: u8,
+        at: (SocketAddr, u8),
     ) -> Sent {
         let qpn = super::dest_qpn(data);
-        let Some(out) = route(&self.dir, self.kind, &mut self.routes, dst, slot) else {
+        let (device, slot) = at;
+        let Some(out) = route(&self.dir, self.kind, &mut self.routes, device, slot) else {
             return Sent::NotLocal;
         };
         let mut written = 0;
@@ -591,7 +594,7 @@ impl LocalPath {
             // the transport resends them.)
             self.counters.no_memory += 1;
             self.counters.full += out.backlog.len() as u64;
-            self.routes.insert((dst, slot), None);
+            self.routes.insert((device, slot), None);
             return if written > 0 { Sent::Written(None) } else { Sent::NotLocal };
         }
         if wake {
@@ -656,7 +659,13 @@ impl LocalPath {
         let next = self.next_lane;
         for lane in lanes_in(active.rotate_right(next as u32)).map(|k| (next + k) % LANES) {
             match self.inbox.lanes[lane].pop(&self.inbox.map, lane, buf) {
-                Ok((len, meta)) if self.inbox.takes(meta.to) => {
+                // A DPDK device's members also pass each other the
+                // datagrams they send to groups (the receiver keeps those
+                // of the groups it joined).
+                Ok((len, meta))
+                    if self.inbox.takes(meta.to)
+                        || (self.kind == Kind::Dpdk && meta.to.is_multicast()) =>
+                {
                     self.next_lane = (lane + 1) % LANES;
                     self.counters.received += 1;
                     return Some((len, meta));
@@ -823,13 +832,19 @@ mod tests {
         assert_eq!(tx.send(at, at, &packet(qpn, 7, 100), 100), Sent::Written(None));
         // QP1 goes by the slot its contents name, never by its QPN.
         assert_eq!(tx.send(at, at, &packet(1, 8, 300), 300), Sent::NotLocal);
-        assert_eq!(tx.send_to_slot(at, at, &packet(1, 8, 300), 300, 2), Sent::Written(None));
-        assert_eq!(tx.send_to_slot(at, at, &packet(1, 8, 300), 300, 6), Sent::NotLocal);
+        assert_eq!(tx.send_to_slot(at, at, &packet(1, 8, 300), 300, (at, 2)), Sent::Written(None));
+        assert_eq!(tx.send_to_slot(at, at, &packet(1, 8, 300), 300, (at, 6)), Sent::NotLocal);
+        // A group's datagram, through the inbox of the device's member.
+        let group = SocketAddr::new("239.1.2.3".parse().unwrap(), at.port());
+        let to_group = packet(0xff_ffff, 9, 200);
+        assert_eq!(tx.send_to_slot(at, group, &to_group, 200, (at, 2)), Sent::Written(None));
         let mut buf = vec![0u8; 4096];
         let (n, m) = rx.recv(&mut buf).unwrap();
         assert_eq!((n, buf[20], m.to), (100, 7, at.ip()));
         let (n, _) = rx.recv(&mut buf).unwrap();
         assert_eq!((n, buf[20], crate::backend::dest_qpn(&buf[..n])), (300, 8, 1));
+        let (n, m) = rx.recv(&mut buf).unwrap();
+        assert_eq!((n, buf[20], m.to), (200, 9, group.ip()));
         assert!(rx.recv(&mut buf).is_none() && udp.recv(&mut buf).is_none());
     }
 
