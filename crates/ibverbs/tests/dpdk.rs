@@ -16,7 +16,7 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-use common::finish;
+use common::{finish, text};
 
 fn sh(args: &[&str]) -> bool {
     Command::new(args[0]).args(&args[1..]).status().is_ok_and(|s| s.success())
@@ -139,9 +139,6 @@ fn pair(net: &Net, tool: &str, args: &[&str], dpdk_client: bool) -> String {
     let cli = perftest(cli_ns, dpdk_client, cli_dev, tool, &cargs).spawn().unwrap();
     let (co, ct) = finish(cli, deadline);
     let (so, st) = finish(srv, deadline + Duration::from_secs(5));
-    let text = |o: &std::process::Output| {
-        format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
-    };
     let (s, c) = (text(&so), text(&co));
     let what = format!(
         "{tool} {args:?} (DPDK {}):\n--- server ---\n{s}\n--- client ---\n{c}",
@@ -252,8 +249,7 @@ fn perftest_over_the_dpdk_backend() {
         let args = ["-c", "-a", "10.233.0.2", "-p", "7471", "-C", "1", "-v"];
         let cli = perftest(&net.a, true, "10.233.0.1", "rping", &args).spawn().unwrap();
         let (o, timed_out) = finish(cli, started + Duration::from_secs(40));
-        let said =
-            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        let said = text(&o);
         assert!(!timed_out && !o.status.success(), "{said}");
         assert!(said.contains("RDMA_CM_EVENT_UNREACHABLE, error -110"), "{said}");
         assert!(started.elapsed() < Duration::from_secs(15), "took {:?}", started.elapsed());
@@ -290,8 +286,7 @@ fn rping_servers_share_a_dpdk_device(net: &Net) {
         let args = ["-c", "-a", dev, "-p", port, "-C", "20", "-V"];
         let c = perftest(ns, dpdk, at, "rping", &args).spawn().unwrap();
         let (o, timed_out) = finish(c, deadline);
-        let said =
-            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        let said = text(&o);
         if o.status.success() {
             return said;
         }
@@ -302,8 +297,7 @@ fn rping_servers_share_a_dpdk_device(net: &Net) {
     client((&net.a, true, dev), "7472");
     for (s, port) in [(first, "7472"), (second, "7473")] {
         let (o, timed_out) = finish(s, deadline + Duration::from_secs(5));
-        let said =
-            format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr));
+        let said = text(&o);
         assert!(!timed_out && o.status.success(), "rping server on {port}: {said}");
     }
 }

@@ -1576,8 +1576,7 @@ fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
         String::from_utf8_lossy(&said.stdout).contains("REFUSED"),
         "port unreachable from the DPDK side"
     );
-    // "SERVER OK <checked> xdp <4 counts> dpdk <rcvd> <sent> <arp replies> <arp requests> dropped <n>"
-    let dpdk: Vec<u64> = done.split(' ').skip(9).take(4).map(|n| n.parse().unwrap()).collect();
+    let dpdk = dpdk_counts(&done);
     assert!(dpdk[0] > 1000 && dpdk[1] > 1000, "frames through the DPDK port: {done}");
     // (The peer's kernel learns our MAC from an ARP reply, or from the
     // announcement at start when ping had made it ask already: the count
@@ -1624,6 +1623,14 @@ fn dpdk_backend_talks_to_the_udp_backend_over_veth() {
     for ns in [&net.a, &net.b] {
         assert_eq!(eal_dirs(ns), Vec::<String>::new(), "EAL run-time directories left");
     }
+}
+
+/// The DPDK counters of a server's last line ("SERVER OK <checked> xdp
+/// <4 counts> dpdk <rcvd> <sent> <arp replies> <arp requests> dropped
+/// <n>"): received, sent, ARP replies, ARP requests.
+#[cfg(feature = "dpdk")]
+fn dpdk_counts(done: &str) -> Vec<u64> {
+    done.split(' ').skip(9).take(4).map(|n| n.parse().unwrap()).collect()
 }
 
 /// The EAL run-time directories of file prefix `base` (DPDK's own, and
@@ -1687,8 +1694,7 @@ fn processes_share_a_dpdk_device() {
     let pinging = ping("40");
     let (t, done) = run_pair_with_end(&net, Some("dpdk"), None, None);
     assert_eq!(t.len(), STREAMS.len(), "{t:?}");
-    // "SERVER OK <checked> xdp <4 counts> dpdk <rcvd> <sent> <arp replies> <arp requests> …"
-    let dpdk: Vec<u64> = done.split(' ').skip(9).take(4).map(|n| n.parse().unwrap()).collect();
+    let dpdk = dpdk_counts(&done);
     assert!(dpdk[0] > 1000, "the server's frames: {done}");
     assert_eq!(dpdk[2], 0, "the server answered ARP beside the first member: {done}");
     replies(pinging);
@@ -1732,7 +1738,7 @@ fn processes_share_a_dpdk_device() {
     let (t, done) = run_pair_with_end(&net, Some("dpdk"), Some("dpdk"), None);
     net.roles.set(Roles::Apart);
     assert_eq!(t.len(), STREAMS.len(), "{t:?}");
-    let dpdk: Vec<u64> = done.split(' ').skip(9).take(4).map(|n| n.parse().unwrap()).collect();
+    let dpdk = dpdk_counts(&done);
     assert_eq!(dpdk[0], 0, "frames between members through the port: {done}");
     eprintln!("DPDK client and server on one device: {t:?}; {done}");
     remove_eal_dirs(&net.b);
